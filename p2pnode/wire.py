@@ -1,0 +1,123 @@
+"""msgpack encoding with hard limits: the one decoder for bytes from the network.
+
+Theory of operation: every later layer hands untrusted bytes to
+:func:`unpack_untrusted`, which checks the total size before decoding, passes
+string/bin/array/map length limits to the msgpack C decoder (so an attacker
+cannot make it allocate), rejects ext types and trailing bytes, and finally
+checks nesting depth. Anything wrong raises :class:`WireError` (a
+:class:`~p2pnode.errors.RemoteError`), never a msgpack or Python exception.
+
+:func:`canonical_pack` is the byte encoding that signatures cover: msgpack with
+map keys sorted (by their encoded bytes) at every level, so two peers that hold
+equal data produce identical bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+
+
+class WireError(RemoteError):
+    """Bytes from the network could not be decoded within the limits."""
+
+
+@dataclass(frozen=True, slots=True)
+class WireLimits:
+    """Upper bounds applied while decoding untrusted msgpack."""
+
+    max_size: int = 4 * 1024 * 1024
+    max_str_len: int = 1024 * 1024
+    max_bin_len: int = 4 * 1024 * 1024
+    max_array_len: int = 65_536
+    max_map_len: int = 65_536
+    max_depth: int = 32
+
+
+DEFAULT_LIMITS = WireLimits()
+
+
+def pack(obj: Any) -> bytes:
+    """Encode ``obj`` as msgpack (str as str, bytes as bin).
+
+    Raises LocalError(INVALID_ARGUMENT) if ``obj`` holds a type msgpack cannot encode.
+    """
+    try:
+        return msgpack.packb(obj, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"cannot encode: {exc}") from exc
+
+
+def canonical(obj: Any) -> Any:
+    """``obj`` with every map's keys in a deterministic order (for signing)."""
+    if isinstance(obj, dict):
+        items = sorted(obj.items(), key=lambda kv: pack(kv[0]))
+        return {k: canonical(v) for k, v in items}
+    if isinstance(obj, list | tuple):
+        return [canonical(v) for v in obj]
+    return obj
+
+
+def canonical_pack(obj: Any) -> bytes:
+    """Deterministic msgpack bytes of ``obj``: map keys sorted by their encoding."""
+    return pack(canonical(obj))
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise WireError(ErrorCode.MALFORMED_MESSAGE, f"msgpack ext type {code} not allowed")
+
+
+def _depth_exceeds(obj: Any, max_depth: int) -> bool:
+    # Iterative so a hostile nesting cannot exhaust the Python stack.
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, list):
+            if depth > max_depth:
+                return True
+            stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, dict):
+            if depth > max_depth:
+                return True
+            stack.extend((child, depth + 1) for child in item.values())
+    return False
+
+
+def unpack_untrusted(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+    """Decode one msgpack object from peer bytes, enforcing ``limits``.
+
+    Raises WireError with code MESSAGE_TOO_LARGE or MALFORMED_MESSAGE.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(ErrorCode.MALFORMED_MESSAGE, "expected bytes")
+    if len(data) > limits.max_size:
+        raise WireError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"{len(data)} bytes exceeds the {limits.max_size}-byte limit",
+            size=len(data),
+            limit=limits.max_size,
+        )
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            ext_hook=_reject_ext,
+            max_str_len=limits.max_str_len,
+            max_bin_len=limits.max_bin_len,
+            max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len,
+            max_ext_len=0,
+        )
+    except WireError:
+        raise
+    except Exception as exc:  # msgpack raises many unrelated types; translate them all.
+        raise WireError(ErrorCode.MALFORMED_MESSAGE, f"undecodable msgpack: {exc!r}") from exc
+    if _depth_exceeds(obj, limits.max_depth):
+        raise WireError(ErrorCode.MALFORMED_MESSAGE, f"nesting deeper than {limits.max_depth}")
+    return obj
