@@ -176,7 +176,7 @@ class AgentCard:
             "name": self.name,
             "version": self.version,
             "description": self.description,
-            "tier": int(self.tier),
+            "tier": self.tier if isinstance(self.tier, bool) else int(self.tier),
             "protocols": list(self.protocols),
             "endpoints": [e.to_dict() for e in self.endpoints],
             "capabilities": [c.to_dict() for c in self.capabilities],
