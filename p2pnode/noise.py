@@ -151,6 +151,11 @@ class CipherState:
         """The next nonce to be used."""
         return self._n
 
+    @property
+    def key(self) -> bytes | None:
+        """The cipher key, for transport codecs that inline the AEAD call."""
+        return self._key
+
     def _next_nonce(self) -> bytes:
         n = self._n
         if n >= MAX_NONCE:
@@ -376,7 +381,8 @@ class HandshakeState:
         self._ss = SymmetricState(pattern.protocol_name())
         self._ss.mix_hash(prologue)
         # Pre-messages (§5.3): initiator's first, then the responder's.
-        for tokens, from_initiator in ((pattern.initiator_pre, True), (pattern.responder_pre, False)):
+        pre = ((pattern.initiator_pre, True), (pattern.responder_pre, False))
+        for tokens, from_initiator in pre:
             for token in tokens:
                 if token is not Token.S:  # only "s" pre-messages are used here
                     raise LocalError(ErrorCode.INVALID_ARGUMENT, "unsupported pre-message")
@@ -399,6 +405,11 @@ class HandshakeState:
     def handshake_hash(self) -> bytes:
         """The current handshake hash ``h``."""
         return self._ss.handshake_hash
+
+    @property
+    def message_index(self) -> int:
+        """Index of the next handshake message in the pattern (0 = first)."""
+        return self._index
 
     @property
     def remote_static(self) -> bytes | None:
@@ -437,7 +448,8 @@ class HandshakeState:
             local, remote = e, rs
         else:
             local, remote = s, re
-        assert local is not None and remote is not None
+        assert local is not None
+        assert remote is not None
         return dh(local, remote)
 
     def write_message(self, payload: bytes) -> bytes:
