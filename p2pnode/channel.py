@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from math import inf
 from types import TracebackType
 
 import trio
@@ -225,7 +226,7 @@ class SecureChannel:
             self._pending_bytes = 0
             await self._write(self._codec.encode_many(batch), len(batch))
 
-    async def _write(self, data: bytes, count: int) -> None:
+    async def _write(self, data: bytes | bytearray, count: int) -> None:
         try:
             await self._stream.send_all(data)
         except trio.BrokenResourceError as exc:
@@ -277,11 +278,16 @@ class SecureChannel:
                     return message
             codec.start_wait(current_time())
             while True:
-                with trio.move_on_at(codec.next_deadline()) as scope:
+                deadline = codec.next_deadline()
+                if deadline == inf:
+                    # No timer armed: skip the cancel scope (it costs ~10 us in trio).
                     data = await stream.receive_some(size)
-                if scope.cancelled_caught:
-                    codec.handle_timer(current_time())
-                    continue
+                else:
+                    with trio.move_on_at(deadline) as scope:
+                        data = await stream.receive_some(size)
+                    if scope.cancelled_caught:
+                        codec.handle_timer(current_time())
+                        continue
                 if not data:
                     codec.receive_eof_untrusted()
                 codec.receive_data_untrusted(data, current_time())

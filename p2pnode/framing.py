@@ -31,11 +31,7 @@ import struct
 from collections import deque
 from collections.abc import Sequence
 
-from nacl.bindings import (
-    crypto_aead_chacha20poly1305_ietf_decrypt,
-    crypto_aead_chacha20poly1305_ietf_encrypt,
-)
-
+from p2pnode.aead import open_into, seal_in_place
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.noise import MAX_NONCE, MAX_PLAINTEXT_LEN, TAGLEN, NoiseTransport
 from p2pnode.secure import SecureChannelError
@@ -44,7 +40,6 @@ DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 RECORD_HEADER = 4
 FRAME_HEADER = 2
 
-_u16 = struct.Struct(">H")
 _u32 = struct.Struct(">I")
 _nonce = struct.Struct("<4xQ").pack  # 32 zero bits || 64-bit little-endian counter
 
@@ -59,22 +54,24 @@ class CodecState(enum.Enum):
 class TransportCodec:
     """Encrypts outgoing messages into frames and reassembles incoming ones.
 
-    The hot paths bind keys, nonces and nacl functions in local variables:
-    a 256-byte message costs one AEAD call and two small copies per side.
+    Copies are kept to one per direction: the sender lays records out in the
+    final frame buffer and encrypts in place; the receiver decrypts straight
+    from the bytes it was given into the message being assembled.
     """
 
     __slots__ = (
         "_buf",
+        "_filled",
         "_frame_since",
         "_frame_timeout",
+        "_hdr",
         "_idle_from",
         "_idle_timeout",
         "_max",
         "_messages",
-        "_rbuf",
+        "_msg",
         "_recv_key",
         "_recv_n",
-        "_rneed",
         "_send_key",
         "_send_n",
         "state",
@@ -95,6 +92,8 @@ class TransportCodec:
         """
         if max_message_size <= 0 or frame_timeout <= 0:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "limits and timeouts must be positive")
+        if max_message_size > 2**32 - 1:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "max_message_size must fit in 32 bits")
         if idle_timeout is not None and idle_timeout <= 0:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "idle_timeout must be positive or None")
         send_key, recv_key = transport.send.key, transport.receive.key
@@ -107,9 +106,10 @@ class TransportCodec:
         self._max = max_message_size
         self._idle_timeout = idle_timeout
         self._frame_timeout = frame_timeout
-        self._buf = bytearray()  # undecrypted frame bytes
-        self._rbuf = bytearray()  # plaintext of an incomplete record
-        self._rneed = 0  # bytes _rbuf must hold to complete its record (0: header unknown)
+        self._buf = bytearray()  # bytes of an incomplete frame
+        self._hdr = bytearray()  # first bytes of a record header cut by a frame boundary
+        self._msg: bytearray | None = None  # body of an incomplete record, allocated at size
+        self._filled = 0  # bytes of _msg received so far
         self._messages: deque[bytes] = deque()
         self._frame_since: float | None = None
         self._idle_from = now
@@ -122,35 +122,35 @@ class TransportCodec:
 
     # --- sending ------------------------------------------------------------
 
-    def _seal(self, plaintext: bytes) -> bytes:
+    def _nonces(self, count: int) -> int:
         n = self._send_n
-        if n >= MAX_NONCE:
+        if n + count > MAX_NONCE:
             raise LocalError(ErrorCode.INTERNAL, "cipher nonce space exhausted")
-        self._send_n = n + 1
-        ciphertext = crypto_aead_chacha20poly1305_ietf_encrypt(
-            plaintext, None, _nonce(n), self._send_key
-        )
-        return _u16.pack(len(ciphertext)) + ciphertext
+        self._send_n = n + count
+        return n
 
-    def encode(self, message: bytes) -> bytes:
+    def encode(self, message: bytes) -> bytes | bytearray:
         """Wire bytes carrying one application message.
 
         Raises LocalError(MESSAGE_TOO_LARGE) above ``max_message_size``.
         """
         size = len(message)
-        if size <= MAX_PLAINTEXT_LEN - RECORD_HEADER:
-            return self._seal(_u32.pack(size) + message)
-        return self.encode_many((message,))
+        if size > MAX_PLAINTEXT_LEN - RECORD_HEADER:
+            return self.encode_many((message,))
+        out = bytearray(FRAME_HEADER + RECORD_HEADER + size + TAGLEN)
+        _u32.pack_into(out, FRAME_HEADER, size)
+        out[FRAME_HEADER + RECORD_HEADER : FRAME_HEADER + RECORD_HEADER + size] = message
+        seal_in_place(self._send_key, _nonce(self._nonces(1)), out, 0, RECORD_HEADER + size)
+        return out
 
-    def encode_many(self, messages: Sequence[bytes]) -> bytes:
+    def encode_many(self, messages: Sequence[bytes]) -> bytes | bytearray:
         """Wire bytes carrying ``messages`` in order, packed into as few frames as fit.
 
         Raises LocalError(MESSAGE_TOO_LARGE) if any message is above
         ``max_message_size`` (then nothing is encoded).
         """
-        parts: list[bytes] = []
-        pack = _u32.pack
         limit = self._max
+        total = 0
         for message in messages:
             if len(message) > limit:
                 raise LocalError(
@@ -159,18 +159,39 @@ class TransportCodec:
                     size=len(message),
                     limit=limit,
                 )
-            parts.append(pack(len(message)))
-            parts.append(message)
-        stream = b"".join(parts)
-        if len(stream) <= MAX_PLAINTEXT_LEN:
-            return self._seal(stream)
-        seal = self._seal
-        view = memoryview(stream)
-        frames = [
-            seal(bytes(view[off : off + MAX_PLAINTEXT_LEN]))
-            for off in range(0, len(stream), MAX_PLAINTEXT_LEN)
-        ]
-        return b"".join(frames)
+            total += RECORD_HEADER + len(message)
+        if not total:
+            return b""
+        frames = -(-total // MAX_PLAINTEXT_LEN)
+        out = bytearray(total + frames * (FRAME_HEADER + TAGLEN))
+        # Lay the record stream out in the frame bodies, skipping each frame's
+        # length prefix and tag slot, then encrypt every body in place.
+        stride = FRAME_HEADER + MAX_PLAINTEXT_LEN + TAGLEN
+        pos = FRAME_HEADER
+        room = MAX_PLAINTEXT_LEN
+        header = bytearray(RECORD_HEADER)
+        for message in messages:
+            _u32.pack_into(header, 0, len(message))
+            for piece in (header, message):
+                view = memoryview(piece)
+                length = len(view)
+                offset = 0
+                while offset < length:
+                    if not room:
+                        pos += TAGLEN + FRAME_HEADER
+                        room = MAX_PLAINTEXT_LEN
+                    take = min(room, length - offset)
+                    out[pos : pos + take] = view[offset : offset + take]
+                    pos += take
+                    offset += take
+                    room -= take
+                view.release()
+        n = self._nonces(frames)
+        key = self._send_key
+        for i in range(frames):
+            size = min(MAX_PLAINTEXT_LEN, total - i * MAX_PLAINTEXT_LEN)
+            seal_in_place(key, _nonce(n + i), out, i * stride, size)
+        return out
 
     # --- receiving ------------------------------------------------------------
 
@@ -209,16 +230,17 @@ class TransportCodec:
 
     def _fail(self, exc: RemoteError) -> None:
         self.state = CodecState.FAILED
-        self._buf.clear()
-        self._rbuf.clear()
+        self._buf = bytearray()
+        self._msg = None
+        self._hdr.clear()
         raise exc
 
     def receive_eof_untrusted(self) -> None:
         """The peer closed its side: raise CHANNEL_CLOSED, or MALFORMED_MESSAGE if mid-record."""
-        if self._buf or self._rbuf:
+        if self._buf or self._hdr or self._msg is not None:
             self._fail(
                 SecureChannelError(
-                    ErrorCode.MALFORMED_MESSAGE, "peer closed the channel inside a frame"
+                    ErrorCode.MALFORMED_MESSAGE, "peer closed the channel inside a message"
                 )
             )
         self._fail(SecureChannelError(ErrorCode.CHANNEL_CLOSED, "peer closed the channel"))
@@ -237,15 +259,17 @@ class TransportCodec:
         self._idle_from = now
         buf = self._buf
         had_partial = bool(buf)
-        buf += data
-        end = len(buf)
+        if had_partial:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            src = data  # decrypt straight from the caller's bytes
+        end = len(src)
         pos = 0
         key = self._recv_key
-        decrypt = crypto_aead_chacha20poly1305_ietf_decrypt
-        view = memoryview(buf)
         try:
             while end - pos >= FRAME_HEADER:
-                size = (buf[pos] << 8) | buf[pos + 1]
+                size = (src[pos] << 8) | src[pos + 1]
                 if size < TAGLEN:
                     raise SecureChannelError(
                         ErrorCode.MALFORMED_MESSAGE, f"frame of {size} bytes is shorter than a tag"
@@ -256,57 +280,94 @@ class TransportCodec:
                 n = self._recv_n
                 if n >= MAX_NONCE:
                     raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "nonce space exhausted")
-                try:
-                    ciphertext = bytes(view[pos + FRAME_HEADER : stop])
-                    plaintext = decrypt(ciphertext, None, _nonce(n), key)
-                except Exception:  # nacl CryptoError: forged, corrupted or replayed frame
-                    raise SecureChannelError(
-                        ErrorCode.DECRYPT_FAILED, "frame authentication failed"
-                    ) from None
+                self._open_frame_untrusted(key, _nonce(n), src, pos + FRAME_HEADER, size)
                 self._recv_n = n + 1
                 pos = stop
-                self._records_untrusted(plaintext)
         except RemoteError as exc:
-            view.release()
             self._fail(exc)
-        view.release()
         if pos == end:
-            buf.clear()
+            if had_partial:
+                self._buf = bytearray()
             self._frame_since = None
+            return
+        if had_partial:
+            del buf[:pos]
         else:
-            if pos:
-                del buf[:pos]
-            if pos or not had_partial:
-                self._frame_since = now
+            self._buf = bytearray(memoryview(data)[pos:])
+        if pos or not had_partial:
+            self._frame_since = now
 
-    def _records_untrusted(self, plaintext: bytes) -> None:
-        limit = self._max
-        rbuf = self._rbuf
-        if rbuf:
-            rbuf += plaintext
-            if self._rneed and len(rbuf) < self._rneed:
-                return
-            plaintext = bytes(rbuf)
-            rbuf.clear()
-            self._rneed = 0
+    def _open_frame_untrusted(
+        self, key: bytes, nonce: bytes, src: bytes | bytearray, start: int, size: int
+    ) -> None:
+        length = size - TAGLEN
+        msg = self._msg
+        if msg is not None and length <= len(msg) - self._filled:
+            # The whole frame continues the message being assembled.
+            if not open_into(key, nonce, src, start, size, msg, self._filled):
+                raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
+            self._filled += length
+            if self._filled == len(msg):
+                self._messages.append(bytes(msg))
+                self._msg = None
+            return
+        plaintext = bytearray(length)
+        if not open_into(key, nonce, src, start, size, plaintext, 0):
+            raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
+        self._records_untrusted(plaintext)
+
+    def _records_untrusted(self, plaintext: bytearray) -> None:
+        view = memoryview(plaintext)
         end = len(plaintext)
         off = 0
+        msg = self._msg
+        if msg is not None:  # finish the message being assembled
+            off = len(msg) - self._filled
+            msg[self._filled :] = view[:off]
+            self._messages.append(bytes(msg))
+            self._msg = None
+        hdr = self._hdr
+        if hdr:  # complete a record header cut by the previous frame
+            take = min(RECORD_HEADER - len(hdr), end - off)
+            hdr += view[off : off + take]
+            off += take
+            if len(hdr) < RECORD_HEADER:
+                return
+            if self._start_record_untrusted(_u32.unpack(hdr)[0], view, off, end):
+                hdr.clear()
+                return
+            off += _u32.unpack(hdr)[0]
+            hdr.clear()
+        limit = self._max
         unpack = _u32.unpack_from
         append = self._messages.append
         while end - off >= RECORD_HEADER:
             size = unpack(plaintext, off)[0]
-            if size > limit:
-                raise SecureChannelError(
-                    ErrorCode.MESSAGE_TOO_LARGE,
-                    f"peer announced a {size}-byte message (limit {limit})",
-                    size=size,
-                    limit=limit,
-                )
-            stop = off + RECORD_HEADER + size
-            if stop > end:
-                self._rneed = stop - off
-                break
-            append(plaintext[off + RECORD_HEADER : stop])
-            off = stop
+            off += RECORD_HEADER
+            if size > limit or off + size > end:
+                self._start_record_untrusted(size, view, off, end)
+                return
+            append(bytes(view[off : off + size]))
+            off += size
         if off < end:
-            rbuf += plaintext[off:] if off else plaintext
+            hdr += view[off:end]
+        view.release()
+
+    def _start_record_untrusted(self, size: int, view: memoryview, off: int, end: int) -> bool:
+        """Begin a record of ``size``; True if it continues past this plaintext."""
+        if size > self._max:
+            raise SecureChannelError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"peer announced a {size}-byte message (limit {self._max})",
+                size=size,
+                limit=self._max,
+            )
+        if off + size <= end:
+            self._messages.append(bytes(view[off : off + size]))
+            return False
+        msg = bytearray(size)
+        have = end - off
+        msg[:have] = view[off:end]
+        self._msg = msg
+        self._filled = have
+        return True
