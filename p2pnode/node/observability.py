@@ -73,6 +73,15 @@ class Outcome(enum.StrEnum):
     DROPPED = "dropped"  # malformed or over a limit, discarded without a reply
 
 
+_EVENT_KEYS = tuple(
+    (attr, "".join(w.capitalize() if i else w for i, w in enumerate(attr.split("_"))))
+    for attr in (
+        "envelope_id", "sender", "recipient", "message_type", "path", "latency_ms", "outcome",
+        "code", "peer", "source_tier", "target_tier", "tool", "duration_ms", "success",
+    )
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """One observable occurrence. Fields a kind does not use are None.
@@ -108,25 +117,10 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain form with camelCase keys; None fields and empty detail omitted."""
         out: dict[str, Any] = {"kind": str(self.kind), "timestamp": self.at_ms}
-        for key, value in (
-            ("envelopeId", self.envelope_id),
-            ("sender", self.sender),
-            ("recipient", self.recipient),
-            ("messageType", self.message_type),
-            ("path", self.path),
-            ("latencyMs", self.latency_ms),
-            ("outcome", self.outcome),
-            ("code", self.code),
-            ("peer", self.peer),
-            ("sourceTier", self.source_tier),
-            ("targetTier", self.target_tier),
-            ("tool", self.tool),
-            ("durationMs", self.duration_ms),
-            ("success", self.success),
-        ):
-            if value is None:
-                continue
-            out[key] = str(value) if isinstance(value, enum.Enum) else value
+        for attr, key in _EVENT_KEYS:
+            value = getattr(self, attr)
+            if value is not None:
+                out[key] = str(value) if isinstance(value, enum.Enum) else value
         if self.detail:
             out["detail"] = self.detail
         return out
@@ -138,16 +132,9 @@ class Event:
             parts.append(f"id={self.envelope_id}")
         if self.sender is not None or self.recipient is not None:
             parts.append(f"{self.sender or '?'}->{self.recipient or '?'}")
-        for label, value in (
-            ("type", self.message_type),
-            ("path", self.path),
-            ("outcome", self.outcome),
-            ("code", self.code),
-            ("peer", self.peer),
-            ("tool", self.tool),
-        ):
-            if value is not None:
-                parts.append(f"{label}={value}")
+        labelled = (self.message_type, self.path, self.outcome, self.code, self.peer, self.tool)
+        names = ("type", "path", "outcome", "code", "peer", "tool")
+        parts += [f"{k}={v}" for k, v in zip(names, labelled, strict=True) if v is not None]
         if self.source_tier is not None and self.target_tier is not None:
             parts.append(f"L{self.source_tier}->L{self.target_tier}")
         if self.latency_ms is not None:
