@@ -287,8 +287,10 @@ class Policy:
     ) -> Verdict:
         """May ``source`` send a ``type`` message to ``target``? Never raises.
 
-        For a broadcast, call once per recipient with ``broadcast=True``. Used
-        unchanged on egress and ingress. Rule order is in the module docstring.
+        ``source`` and ``target`` must be cards that passed :meth:`admit_card`
+        (the registry holds only those). For a broadcast, call once per
+        recipient with ``broadcast=True``. Used unchanged on egress and ingress.
+        Rule order is in the module docstring.
         """
         s_tier, t_tier = int(source.tier), int(target.tier)
         authority = self._config.authority_key
