@@ -17,6 +17,7 @@ from p2pnode import __version__
 from p2pnode.a2a import to_a2a
 from p2pnode.card import AgentCard
 from p2pnode.cardfile import CARD_FILE_NAME, card_from_template, read_card_file, starter_template
+from p2pnode.cli_node import add_node_commands
 from p2pnode.envelope import wall_clock_ms
 from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import (
@@ -179,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("file", nargs="?", help="card file (default: the data dir's card.json)")
     export.add_argument("--a2a", action="store_true", help="as an A2A 1.0 AgentCard document")
     export.set_defaults(handler=cmd_card_export)
+    add_node_commands(sub)
     return parser
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import trio
 
 from p2pnode.cardfile import CARD_FILE_NAME, card_from_template, read_card_file, starter_template
+from p2pnode.demo import add_demo_command
 from p2pnode.envelope import Envelope, wall_clock_ms
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import default_data_dir, load_identity, load_or_create_identity
@@ -29,6 +30,9 @@ from p2pnode.node.control import (
 from p2pnode.node.node import Node
 from p2pnode.node.observability import configure_logging
 from p2pnode.node.policy import PolicyConfig
+from p2pnode.node.runtime import open_node
+
+CONTROL_TIMEOUT = 60.0
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -75,11 +79,9 @@ def _node_ops(node: Node) -> dict[str, Any]:
         type_ = parse_message_type(str(request.get("type", "request")))
         payload = check_payload(request.get("payload"))
         target = str(request["to"])
-        timeout = float(request.get("timeout") or node.config.request_timeout)
         if type_.value == "request":
-            reply = await node.request(
-                sender, target, payload, capability=bool(request.get("capability")), timeout=timeout
-            )
+            capability = bool(request.get("capability"))
+            reply = await node.request(sender, target, payload, capability=capability)
             return reply.to_dict()
         envelope = node.envelope(sender, target, type_, payload)
         result = await node.send(envelope)
@@ -108,7 +110,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
         policy=PolicyConfig(authority_key=_authority_key(args)),
     )
     endorser = load_identity(Path(args.endorse_with)) if args.endorse_with else None
-    async with Node.open(identity, TrioNetwork(), config) as node:
+    async with open_node(identity, TrioNetwork(), config) as node:
         for template in templates:
             card = card_from_template(
                 template,
@@ -141,7 +143,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _control(args: argparse.Namespace, request: dict[str, Any]) -> Any:
     path = _data_dir(args) / CONTROL_SOCKET_NAME
-    return trio.run(control_call, path, request, float(getattr(args, "timeout", 30) or 30) + 5)
+
+    async def call() -> Any:
+        with trio.fail_after(CONTROL_TIMEOUT):
+            return await control_call(path, request)
+
+    try:
+        return trio.run(call)
+    except trio.TooSlowError:
+        raise LocalError(ErrorCode.TIMEOUT, f"the node at {path} did not answer") from None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -157,8 +167,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for channel in status["channels"]:
         print(f"  channel  {channel['peer']}  {channel['state']}")
     metrics = status["metrics"]
-    print(f"messages   sent {metrics.get('messages_sent', 0)}  "
-          f"received {metrics.get('messages_received', 0)}  errors {metrics.get('errors', 0)}")  # fmt: skip
+    print(f"messages   sent {metrics['totalMessagesSent']}  "
+          f"received {metrics['totalMessagesReceived']}  errors {metrics['errorCount']}  "
+          f"security events {metrics['securityEvents']}")  # fmt: skip
     return 0
 
 
@@ -183,7 +194,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, f"--payload is not JSON: {exc}") from exc
     request = {
         "op": "send", "from": args.sender, "to": args.target, "type": args.type,
-        "payload": payload, "capability": args.capability, "timeout": args.timeout,
+        "payload": payload, "capability": args.capability,
     }  # fmt: skip
     print(json.dumps(_control(args, request), indent=2))
     return 0
@@ -218,9 +229,6 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     send.add_argument("--payload", default="null", help="JSON payload")
     send.add_argument("--from", dest="sender", help="local agent sending (default: the first)")
     send.add_argument("--capability", action="store_true", help="TARGET is a capability id")
-    send.add_argument("--timeout", type=float, default=10.0)
     send.set_defaults(handler=cmd_send)
-
-    from p2pnode.demo import add_demo_command
 
     add_demo_command(sub)

@@ -39,6 +39,7 @@ ROSTER: list[tuple[str, int, str]] = [
 ]
 READY_TIMEOUT = 30.0
 DISCOVERY_TIMEOUT = 30.0
+CALL_TIMEOUT = 20.0
 
 
 def roster(n: int) -> list[tuple[str, int, str]]:
@@ -106,7 +107,11 @@ class Demo:
             argv += ["--bootstrap", bootstrap]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         node.process = await trio.lowlevel.open_process(
-            argv, stdout=-1, stderr=-1, env=env, stdin=-3  # PIPE, PIPE, DEVNULL
+            argv,
+            stdout=-1,
+            stderr=-1,
+            env=env,
+            stdin=-3,  # PIPE, PIPE, DEVNULL
         )
         ready = trio.Event()
         nursery.start_soon(self._read_stdout, node, ready)
@@ -140,7 +145,8 @@ class Demo:
             del node.log[:-50]
 
     async def call(self, node: DemoNode, request: dict[str, Any]) -> Any:
-        return await control_call(node.control, request, timeout=20)
+        with trio.fail_after(CALL_TIMEOUT):
+            return await control_call(node.control, request)
 
     async def run_scenario(self) -> None:
         first, last = self.nodes[0], self.nodes[-1]

@@ -108,6 +108,13 @@ FrameHandler = Callable[[PeerId, bytes], Awaitable[None]]
 StateListener = Callable[["PeerLink", ChannelState], None]
 
 
+async def close_quietly(channel: SecureChannel) -> None:
+    """Close ``channel`` at once, without waiting on the peer (trio's aclose_forcefully)."""
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await channel.aclose()
+
+
 class PeerLink:
     """The link to one remote peer (see the module docstring)."""
 
@@ -141,6 +148,10 @@ class PeerLink:
         return self._machine.state
 
     @property
+    def closed(self) -> bool:
+        return self._machine.state is ChannelState.CLOSED
+
+    @property
     def history(self) -> list[ChannelState]:
         return list(self._machine.history)
 
@@ -156,7 +167,7 @@ class PeerLink:
         """Take a freshly handshaken channel. Returns False (and closes it) when the
         link keeps its current open channel by the lower-dialer rule."""
         if self.state is ChannelState.CLOSED:
-            self._nursery.start_soon(channel.aclose)
+            self._nursery.start_soon(close_quietly, channel)
             return False
         current = self._channel
         if current is not None and self.state is ChannelState.OPEN:
@@ -164,9 +175,9 @@ class PeerLink:
                 self._channel_dialed_by.raw <= dialed_by.raw
             )
             if keep_current:
-                self._nursery.start_soon(channel.aclose)
+                self._nursery.start_soon(close_quietly, channel)
                 return False
-            self._nursery.start_soon(current.aclose)
+            self._nursery.start_soon(close_quietly, current)
         self._channel = channel
         self._channel_dialed_by = dialed_by
         self._nursery.start_soon(self._read_loop, channel)
@@ -189,7 +200,7 @@ class PeerLink:
         if channel is not self._channel:
             return
         self._channel = None
-        self._nursery.start_soon(trio.aclose_forcefully, channel)
+        self._nursery.start_soon(close_quietly, channel)
         if self.state is ChannelState.OPEN:
             self._connected = trio.Event()
             self._set_state(ChannelState.RECONNECTING)
@@ -213,8 +224,8 @@ class PeerLink:
                 except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                     logger.info("dial %s failed: %s", self.peer_id, exc)
                     continue
-                if self.state is ChannelState.CLOSED:
-                    await trio.aclose_forcefully(channel)
+                if self.closed:
+                    await close_quietly(channel)
                     return
                 self.adopt(channel, self._local_peer_id)
                 return
@@ -222,13 +233,14 @@ class PeerLink:
         finally:
             self._dialing = False
 
-    async def wait_open(self, timeout: float) -> SecureChannel:
-        """The open channel, dialing if needed. Raises LocalError(CHANNEL_CLOSED) on timeout."""
+    async def wait_open(self) -> SecureChannel:
+        """The open channel, dialing if needed. Raises LocalError(CHANNEL_CLOSED) when none
+        opens within the dial timeout."""
         if self.state is ChannelState.CLOSED:
             raise LocalError(ErrorCode.CHANNEL_CLOSED, f"link to {self.peer_id} is closed")
         if self._channel is None:
             self._start_dialing()
-            with trio.move_on_after(timeout):
+            with trio.move_on_after(self._retry.dial_timeout):
                 await self._connected.wait()
         if self._channel is None:
             raise LocalError(ErrorCode.CHANNEL_CLOSED, f"no channel to {self.peer_id}")
@@ -250,7 +262,7 @@ class PeerLink:
             if self.state is ChannelState.CLOSED:
                 break
             try:
-                channel = await self.wait_open(self._retry.dial_timeout)
+                channel = await self.wait_open()
                 await channel.send_message(frame)
             except LocalError as exc:
                 if exc.code is not ErrorCode.CHANNEL_CLOSED:
@@ -278,4 +290,4 @@ class PeerLink:
         channel, self._channel = self._channel, None
         self._connected.set()
         if channel is not None:
-            await trio.aclose_forcefully(channel)
+            await close_quietly(channel)

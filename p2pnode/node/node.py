@@ -38,7 +38,6 @@ import trio
 from p2pnode.card import AgentCard, Capability, Endpoint, Origin
 from p2pnode.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.envelope import (
-    BROADCAST,
     ROUTING_HINT_CAPABILITY,
     Envelope,
     EnvelopeFactory,
@@ -53,7 +52,7 @@ from p2pnode.net import Address, Network
 from p2pnode.node.channels import ChannelState, PeerLink
 from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.frames import Hello, decode_frame_untrusted, encode_envelope, encode_hello
-from p2pnode.node.observability import Observability
+from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
 from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
@@ -69,6 +68,8 @@ REPLY_TYPES = frozenset(
 class Discovery(Protocol):
     """What the node needs from the DHT."""
 
+    async def bootstrap(self, addresses: list[Address]) -> None: ...
+
     async def provide(self, card: AgentCard) -> None: ...
 
     async def find_providers(self, capability: str) -> list[AgentCard]: ...
@@ -78,6 +79,9 @@ class Discovery(Protocol):
 
 class NoDiscovery:
     """Discovery for a node without a DHT: only peers met directly are known."""
+
+    async def bootstrap(self, addresses: list[Address]) -> None:
+        return None
 
     async def provide(self, card: AgentCard) -> None:
         return None
@@ -296,6 +300,33 @@ class Node:
         self.nursery.start_soon(self._announce, stored)
         return stored
 
+    def default_agent(self) -> str:
+        """The first local agent's id. Raises LocalError(AGENT_NOT_FOUND) when there is none."""
+        for agent_id in self._agents:
+            return agent_id
+        raise LocalError(ErrorCode.AGENT_NOT_FOUND, "this node hosts no agent")
+
+    async def join(self) -> int:
+        """Join the swarm through the configured bootstrap peers: open a channel to
+        each (exchanging cards) and bootstrap the DHT. Returns how many answered."""
+        reached = 0
+        for address in self.config.bootstrap:
+            try:
+                with trio.fail_after(self.config.retry.dial_timeout):
+                    await self.connect(address)
+                reached += 1
+            except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                self.events.error(ErrorCode.CHANNEL_CLOSED, f"bootstrap {address}: {exc}")
+        await self.discovery.bootstrap(list(self.config.bootstrap))
+        return reached
+
+    async def find(self, capability: str) -> list[AgentCard]:
+        """Agents offering ``capability``: the registry, refreshed from the DHT."""
+        for card in await self.discovery.find_providers(capability):
+            if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
+                self._learn_card(card)
+        return self.registry.find_by_capability(capability)
+
     def local_agent(self, agent_id: str) -> AgentCard:
         agent = self._agents.get(agent_id)
         if agent is None:
@@ -374,13 +405,12 @@ class Node:
         payload: Any = None,
         *,
         capability: bool = False,
-        timeout: float | None = None,
     ) -> Envelope:
         """Send a request and wait for its response.
 
         Raises RemoteError with the responder's code when it answers with an
-        ``error`` envelope, LocalError(TIMEOUT) when no answer comes in time,
-        and what :meth:`send` raises.
+        ``error`` envelope, LocalError(TIMEOUT) when no answer comes within
+        ``config.request_timeout``, and what :meth:`send` raises.
         """
         meta = Metadata(routing_hint=ROUTING_HINT_CAPABILITY) if capability else None
         envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
@@ -389,7 +419,7 @@ class Node:
             result = await self.send(envelope)
             if pending.reply is None:
                 pending.target = result.targets[0]
-            with trio.move_on_after(timeout or self.config.request_timeout):
+            with trio.move_on_after(self.config.request_timeout):
                 await pending.event.wait()
         finally:
             del self._pending[envelope.id]
@@ -413,7 +443,7 @@ class Node:
         SANDBOX_VIOLATION, ESCALATION_REQUIRED, DELIVERY_FAILED.
         """
         start = trio.current_time()
-        source = self.local_agent(envelope.sender).card
+        source = self.local_agent(envelope.sender)
         self.threads.add(envelope)
         try:
             if envelope.is_broadcast:
@@ -431,14 +461,18 @@ class Node:
                 result = await self._send_one(source, target, envelope, start)
         except P2PError as exc:
             latency = (trio.current_time() - start) * 1000
-            self.events.routing_decision(
-                envelope, path="broadcast" if envelope.is_broadcast else "unknown",
-                latency_ms=latency, outcome="rejected", code=exc.code,
-            )  # fmt: skip
+            if envelope.is_broadcast:
+                path = RoutingPath.BROADCAST
+            else:
+                local = envelope.recipient in self._agents
+                path = RoutingPath.LOCAL if local else RoutingPath.REMOTE
+            outcome = Outcome.FAILED if exc.code is ErrorCode.DELIVERY_FAILED else Outcome.REJECTED
+            self.events.routing_decision(envelope, path, outcome, latency, code=exc.code)
             raise
         self.events.routing_decision(
-            envelope, path=result.path, latency_ms=result.latency_ms, outcome="delivered"
-        )
+            envelope, RoutingPath(result.path), Outcome.DELIVERED, result.latency_ms,
+            target=",".join(result.targets),
+        )  # fmt: skip
         return result
 
     async def _resolve_agent(self, agent_id: str) -> AgentCard:
@@ -487,7 +521,8 @@ class Node:
             return
         if not verdict.allowed:
             self.events.security(verdict.code or ErrorCode.INTERNAL, verdict.reason, peer, envelope)
-        elif verdict.cross_tier:
+        elif verdict.cross_tier and verdict.source_tier is not None:
+            assert verdict.target_tier is not None
             self.events.audit_cross_tier(envelope, verdict.source_tier, verdict.target_tier)
 
     async def _send_one(
@@ -503,11 +538,13 @@ class Node:
         else:
             await self._link(target.peer_id).send(encode_envelope(envelope))
             path = "remote"
-        self.events.message_sent(envelope, path=path, peer=str(target.peer_id))
+        self.events.message_sent(envelope, path=RoutingPath(path), peer=str(target.peer_id))
         latency = (trio.current_time() - start) * 1000
         return RoutingResult(envelope.id, path, (target.id,), 1, latency)
 
-    async def _broadcast(self, source: AgentCard, envelope: Envelope, start: float) -> RoutingResult:
+    async def _broadcast(
+        self, source: AgentCard, envelope: Envelope, start: float
+    ) -> RoutingResult:
         local_targets: list[str] = []
         peers: dict[PeerId, list[str]] = {}
         for card in self.registry:
@@ -527,7 +564,7 @@ class Node:
             for peer_id, agent_ids in peers.items():
                 nursery.start_soon(self._broadcast_to_peer, peer_id, agent_ids, frame)
         delivered += sum(len(ids) for ids in peers.values())
-        self.events.message_sent(envelope, path="broadcast", peer=None)
+        self.events.message_sent(envelope, path=RoutingPath.BROADCAST)
         latency = (trio.current_time() - start) * 1000
         targets = tuple(local_targets) + tuple(i for ids in peers.values() for i in ids)
         return RoutingResult(envelope.id, "broadcast", targets, delivered, latency)
@@ -585,7 +622,7 @@ class Node:
             del self._links[peer_id]
 
     def _on_link_state(self, link: PeerLink, state: ChannelState) -> None:
-        self.events.channel_state(str(link.peer_id), state.value)
+        logger.info("channel to %s: %s", link.peer_id, state.value)
 
     def _addresses_of(self, peer_id: PeerId) -> list[Address]:
         addresses = list(self._peer_addresses.get(peer_id, []))
@@ -723,7 +760,10 @@ class Node:
             agent = self._agents.get(envelope.recipient)
             if agent is None:
                 self.events.security(
-                    ErrorCode.AGENT_NOT_FOUND, f"no local agent {envelope.recipient!r}", peer, envelope
+                    ErrorCode.AGENT_NOT_FOUND,
+                    f"no local agent {envelope.recipient!r}",
+                    peer,
+                    envelope,
                 )
                 return
             targets = [agent.card]
@@ -751,10 +791,14 @@ class Node:
             "knownAgents": len(self.registry),
             "peers": sorted({str(c.peer_id) for c in self.registry.list_remote()}),
             "channels": [
-                {"peer": str(p), "state": link.state.value, "sent": link.frames_sent,
-                 "received": link.frames_received}
+                {
+                    "peer": str(p),
+                    "state": link.state.value,
+                    "sent": link.frames_sent,
+                    "received": link.frames_received,
+                }
                 for p, link in self._links.items()
-            ],  # fmt: skip
+            ],
             "metrics": metrics.to_dict(),
         }
 
