@@ -21,8 +21,9 @@ Theory of operation (seed R3, Properties 10-12):
   ``max_redials`` failures. The node drops closed links; the next send makes
   a new one.
 * Simultaneous opens: when a second channel to the same peer arrives while
-  one is open, both ends keep the channel dialed by the lower peer id, so
-  both converge on the same connection.
+  one is open, both ends send on the channel dialed by the lower peer id, so
+  both converge on the same connection. The other one is still read (frames
+  already in flight on it are not lost) and closed after ``retire_grace``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class RetryPolicy:
     max_delay: float = 5.0
     max_redials: int = 6
     dial_timeout: float = 5.0
+    retire_grace: float = 10.0
 
     def delays(self, count: int) -> list[float]:
         """The first ``count`` backoff delays: each ``factor`` times the previous."""
@@ -175,15 +177,23 @@ class PeerLink:
                 self._channel_dialed_by.raw <= dialed_by.raw
             )
             if keep_current:
-                self._nursery.start_soon(close_quietly, channel)
+                self._nursery.start_soon(self._read_loop, channel)
+                self._nursery.start_soon(self._retire, channel)
                 return False
-            self._nursery.start_soon(close_quietly, current)
+            self._nursery.start_soon(self._retire, current)
         self._channel = channel
         self._channel_dialed_by = dialed_by
         self._nursery.start_soon(self._read_loop, channel)
         self._set_state(ChannelState.OPEN)
         self._connected.set()
         return True
+
+    async def _retire(self, channel: SecureChannel) -> None:
+        # The losing channel of a simultaneous open is no longer written to, but frames
+        # the peer wrote before it switched are still read; close it once both ends
+        # have surely moved to the winner.
+        await trio.sleep(self._retry.retire_grace)
+        await close_quietly(channel)
 
     async def _read_loop(self, channel: SecureChannel) -> None:
         try:

@@ -218,7 +218,7 @@ class Node:
 
     @property
     def nursery(self) -> trio.Nursery:
-        if self._nursery is None:
+        if self._nursery is None or self._closed:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "the node is not open; use `async with`")
         return self._nursery
 
