@@ -314,3 +314,19 @@ def test_bad_payloads(fields: object, code: ErrorCode) -> None:
 def test_random_payload_bytes_raise_only_channel_errors(junk: bytes) -> None:
     with pytest.raises(SecureChannelError):
         BOB.verify_payload_untrusted(junk, ALICE.static_public)
+
+
+@pytest.mark.parametrize(
+    ("ik", "sizes"), [(False, [2 + 2 + 32, 2 + 207, 2 + 175]), (True, [2 + 2 + 207, 2 + 159])]
+)
+def test_documented_wire_sizes(ik: bool, sizes: list[int]) -> None:
+    """docs/protocol/noise.md §4.2 gives these byte counts; keep them true."""
+    client, server = pair(ik=ik)
+    flows = [(client, server), (server, client), (client, server)][: len(sizes)]
+    for (src, dst), size in zip(flows, sizes, strict=True):
+        out = src.data_to_send()
+        assert len(out) == size
+        dst.receive_data_untrusted(out, 0.0)
+    assert len(ALICE.payload) == 111
+    assert ALICE.payload[:9] == bytes.fromhex("83a17601a26964c420")
+    assert BINDING_CONTEXT.hex() == "7032706e6f64652f6e6f6973652f31207374617469632d6b657900"
