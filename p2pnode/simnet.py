@@ -1,0 +1,450 @@
+"""An in-memory network for simulating thousands of nodes in one process.
+
+Theory of operation: a :class:`SimNetwork` owns a table of hosts (labels like
+``"10.0.3.7"``; never real traffic), the bound datagram endpoints and stream
+listeners, per-link conditions and a seeded :class:`random.Random`. Each host
+is a :class:`SimHost`, which implements :class:`p2pnode.net.Network`, so node
+code cannot tell it from real sockets.
+
+Time is trio's clock, so under ``trio.testing.MockClock(autojump_threshold=0)``
+a simulated minute takes milliseconds. No task is spawned per message: a
+datagram is pushed, with its delivery time, onto the destination endpoint's
+heap, and the receiving task itself sleeps until the head of its heap is due.
+Streams work the same way with an ordered queue per direction (delivery time
+is kept monotonic, so bytes stay in order as TCP keeps them).
+
+Faults, decided at send time from the seeded RNG so runs are reproducible:
+
+* latency + uniform jitter per link (default or per pair of hosts);
+* loss probability per link (datagrams only; streams are reliable);
+* partitions: hosts in different groups cannot exchange anything; streams
+  crossing the cut break, new connects fail after ``connect_timeout``;
+* killed hosts: everything to or from them is dropped, their streams break,
+  connects to them fail, until revived.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import operator
+import random
+from collections import deque
+from collections.abc import Container
+from dataclasses import dataclass
+
+import trio
+
+from p2pnode.net import Address, DatagramEndpoint, Network, StreamListener
+
+_MAX_QUEUE = 512  # datagrams buffered per endpoint, like a socket receive buffer
+_STREAM_WINDOW = 256 * 1024  # bytes in flight per stream direction before send_all waits
+
+
+@dataclass(frozen=True, slots=True)
+class LinkConditions:
+    """Delay and loss on a link: one-way delay is ``latency ± jitter`` seconds."""
+
+    latency: float = 0.02
+    jitter: float = 0.005
+    loss: float = 0.0
+
+
+class SimNetwork:
+    """A simulated network of hosts. Create hosts with :meth:`add_host`."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        *,
+        default: LinkConditions = LinkConditions(),
+        connect_timeout: float = 3.0,
+    ) -> None:
+        self.rng = rng
+        self.default = default
+        self.connect_timeout = connect_timeout
+        self._links: dict[tuple[str, str], LinkConditions] = {}
+        self._hosts: dict[str, SimHost] = {}
+        self._killed: set[str] = set()
+        self._group: dict[str, int] = {}
+        self._datagram: dict[Address, _SimDatagramEndpoint] = {}
+        self._listeners: dict[Address, _SimListener] = {}
+        self._streams: set[_SimStream] = set()
+        self._ports = itertools.count(40_000)
+        self._seq = itertools.count()
+        self.datagrams_sent = 0
+        self.datagrams_dropped = 0
+
+    # ------------------------------------------------------------------ topology
+
+    def add_host(self, host: str | None = None) -> SimHost:
+        """A new host (``10.0.x.y`` allocated when ``host`` is None)."""
+        if host is None:
+            n = len(self._hosts) + 1
+            host = f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
+        if host in self._hosts:
+            raise ValueError(f"host {host} exists")
+        h = SimHost(self, host)
+        self._hosts[host] = h
+        return h
+
+    def set_link(self, a: str, b: str, conditions: LinkConditions) -> None:
+        """Override conditions between hosts ``a`` and ``b`` (both directions)."""
+        self._links[(a, b)] = conditions
+        self._links[(b, a)] = conditions
+
+    def kill(self, host: str) -> None:
+        """Cut ``host`` off: its traffic is dropped and its streams break."""
+        self._killed.add(host)
+        self._break_streams()
+
+    def revive(self, host: str) -> None:
+        """Undo :meth:`kill`."""
+        self._killed.discard(host)
+
+    def partition(self, *groups: set[str] | frozenset[str] | list[str]) -> None:
+        """Split the network: hosts talk only within their group.
+
+        Hosts not named in any group form one more group together.
+        """
+        self._group = {h: i for i, g in enumerate(groups) for h in g}
+        self._break_streams()
+
+    def heal(self) -> None:
+        """Remove all partitions."""
+        self._group = {}
+
+    def reachable(self, a: str, b: str) -> bool:
+        """True when traffic can currently flow between hosts ``a`` and ``b``."""
+        if a in self._killed or b in self._killed:
+            return False
+        return self._group.get(a, -1) == self._group.get(b, -1)
+
+    def _delay(self, a: str, b: str) -> float | None:
+        """One-way delay for a datagram a -> b, or None if it is lost."""
+        cond = self._links.get((a, b), self.default)
+        if not self.reachable(a, b):
+            return None
+        if cond.loss and self.rng.random() < cond.loss:
+            return None
+        return max(0.0, cond.latency + self.rng.uniform(-cond.jitter, cond.jitter))
+
+    def _stream_delay(self, a: str, b: str) -> float:
+        cond = self._links.get((a, b), self.default)
+        return max(0.0, cond.latency + self.rng.uniform(-cond.jitter, cond.jitter))
+
+    def _break_streams(self) -> None:
+        for s in list(self._streams):
+            if not self.reachable(s.local_host, s.remote_host):
+                s._break()
+
+    def _alloc(self, host: str, address: Address, taken: Container[Address]) -> Address:
+        if address[0] not in (host, "", "0.0.0.0"):
+            raise OSError(f"cannot bind {address}: not an address of {host}")
+        port = address[1]
+        if port == 0:
+            port = next(self._ports)
+            while (host, port) in taken:
+                port = next(self._ports)
+        if (host, port) in taken:
+            raise OSError(f"address {(host, port)} in use")
+        return (host, port)
+
+    # ------------------------------------------------------------------ datagrams
+
+    def _send_datagram(self, src: Address, dst: Address, data: bytes) -> None:
+        self.datagrams_sent += 1
+        endpoint = self._datagram.get(dst)
+        delay = self._delay(src[0], dst[0])
+        if endpoint is None or delay is None or len(endpoint._heap) >= _MAX_QUEUE:
+            self.datagrams_dropped += 1
+            return
+        heapq.heappush(endpoint._heap, (trio.current_time() + delay, next(self._seq), data, src))
+        endpoint._lot.unpark_all()
+
+
+class SimHost(Network):
+    """One host of a :class:`SimNetwork`; implements :class:`p2pnode.net.Network`."""
+
+    __slots__ = ("host", "sim")
+
+    def __init__(self, sim: SimNetwork, host: str) -> None:
+        self.sim = sim
+        self.host = host
+
+    def __repr__(self) -> str:
+        return f"SimHost({self.host})"
+
+    async def bind_datagram(self, address: Address) -> DatagramEndpoint:
+        await trio.lowlevel.checkpoint()
+        bound = self.sim._alloc(self.host, address, self.sim._datagram)
+        ep = _SimDatagramEndpoint(self.sim, bound)
+        self.sim._datagram[bound] = ep
+        return ep
+
+    async def listen_stream(self, address: Address) -> StreamListener:
+        await trio.lowlevel.checkpoint()
+        bound = self.sim._alloc(self.host, address, self.sim._listeners)
+        listener = _SimListener(self.sim, bound)
+        self.sim._listeners[bound] = listener
+        return listener
+
+    async def connect_stream(self, address: Address) -> trio.abc.Stream:
+        sim = self.sim
+        if not sim.reachable(self.host, address[0]):
+            # A SYN into a partition or a dead host: nothing comes back.
+            await trio.sleep(sim.connect_timeout)
+            raise OSError(f"connect to {address} timed out")
+        rtt = sim._stream_delay(self.host, address[0]) + sim._stream_delay(address[0], self.host)
+        await trio.sleep(rtt)
+        listener = sim._listeners.get(address)
+        if listener is None or listener._closed:
+            raise OSError(f"connection refused by {address}")
+        if not sim.reachable(self.host, address[0]):
+            raise OSError(f"connect to {address} failed")
+        local = (self.host, next(sim._ports))
+        a_to_b = _Pipe()
+        b_to_a = _Pipe()
+        mine = _SimStream(sim, local, address, send=a_to_b, recv=b_to_a)
+        theirs = _SimStream(sim, address, local, send=b_to_a, recv=a_to_b)
+        mine._peer = theirs
+        theirs._peer = mine
+        sim._streams.add(mine)
+        sim._streams.add(theirs)
+        if len(listener._backlog) >= 128:
+            raise OSError(f"connection refused by {address} (backlog full)")
+        listener._backlog.append(theirs)
+        listener._lot.unpark_all()
+        return mine
+
+
+class _SimDatagramEndpoint(DatagramEndpoint):
+    __slots__ = ("_address", "_closed", "_heap", "_lot", "_sim")
+
+    def __init__(self, sim: SimNetwork, address: Address) -> None:
+        self._sim = sim
+        self._address = address
+        self._heap: list[tuple[float, int, bytes, Address]] = []
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    @property
+    def local_address(self) -> Address:
+        return self._address
+
+    async def sendto(self, data: bytes, address: Address) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("endpoint closed")
+        await trio.lowlevel.checkpoint()
+        self._sim._send_datagram(self._address, (str(address[0]), int(address[1])), bytes(data))
+
+    async def recvfrom(self) -> tuple[bytes, Address]:
+        while True:
+            if self._closed:
+                raise trio.ClosedResourceError("endpoint closed")
+            if self._heap:
+                due = self._heap[0][0]
+                if due <= trio.current_time():
+                    _, _, data, src = heapq.heappop(self._heap)
+                    # Re-check at delivery: the host may have been killed in flight.
+                    if self._sim.reachable(src[0], self._address[0]):
+                        await trio.lowlevel.checkpoint()
+                        return data, src
+                    continue
+                with trio.move_on_at(due):
+                    await self._lot.park()
+            else:
+                await self._lot.park()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._heap.clear()
+            if self._sim._datagram.get(self._address) is self:
+                del self._sim._datagram[self._address]
+            self._lot.unpark_all()
+
+
+class _SimListener(StreamListener):
+    __slots__ = ("_address", "_backlog", "_closed", "_lot", "_sim")
+
+    def __init__(self, sim: SimNetwork, address: Address) -> None:
+        self._sim = sim
+        self._address = address
+        self._backlog: deque[_SimStream] = deque()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    @property
+    def local_address(self) -> Address:
+        return self._address
+
+    async def accept(self) -> trio.abc.Stream:
+        while True:
+            if self._closed:
+                raise trio.ClosedResourceError("listener closed")
+            if self._backlog:
+                await trio.lowlevel.checkpoint()
+                return self._backlog.popleft()
+            await self._lot.park()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._sim._listeners.get(self._address) is self:
+                del self._sim._listeners[self._address]
+            for s in self._backlog:
+                s._break()
+            self._backlog.clear()
+            self._lot.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+
+class _Pipe:
+    """One direction of a stream: chunks with delivery times, kept in order."""
+
+    __slots__ = ("broken", "buffered", "chunks", "eof", "last_due", "lot")
+
+    def __init__(self) -> None:
+        self.chunks: deque[tuple[float, bytes]] = deque()  # b"" marks EOF
+        self.buffered = 0
+        self.last_due = 0.0
+        self.broken = False
+        self.eof = False  # EOF already handed to the reader
+        self.lot = trio.lowlevel.ParkingLot()
+
+
+class _SimStream(trio.abc.HalfCloseableStream):
+    """A simulated TCP connection end honouring latency, partitions and kills."""
+
+    def __init__(
+        self, sim: SimNetwork, local: Address, remote: Address, *, send: _Pipe, recv: _Pipe
+    ) -> None:
+        self._sim = sim
+        self.local_address = local
+        self.remote_address = remote
+        self._send = send
+        self._recv = recv
+        self._peer: _SimStream | None = None
+        self._closed = False
+        self._send_eof = False
+        self._sending = False
+        self._receiving = False
+
+    @property
+    def local_host(self) -> str:
+        return self.local_address[0]
+
+    @property
+    def remote_host(self) -> str:
+        return self.remote_address[0]
+
+    def _break(self) -> None:
+        for s in (self, self._peer):
+            if s is not None:
+                self._sim._streams.discard(s)
+        for p in (self._send, self._recv):
+            p.broken = True
+            p.lot.unpark_all()
+
+    def _push(self, chunk: bytes) -> None:
+        due = trio.current_time() + self._sim._stream_delay(self.local_host, self.remote_host)
+        due = max(due, self._send.last_due)
+        self._send.last_due = due
+        self._send.chunks.append((due, chunk))
+        self._send.buffered += len(chunk)
+        self._send.lot.unpark_all()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        self._sending = True
+        try:
+            if self._closed:
+                raise trio.ClosedResourceError("stream closed")
+            if self._send_eof:
+                raise trio.ClosedResourceError("send side already closed")
+            while self._send.buffered >= _STREAM_WINDOW and not self._send.broken:
+                await self._send.lot.park()
+                if self._closed:
+                    raise trio.ClosedResourceError("stream closed")
+            if self._send.broken or not self._sim.reachable(self.local_host, self.remote_host):
+                self._break()
+                raise trio.BrokenResourceError("connection lost")
+            if data:
+                self._push(bytes(data))
+            await trio.lowlevel.checkpoint()
+        finally:
+            self._sending = False
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+        while True:
+            if self._closed:
+                raise trio.ClosedResourceError("stream closed")
+            if self._send.buffered < _STREAM_WINDOW or self._send.broken:
+                return
+            await self._send.lot.park()
+
+    async def send_eof(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("stream closed")
+        await trio.lowlevel.checkpoint()
+        if not self._send_eof:
+            self._send_eof = True
+            if not self._send.broken:
+                self._push(b"")
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if max_bytes is not None:
+            max_bytes = operator.index(max_bytes)
+            if max_bytes < 1:
+                raise ValueError("max_bytes must be >= 1")
+        if self._receiving:
+            raise trio.BusyResourceError("another task is receiving on this stream")
+        self._receiving = True
+        try:
+            pipe = self._recv
+            while True:
+                if self._closed:
+                    raise trio.ClosedResourceError("stream closed")
+                if pipe.broken:
+                    raise trio.BrokenResourceError("connection lost")
+                if pipe.eof:
+                    await trio.lowlevel.checkpoint()
+                    return b""
+                if pipe.chunks:
+                    due, chunk = pipe.chunks[0]
+                    if due <= trio.current_time():
+                        if not chunk:
+                            pipe.chunks.popleft()
+                            pipe.eof = True
+                            continue
+                        n = len(chunk) if max_bytes is None else min(max_bytes, len(chunk))
+                        if n < len(chunk):
+                            pipe.chunks[0] = (due, chunk[n:])
+                        else:
+                            pipe.chunks.popleft()
+                        pipe.buffered -= n
+                        pipe.lot.unpark_all()  # a blocked sender may proceed
+                        await trio.lowlevel.checkpoint()
+                        return chunk[:n]
+                    with trio.move_on_at(due):
+                        await pipe.lot.park()
+                else:
+                    await pipe.lot.park()
+        finally:
+            self._receiving = False
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sim._streams.discard(self)
+            if not self._send_eof and not self._send.broken:
+                self._send_eof = True
+                self._push(b"")
+            # Like a TCP RST: the peer's later sends fail.
+            self._recv.broken = True
+            self._recv.lot.unpark_all()
+            self._send.lot.unpark_all()
+        await trio.lowlevel.checkpoint()
