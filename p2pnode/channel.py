@@ -129,6 +129,7 @@ class SecureChannel:
         self._messages_sent = 0
         self._writes = 0
         self._leftover: bytes | bytearray = result.leftover
+        self._max_message_size = config.max_message_size
 
     @property
     def state(self) -> ChannelState:
@@ -179,8 +180,10 @@ class SecureChannel:
         SecureChannelError(CHANNEL_CLOSED) if the stream breaks,
         trio.ClosedResourceError after :meth:`aclose`.
         """
-        self._check_open()
-        self._check_size(message)
+        if self._state is not ChannelState.OPEN:
+            self._check_open()
+        if len(message) > self._max_message_size:
+            self._check_size(message)
         lock = self._send_lock
         if self._pending or lock.locked():
             # A write is in flight: ride along with the next one (coalescing).
@@ -188,9 +191,13 @@ class SecureChannel:
             self._pending_bytes += len(message)
             await self.flush()
             return
-        async with lock:
-            self._check_open()
+        # Uncontended: take the lock without the extra scheduling round trip
+        # of ``async with lock`` (send_all checkpoints anyway).
+        lock.acquire_nowait()
+        try:
             await self._write(self._codec.encode(message), 1)
+        finally:
+            lock.release()
 
     async def send_many(self, messages: Iterable[bytes]) -> None:
         """Send several messages coalesced into as few frames and writes as possible."""

@@ -135,7 +135,7 @@ class TransportCodec:
         Raises LocalError(MESSAGE_TOO_LARGE) above ``max_message_size``.
         """
         size = len(message)
-        if size > MAX_PLAINTEXT_LEN - RECORD_HEADER:
+        if size > MAX_PLAINTEXT_LEN - RECORD_HEADER or size > self._max:
             return self.encode_many((message,))
         out = bytearray(FRAME_HEADER + RECORD_HEADER + size + TAGLEN)
         _u32.pack_into(out, FRAME_HEADER, size)

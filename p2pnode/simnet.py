@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 import random
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass
 
 import trio
@@ -136,7 +138,7 @@ class SimNetwork:
             if not self.reachable(s.local_host, s.remote_host):
                 s._break()
 
-    def _alloc(self, host: str, address: Address, taken: dict[Address, object]) -> Address:
+    def _alloc(self, host: str, address: Address, taken: Container[Address]) -> Address:
         if address[0] not in (host, "", "0.0.0.0"):
             raise OSError(f"cannot bind {address}: not an address of {host}")
         port = address[1]
@@ -175,14 +177,14 @@ class SimHost(Network):
 
     async def bind_datagram(self, address: Address) -> DatagramEndpoint:
         await trio.lowlevel.checkpoint()
-        bound = self.sim._alloc(self.host, address, self.sim._datagram)  # type: ignore[arg-type]
+        bound = self.sim._alloc(self.host, address, self.sim._datagram)
         ep = _SimDatagramEndpoint(self.sim, bound)
         self.sim._datagram[bound] = ep
         return ep
 
     async def listen_stream(self, address: Address) -> StreamListener:
         await trio.lowlevel.checkpoint()
-        bound = self.sim._alloc(self.host, address, self.sim._listeners)  # type: ignore[arg-type]
+        bound = self.sim._alloc(self.host, address, self.sim._listeners)
         listener = _SimListener(self.sim, bound)
         self.sim._listeners[bound] = listener
         return listener
@@ -364,6 +366,8 @@ class _SimStream(trio.abc.HalfCloseableStream):
                 raise trio.ClosedResourceError("send side already closed")
             while self._send.buffered >= _STREAM_WINDOW and not self._send.broken:
                 await self._send.lot.park()
+                if self._closed:
+                    raise trio.ClosedResourceError("stream closed")
             if self._send.broken or not self._sim.reachable(self.local_host, self.remote_host):
                 self._break()
                 raise trio.BrokenResourceError("connection lost")
@@ -374,9 +378,13 @@ class _SimStream(trio.abc.HalfCloseableStream):
             self._sending = False
 
     async def wait_send_all_might_not_block(self) -> None:
-        while self._send.buffered >= _STREAM_WINDOW and not self._send.broken:
-            await self._send.lot.park()
         await trio.lowlevel.checkpoint()
+        while True:
+            if self._closed:
+                raise trio.ClosedResourceError("stream closed")
+            if self._send.buffered < _STREAM_WINDOW or self._send.broken:
+                return
+            await self._send.lot.park()
 
     async def send_eof(self) -> None:
         if self._closed:
@@ -388,6 +396,10 @@ class _SimStream(trio.abc.HalfCloseableStream):
                 self._push(b"")
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if max_bytes is not None:
+            max_bytes = operator.index(max_bytes)
+            if max_bytes < 1:
+                raise ValueError("max_bytes must be >= 1")
         if self._receiving:
             raise trio.BusyResourceError("another task is receiving on this stream")
         self._receiving = True
