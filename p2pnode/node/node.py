@@ -351,9 +351,17 @@ class Node:
         return encode_hello([a.card for a in self._agents.values()], self.advertised_addresses())
 
     async def _agent_loop(self, agent: _LocalAgent) -> None:
-        async with agent.inbox_receive:
-            async for envelope in agent.inbox_receive:
+        inbox = agent.inbox_receive
+        async with inbox:
+            async for envelope in inbox:
                 await self._run_handler(agent, envelope)
+                # Drain what is already queued without a scheduler pass per envelope.
+                while True:
+                    try:
+                        queued = inbox.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    await self._run_handler(agent, queued)
 
     async def _run_handler(self, agent: _LocalAgent, envelope: Envelope) -> None:
         try:
@@ -584,7 +592,10 @@ class Node:
                 self._allowed_requests.add(envelope.correlation_id or envelope.id)
             if self._resolve_pending(envelope):
                 continue
-            await agent.inbox_send.send(envelope)
+            try:
+                agent.inbox_send.send_nowait(envelope)
+            except trio.WouldBlock:
+                await agent.inbox_send.send(envelope)  # back-pressure on a full inbox
 
     def _resolve_pending(self, envelope: Envelope) -> bool:
         if envelope.type not in REPLY_TYPES or envelope.correlation_id is None:
