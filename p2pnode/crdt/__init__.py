@@ -1,0 +1,45 @@
+"""Shared state: vector clocks, delta-state CRDTs, replicas, gossip and durable storage."""
+
+from p2pnode.crdt.clock import CRDTError, Ordering, VectorClock
+from p2pnode.crdt.dots import Dot, DotContext
+from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
+from p2pnode.crdt.replica import Changes, Delta, Document, FullState, Replica
+from p2pnode.crdt.types import (
+    CRDT,
+    DocState,
+    GCounter,
+    Kind,
+    LWWRegister,
+    MapEntry,
+    ORMap,
+    ORSet,
+    PNCounter,
+)
+
+__all__ = [
+    "CRDT",
+    "CRDTError",
+    "Changes",
+    "CounterAdd",
+    "Delta",
+    "DocState",
+    "Document",
+    "Dot",
+    "DotContext",
+    "FullState",
+    "GCounter",
+    "Kind",
+    "LWWRegister",
+    "MapEntry",
+    "MapRemove",
+    "ORMap",
+    "ORSet",
+    "Op",
+    "Ordering",
+    "PNCounter",
+    "RegisterSet",
+    "Replica",
+    "SetAdd",
+    "SetRemove",
+    "VectorClock",
+]
