@@ -4,6 +4,7 @@ from p2pnode.crdt.clock import CRDTError, Ordering, VectorClock
 from p2pnode.crdt.dots import Dot, DotContext
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.crdt.replica import Changes, Delta, Document, FullState, Replica
+from p2pnode.crdt.store import AsyncCRDTStore, Batch, CRDTStore
 from p2pnode.crdt.types import (
     CRDT,
     DocState,
@@ -18,7 +19,10 @@ from p2pnode.crdt.types import (
 
 __all__ = [
     "CRDT",
+    "AsyncCRDTStore",
+    "Batch",
     "CRDTError",
+    "CRDTStore",
     "Changes",
     "CounterAdd",
     "Delta",
