@@ -92,6 +92,14 @@ class VectorClock(Mapping[str, int]):
         self._entries = dict(sorted(clean.items()))
         self._hash: int | None = None
 
+    @classmethod
+    def _trusted(cls, entries: dict[str, int]) -> VectorClock:
+        """Build from already-validated positive entries (internal fast path)."""
+        vc = cls.__new__(cls)
+        vc._entries = dict(sorted(entries.items()))
+        vc._hash = None
+        return vc
+
     # Mapping protocol -----------------------------------------------------------------
     def __getitem__(self, rid: str) -> int:
         return self._entries[rid]
@@ -122,17 +130,19 @@ class VectorClock(Mapping[str, int]):
     # Clock operations -----------------------------------------------------------------
     def increment(self, rid: str) -> VectorClock:
         """A new clock with ``rid``'s counter one higher."""
+        check_replica_id(rid)
         entries = dict(self._entries)
         entries[rid] = entries.get(rid, 0) + 1
-        return VectorClock(entries)
+        return VectorClock._trusted(entries)
 
     def merge(self, other: Mapping[str, int]) -> VectorClock:
         """The least upper bound: pointwise maximum."""
+        other_vc = other if isinstance(other, VectorClock) else VectorClock(other)
         entries = dict(self._entries)
-        for rid, n in other.items():
+        for rid, n in other_vc.items():
             if n > entries.get(rid, 0):
                 entries[rid] = n
-        return VectorClock(entries)
+        return VectorClock._trusted(entries)
 
     def compare(self, other: VectorClock) -> Ordering:
         """Where ``self`` stands relative to ``other`` in the causal order."""
@@ -173,10 +183,13 @@ class VectorClock(Mapping[str, int]):
             raise CRDTError("vector clock is not a map")
         if len(obj) > max_entries:
             raise CRDTError(f"vector clock has {len(obj)} entries (limit {max_entries})")
-        entries: dict[str, int] = {}
         for rid, n in obj.items():
-            entries[valid_replica_id_untrusted(rid)] = valid_counter_untrusted(n)
-        return cls(entries)
+            # Inline checks: this runs for every clock of every delta received.
+            if not isinstance(rid, str) or not 0 < len(rid) <= MAX_REPLICA_ID_LEN:
+                raise CRDTError(f"bad replica id {rid!r:.80}")
+            if type(n) is not int or not 1 <= n <= MAX_COUNTER:
+                raise CRDTError(f"bad counter {n!r:.80}")
+        return cls._trusted(obj)
 
     @classmethod
     def decode_untrusted(cls, data: bytes, *, max_entries: int = MAX_CLOCK_ENTRIES) -> VectorClock:

@@ -141,7 +141,7 @@ class DotContext:
 
     def clock(self) -> VectorClock:
         """The contiguous prefix as an immutable vector clock."""
-        return VectorClock(self.vv)
+        return VectorClock._trusted(self.vv)
 
     def max_for(self, r: str) -> int:
         """Highest n of any dot of ``r`` in the context (0 if none)."""
@@ -161,4 +161,4 @@ class DotContext:
         if not isinstance(obj, list) or len(obj) != 2:
             raise CRDTError("dot context is not a [vector, cloud] pair")
         vv = VectorClock.from_wire_untrusted(obj[0])
-        return cls(dict(vv), dots_from_wire_untrusted(obj[1]))
+        return cls(vv.to_wire(), dots_from_wire_untrusted(obj[1]))

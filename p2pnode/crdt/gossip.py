@@ -87,13 +87,23 @@ class DeltaPush(GossipMessage):
     """Rumor: one encoded :class:`~p2pnode.crdt.replica.Delta`, forwarded once by new receivers."""
 
     TYPE: ClassVar[int] = 1
+    #: Document, origin and sequence of the delta, in clear so a receiver drops
+    #: duplicates without decoding the payload (checked against it when new).
+    doc: str
+    origin: str
+    seq: int
     #: The encoded delta (``Delta.encode()``).
     delta: bytes
     #: Hops travelled from the origin (0 when pushed by the origin); informational.
     hops: int = 0
 
+    @classmethod
+    def of(cls, delta: Delta, hops: int = 0) -> DeltaPush:
+        """The push frame for ``delta``."""
+        return cls(delta.doc, delta.origin, delta.seq, delta.encode(), hops)
+
     def _fields(self) -> dict[str, Any]:
-        return {"d": self.delta, "h": self.hops}
+        return {"doc": self.doc, "o": self.origin, "s": self.seq, "d": self.delta, "h": self.hops}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +153,12 @@ def _push(f: dict[str, Any]) -> GossipMessage:
     hops = f.get("h")
     if type(hops) is not int or not 0 <= hops <= MAX_HOPS:
         raise _fail("bad hop count")
-    return DeltaPush(_bytes(f.get("d"), "delta"), hops)
+    try:
+        ids = {"doc": f["doc"], "o": f["o"], "s": f["s"], "vc": None, "st": None}
+        doc, origin, seq = Delta.peek_id_untrusted(ids)
+    except CRDTError as exc:
+        raise _fail(f"bad push id: {exc.message}") from exc
+    return DeltaPush(doc, origin, seq, _bytes(f.get("d"), "delta"), hops)
 
 
 def _digest(f: dict[str, Any]) -> GossipMessage:
@@ -169,7 +184,7 @@ def _state(f: dict[str, Any]) -> GossipMessage:
 
 
 _DECODERS = {
-    1: (_push, {"d", "h"}),
+    1: (_push, {"doc", "o", "s", "d", "h"}),
     2: (_digest, {"doc", "vc", "r"}),
     3: (_batch, {"ds"}),
     4: (_state, {"s"}),
@@ -330,7 +345,7 @@ class GossipNode:
         if delta.doc not in self._docs:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {delta.doc!r}")
         targets = self._choose(self.config.fanout)
-        msg = DeltaPush(delta.encode(), 0)
+        msg = DeltaPush.of(delta)
         for p in targets:
             self._send(p, msg)
         self._stats.pushed += 1
@@ -358,20 +373,31 @@ class GossipNode:
         self._stats.duplicates += result.duplicate
         return result
 
-    def _apply_encoded(self, peer: str, data: bytes) -> Delta | bool | None:
+    def _apply_encoded(
+        self, peer: str, data: bytes, expect: tuple[str, str, int] | None = None
+    ) -> Delta | bool | None:
         """The new delta, None for a duplicate / unsubscribed document, False if malformed."""
         try:
-            delta = Delta.decode_untrusted(data)
+            obj = Delta.unpack_untrusted(data)
+            doc, origin, seq = Delta.peek_id_untrusted(obj)
+            if expect is not None and expect != (doc, origin, seq):
+                raise CRDTError("push frame id does not match its delta", frame=expect)
+            # Duplicate suppression by (origin, seq) before the costly state validation.
+            if doc not in self._docs or self.replica.has_applied(doc, origin, seq):
+                return None
+            delta = Delta.from_wire_untrusted(obj)
         except CRDTError as exc:
             self.replica.record_error(exc, peer)
             self._stats.errors += 1
             return False
-        if delta.doc not in self._docs or not self.replica.apply_delta(delta):
-            return None
-        return delta
+        return delta if self.replica.apply_delta(delta) else None
 
     def _on_push(self, peer: str, msg: DeltaPush) -> Received:
-        got = self._apply_encoded(peer, msg.delta)
+        if msg.doc not in self._docs:
+            return Received(0, 0)
+        if self.replica.has_applied(msg.doc, msg.origin, msg.seq):
+            return Received(0, 1)
+        got = self._apply_encoded(peer, msg.delta, (msg.doc, msg.origin, msg.seq))
         if got is False:
             return Received(0, 0)
         if got is None:
@@ -380,7 +406,7 @@ class GossipNode:
         targets: list[str] = []
         if self.config.forward:
             targets = self._choose(self.config.fanout, exclude=(peer, got.origin))
-            fwd = DeltaPush(msg.delta, min(msg.hops + 1, MAX_HOPS))
+            fwd = DeltaPush(msg.doc, msg.origin, msg.seq, msg.delta, min(msg.hops + 1, MAX_HOPS))
             for p in targets:
                 self._send(p, fwd)
             self._stats.forwarded += 1

@@ -110,22 +110,38 @@ class Delta:
         """msgpack bytes of :meth:`to_wire`."""
         return pack(self.to_wire())
 
+    @staticmethod
+    def unpack_untrusted(data: bytes) -> dict[str, Any]:
+        """msgpack-decode a delta frame (no semantic checks yet). Raises CRDTError."""
+        return _decode(data, DELTA_LIMITS, "delta")
+
+    @staticmethod
+    def peek_id_untrusted(obj: dict[str, Any]) -> tuple[str, str, int]:
+        """``(doc, origin, seq)`` of an unpacked delta, validated, so duplicates can be
+        dropped before the state is decoded. Raises CRDTError."""
+        if set(obj) != {"doc", "o", "s", "vc", "st"}:
+            raise CRDTError("delta does not have exactly the fields doc, o, s, vc, st")
+        return (
+            _doc_name_untrusted(obj["doc"]),
+            valid_replica_id_untrusted(obj["o"]),
+            valid_counter_untrusted(obj["s"]),
+        )
+
     @classmethod
     def from_wire_untrusted(cls, obj: object) -> Delta:
         """Validate decoded peer data. Raises CRDTError."""
-        if not isinstance(obj, dict) or set(obj) != {"doc", "o", "s", "vc", "st"}:
-            raise CRDTError("delta does not have exactly the fields doc, o, s, vc, st")
-        origin = valid_replica_id_untrusted(obj["o"])
-        seq = valid_counter_untrusted(obj["s"])
+        if not isinstance(obj, dict):
+            raise CRDTError("delta is not a map")
+        doc, origin, seq = cls.peek_id_untrusted(obj)
         clock = VectorClock.from_wire_untrusted(obj["vc"])
         if clock.get(origin) != seq:
             raise CRDTError("delta clock does not count the delta itself", origin=origin)
-        return cls(_doc_name_untrusted(obj["doc"]), origin, seq, clock, _state(obj["st"]))
+        return cls(doc, origin, seq, clock, _state(obj["st"]))
 
     @classmethod
     def decode_untrusted(cls, data: bytes) -> Delta:
         """Decode peer bytes produced by :meth:`encode`. Raises CRDTError."""
-        return cls.from_wire_untrusted(_decode(data, DELTA_LIMITS, "delta"))
+        return cls.from_wire_untrusted(cls.unpack_untrusted(data))
 
 
 def _state(obj: object) -> DocState:
@@ -241,6 +257,11 @@ class Replica:
         """The document's value as plain data ({} if unknown)."""
         d = self._docs.get(doc)
         return d.state.value() if d else {}
+
+    def has_applied(self, doc: str, origin: str, seq: int) -> bool:
+        """Whether operation ``(origin, seq)`` of ``doc`` was applied here."""
+        d = self._docs.get(doc)
+        return d is not None and (origin, seq) in d.applied
 
     def clock(self, doc: str) -> VectorClock:
         """The replica's vector clock for ``doc`` (empty if unknown)."""

@@ -181,7 +181,7 @@ class GossipSimulation:
         while missing:
             if not self._events or self._events[0][0] > deadline:
                 return None
-            t, _, kind, _, b, _ = self._events[0]
+            _, _, kind, _, b, _ = self._events[0]
             self.step()
             if kind == _DELIVER and b in missing and self.has(b, op, doc):
                 missing.discard(b)
