@@ -98,8 +98,11 @@ class GossipSimulation:
         """Put node ``i``'s queued frames on the wire."""
         lo, hi = self.net.latency
         c = self.counters[i]
+        encoded: dict[int, bytes] = {}  # one frame fanned out to many peers is encoded once
         for peer, msg in self.nodes[i].take_outgoing():
-            data = msg.encode()
+            data = encoded.get(id(msg))
+            if data is None:
+                data = encoded[id(msg)] = msg.encode()
             c.frames_sent += 1
             c.bytes_sent += len(data)
             j = self._index[peer]
