@@ -211,6 +211,12 @@ def test_concurrent_kind_conflict_resolves_to_higher_kind() -> None:
         RegisterSet(("a",), "v", 0),
         SetAdd(("a",), True),
         SetAdd(("a",), 1.5),  # type: ignore[arg-type]
+        SetAdd(("a",), "x" * 257),
+        SetAdd(("a",), 2**64),
+        RegisterSet(("a",), "x" * 65537, 1),
+        RegisterSet(("a",), 2**64, 1),
+        CounterAdd(("k" * 257,), 1),
+        CounterAdd(tuple("abcdefghi"), 1),
     ],
 )
 def test_bad_local_ops_are_local_errors(op: Op) -> None:

@@ -53,7 +53,7 @@ from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 #: Protocol version carried in every frame.
 GOSSIP_VERSION = 1
 #: Limits for one gossip frame (a full state can be the largest).
-FRAME_LIMITS = WireLimits(max_size=4 * 1024 * 1024, max_depth=4)
+FRAME_LIMITS = WireLimits(max_size=4 * 1024 * 1024 + 1024, max_depth=4)
 #: Most deltas one batch frame may carry.
 MAX_BATCH = 1024
 #: Hop counts saturate here (informational only).
@@ -80,6 +80,11 @@ class GossipMessage:
     def encode(self) -> bytes:
         """msgpack bytes of the frame ``{"v": 1, "t": type, ...fields}``."""
         return pack({"v": GOSSIP_VERSION, "t": self.TYPE, **self._fields()})
+
+    @staticmethod
+    def decode_untrusted(data: bytes) -> GossipMessage:
+        """Decode one frame from a peer (see :func:`decode_untrusted`). Raises GossipError."""
+        return decode_untrusted(data)
 
 
 @dataclass(frozen=True, slots=True)

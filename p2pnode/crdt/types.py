@@ -181,6 +181,8 @@ def _check_scalar(value: object) -> Scalar:
         big = isinstance(value, int) and not -(2**63) <= value < 2**64
         if big:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "integer out of msgpack range")
+        if isinstance(value, str) and len(value) > MAX_VALUE_LEN:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"string longer than {MAX_VALUE_LEN}")
         return value
     if isinstance(value, float) and not math.isnan(value):
         return value
@@ -241,8 +243,13 @@ class LWWRegister(CRDT):
 
 
 def _check_element(e: object) -> Element:
+    # The same limits peers enforce, so nothing we produce is rejected downstream.
     if isinstance(e, bool) or not isinstance(e, int | str | bytes):
         raise LocalError(ErrorCode.INVALID_ARGUMENT, f"set elements are int/str/bytes: {e!r}")
+    if isinstance(e, int) and not -(2**63) <= e < 2**64:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "set element out of msgpack range")
+    if isinstance(e, str | bytes) and len(e) > MAX_KEY_LEN:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"set element longer than {MAX_KEY_LEN}")
     return e
 
 
@@ -478,7 +485,11 @@ class DocState:
         check_replica_id(rid)
         op_kind(op)
         path = op.path
-        if not path or any(not isinstance(k, str) or not k for k in path):
+        if (
+            len(path) > MAX_MAP_DEPTH
+            or not path
+            or any(not isinstance(k, str) or not 0 < len(k) <= MAX_KEY_LEN for k in path)
+        ):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"bad path {path!r}")
         delta = DocState()
         counter = [self.ctx.vv.get(rid, 0)]
