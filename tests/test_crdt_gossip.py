@@ -256,3 +256,28 @@ def test_membership_and_config_validation() -> None:
     with pytest.raises(LocalError):
         GossipConfig(max_reply_deltas=0)
     assert node("A", ["B"], anti_entropy=False).next_deadline() == float("inf")
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=100))
+def test_node_receive_untrusted_raises_only_gossip_error(data: bytes) -> None:
+    n = node("B", ["A"])
+    try:
+        n.receive_untrusted("A", data)
+    except GossipError:
+        pass
+
+
+@settings(max_examples=200)
+@given(messages)
+def test_well_formed_frames_with_garbage_payloads_never_raise(msg: GossipMessage) -> None:
+    n = node("B", ["A"])
+    n.receive_untrusted("A", msg.encode())
+    assert n.replica.value("doc") == {}
+
+
+def test_local_update_requires_subscription() -> None:
+    n = node("A", ["B"])
+    with pytest.raises(LocalError):
+        n.local_update("other", SetAdd(("s",), 1))
+    assert "other" not in n.replica.documents()

@@ -286,3 +286,14 @@ def test_random_structures_raise_only_crdt_error(obj: Any) -> None:
 def test_ormap_value_hides_removed_keys() -> None:
     m = ORMap()
     assert m.value() == {}
+
+
+def test_foreign_dot_of_ours_in_context_does_not_swallow_our_next_write() -> None:
+    """A peer's state may carry a dot with our id beyond our prefix; we must skip it."""
+    mine = DocState()
+    mine.join(mine.mutate("A", SetAdd(("s",), "x")))
+    hostile = DocState.from_wire_untrusted([[], [{}, [["A", 5]]]])
+    mine.join(hostile)
+    for element in ("y", "z", "w", "v"):
+        mine.join(mine.mutate("A", SetAdd(("s",), element)))
+    assert mine.value() == {"s": frozenset({"x", "y", "z", "w", "v"})}

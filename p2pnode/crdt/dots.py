@@ -135,10 +135,6 @@ class DotContext:
                 self.cloud.discard((r, n))
                 self.vv[r] = n
 
-    def next_dot(self, r: str) -> Dot:
-        """The next dot for replica ``r`` (its own dots are always contiguous)."""
-        return (r, self.vv.get(r, 0) + 1)
-
     def clock(self) -> VectorClock:
         """The contiguous prefix as an immutable vector clock."""
         return VectorClock._trusted(self.vv)

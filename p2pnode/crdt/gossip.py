@@ -360,6 +360,8 @@ class GossipNode:
         """Apply a local operation (in memory only) and push its delta; returns the
         delta and the peers it goes to. Use :meth:`publish` after a durable commit
         instead when updates must survive a crash."""
+        if doc not in self._docs:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {doc!r}")
         delta = self.replica.update(doc, op)
         return delta, self.publish(delta)
 

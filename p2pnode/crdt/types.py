@@ -492,7 +492,9 @@ class DocState:
         ):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"bad path {path!r}")
         delta = DocState()
-        counter = [self.ctx.vv.get(rid, 0)]
+        # max_for, not the prefix: a dot of ours that a peer put in our context
+        # must never be reissued, or the write would count as already removed.
+        counter = [self.ctx.max_for(rid)]
 
         def fresh() -> Dot:
             counter[0] += 1
