@@ -139,6 +139,12 @@ class DotContext:
         """The contiguous prefix as an immutable vector clock."""
         return VectorClock._trusted(self.vv)
 
+    def explicit(self, limit: int = 64) -> frozenset[Dot] | None:
+        """The context as a plain set if it holds at most ``limit`` dots, else None."""
+        if sum(self.vv.values()) + len(self.cloud) > limit:
+            return None
+        return frozenset(self)
+
     def max_for(self, r: str) -> int:
         """Highest n of any dot of ``r`` in the context (0 if none)."""
         top = self.vv.get(r, 0)

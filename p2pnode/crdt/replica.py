@@ -308,16 +308,22 @@ class Replica:
             # Evict down to 3/4 so a store rewrites the snapshot once per max_log/4 deltas.
             while len(d.log) > self.max_log * 3 // 4:
                 (o, s), _ = d.log.popitem(last=False)
-                self._raise_floor(delta.doc, d, o, s)
+                self._raise_floor(delta.doc, d, o, s, sweep=False)
             self._changes.snapshot.add(delta.doc)
         return True
 
-    def _raise_floor(self, name: str, d: Document, origin: str, seq: int) -> None:
+    def _raise_floor(
+        self, name: str, d: Document, origin: str, seq: int, *, sweep: bool = True
+    ) -> None:
         if seq > d.floor.get(origin, 0):
             d.floor[origin] = seq
             self._changes.snapshot.add(name)
-        d.log.pop((origin, seq), None)
-        self._changes.evicted.append((name, origin, seq))
+        if d.log.pop((origin, seq), None) is not None or not sweep:
+            self._changes.evicted.append((name, origin, seq))
+        if not sweep:
+            # Eviction goes oldest first, so lower entries of this origin are rare;
+            # any left below the floor are never served and age out in turn.
+            return
         # Anything of this origin at or below the floor is useless to a peer now.
         for key in [k for k in d.log if k[0] == origin and k[1] <= d.floor[origin]]:
             del d.log[key]

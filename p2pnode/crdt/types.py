@@ -318,6 +318,34 @@ class MapEntry:
 
     dots: set[Dot]
     value: CRDT
+    #: Every dot in this entry and below it; a cache rebuilt after the entry changes.
+    below: frozenset[Dot] | None = field(default=None, compare=False, repr=False)
+
+    def all_dots(self) -> frozenset[Dot]:
+        """Presence dots plus every dot nested in the value (cached)."""
+        if self.below is None:
+            found = set(self.dots)
+            v = self.value
+            if isinstance(v, ORSet):
+                for ds in v.entries.values():
+                    found |= ds
+            elif isinstance(v, ORMap):
+                for e in v.entries.values():
+                    found |= e.all_dots()
+            self.below = frozenset(found)
+        return self.below
+
+    def drop_seen(self, other_ctx: DotContext, explicit: frozenset[Dot] | None) -> None:
+        """Join the empty entry of a peer with context ``other_ctx`` (drop what it removed).
+
+        ``explicit`` is ``other_ctx`` as a set when small: an entry holding none
+        of those dots cannot change, so it is skipped without a traversal.
+        """
+        if explicit is not None and explicit.isdisjoint(self.all_dots()):
+            return
+        self.dots = {d for d in self.dots if d not in other_ctx}
+        self.value.join_bottom(other_ctx)
+        self.below = None
 
 
 def _empty(kind: Kind) -> CRDT:
@@ -353,15 +381,16 @@ class ORMap(CRDT):
             else:
                 mine.dots = _causal_join(mine.dots, theirs.dots, ctx, other_ctx)
                 mine.value = _join_value(mine.value, theirs.value, ctx, other_ctx)
+                mine.below = None
+        explicit = other_ctx.explicit()
         for k, mine in self.entries.items():
             if k not in other.entries:
-                mine.dots = {d for d in mine.dots if d not in other_ctx}
-                mine.value.join_bottom(other_ctx)
+                mine.drop_seen(other_ctx, explicit)
 
     def join_bottom(self, other_ctx: DotContext) -> None:
+        explicit = other_ctx.explicit()
         for entry in self.entries.values():
-            entry.dots = {d for d in entry.dots if d not in other_ctx}
-            entry.value.join_bottom(other_ctx)
+            entry.drop_seen(other_ctx, explicit)
 
     def value(self) -> dict[str, Any]:
         """Present keys only (a key with no presence dots was removed)."""
