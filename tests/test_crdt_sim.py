@@ -45,7 +45,7 @@ def test_hundred_nodes_loss_partition_heal_converge() -> None:
                 acked.append(sim.update(i, "chat", SetAdd(("lines",), f"{tag}-{k}-n{i}")))
             sim.run_until(sim.now + rng.uniform(0.0, 0.02))
 
-    # Phase 1: 40 writers, concurrent updates, 10 % loss.
+    # Phase 1: 50 writers, concurrent updates, 10 % loss.
     burst(list(range(0, 100, 2)), 150, "a")
     sim.run_until(sim.now + 2.0)
     # Phase 2: the swarm splits in two; both sides keep writing.
