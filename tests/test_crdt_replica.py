@@ -157,7 +157,10 @@ def test_local_misuse() -> None:
 
 
 def test_changes_journal() -> None:
-    a = Replica("A", max_log=4)
+    plain = Replica("P")
+    plain.update("doc", CounterAdd(("n",), 1))
+    assert not plain.take_changes()  # no storage, no journal, no growth
+    a = Replica("A", max_log=4, journal=True)
     d = a.update("doc", CounterAdd(("n",), 1))
     ch = a.take_changes()
     assert ch.appended == [d]

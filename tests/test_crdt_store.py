@@ -119,6 +119,11 @@ def test_corrupt_rows_are_config_errors(tmp_path: Path) -> None:
     assert info.value.code is ErrorCode.CONFIG_ERROR
 
 
+def test_commit_needs_a_journaling_replica(tmp_path: Path) -> None:
+    with CRDTStore(tmp_path / "a.db") as store, pytest.raises(LocalError):
+        store.commit(Replica("A"))
+
+
 def test_closed_store_and_bad_options(tmp_path: Path) -> None:
     with pytest.raises(LocalError):
         CRDTStore(tmp_path / "a.db", synchronous="OFF")

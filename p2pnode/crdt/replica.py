@@ -208,6 +208,23 @@ class Changes:
     evicted: list[tuple[str, str, int]] = field(default_factory=list)
     #: Documents whose snapshot (state, applied set, floors) must be rewritten.
     snapshot: set[str] = field(default_factory=set)
+    #: False for a replica without storage: nothing is recorded (no unbounded growth).
+    enabled: bool = True
+
+    def note_append(self, delta: Delta) -> None:
+        """Record a delta appended to a log."""
+        if self.enabled:
+            self.appended.append(delta)
+
+    def note_evict(self, doc: str, origin: str, seq: int) -> None:
+        """Record a delta removed from a log."""
+        if self.enabled:
+            self.evicted.append((doc, origin, seq))
+
+    def note_snapshot(self, doc: str) -> None:
+        """Record that ``doc`` needs its snapshot rewritten."""
+        if self.enabled:
+            self.snapshot.add(doc)
 
     def __bool__(self) -> bool:
         return bool(self.appended or self.evicted or self.snapshot)
@@ -230,8 +247,19 @@ class Document:
 class Replica:
     """A set of named documents replicated by delta-state CRDTs (see module docstring)."""
 
-    def __init__(self, replica_id: str, *, max_log: int = 1024, max_errors: int = 64) -> None:
-        """Raises LocalError(INVALID_ARGUMENT) on a bad id or ``max_log < 1``."""
+    def __init__(
+        self,
+        replica_id: str,
+        *,
+        max_log: int = 1024,
+        max_errors: int = 64,
+        journal: bool = False,
+    ) -> None:
+        """``journal=True`` records changes for a store (:meth:`take_changes`);
+        :meth:`p2pnode.crdt.store.CRDTStore.load` sets it.
+
+        Raises LocalError(INVALID_ARGUMENT) on a bad id or ``max_log < 1``.
+        """
         self.replica_id = check_replica_id(replica_id)
         if max_log < 1:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "max_log must be >= 1")
@@ -239,7 +267,8 @@ class Replica:
         self._docs: dict[str, Document] = {}
         #: The most recent remote errors (bounded), newest last.
         self.errors: deque[CRDTError] = deque(maxlen=max_errors)
-        self._changes = Changes()
+        self.journal = journal
+        self._changes = Changes(enabled=journal)
 
     # Reading --------------------------------------------------------------------------
     def documents(self) -> list[str]:
@@ -300,16 +329,16 @@ class Replica:
         d.applied.add(key)
         if delta.seq <= d.floor.get(delta.origin, 0):
             # Below the floor a logged delta would never be served; persist via snapshot.
-            self._changes.snapshot.add(delta.doc)
+            self._changes.note_snapshot(delta.doc)
             return True
         d.log[key] = delta
-        self._changes.appended.append(delta)
+        self._changes.note_append(delta)
         if len(d.log) > self.max_log:
             # Evict down to 3/4 so a store rewrites the snapshot once per max_log/4 deltas.
             while len(d.log) > self.max_log * 3 // 4:
                 (o, s), _ = d.log.popitem(last=False)
                 self._raise_floor(delta.doc, d, o, s, sweep=False)
-            self._changes.snapshot.add(delta.doc)
+            self._changes.note_snapshot(delta.doc)
         return True
 
     def _raise_floor(
@@ -317,9 +346,9 @@ class Replica:
     ) -> None:
         if seq > d.floor.get(origin, 0):
             d.floor[origin] = seq
-            self._changes.snapshot.add(name)
+            self._changes.note_snapshot(name)
         if d.log.pop((origin, seq), None) is not None or not sweep:
-            self._changes.evicted.append((name, origin, seq))
+            self._changes.note_evict(name, origin, seq)
         if not sweep:
             # Eviction goes oldest first, so lower entries of this origin are rare;
             # any left below the floor are never served and age out in turn.
@@ -327,7 +356,7 @@ class Replica:
         # Anything of this origin at or below the floor is useless to a peer now.
         for key in [k for k in d.log if k[0] == origin and k[1] <= d.floor[origin]]:
             del d.log[key]
-            self._changes.evicted.append((name, key[0], key[1]))
+            self._changes.note_evict(name, key[0], key[1])
 
     def apply_full_state(self, full: FullState) -> bool:
         """Join a peer's whole document; False if it taught us nothing."""
@@ -337,7 +366,7 @@ class Replica:
             return False
         d.state.join(full.state)
         d.applied.join(full.applied)
-        self._changes.snapshot.add(full.doc)
+        self._changes.note_snapshot(full.doc)
         for origin, top in new_ops.items():
             # We now hold ops of `origin` up to `top` whose deltas we never logged.
             self._raise_floor(full.doc, d, origin, top)
@@ -406,7 +435,7 @@ class Replica:
     # Persistence hooks ------------------------------------------------------------------
     def take_changes(self) -> Changes:
         """Return and reset the journal of changes since the last call."""
-        changes, self._changes = self._changes, Changes()
+        changes, self._changes = self._changes, Changes(enabled=self.journal)
         return changes
 
     def restore(self, name: str, document: Document) -> None:

@@ -154,7 +154,7 @@ class CRDTStore:
         The first load binds the file to ``replica_id``; later loads with
         another id raise LocalError(CONFIG_ERROR).
         """
-        replica = Replica(replica_id, **replica_kwargs)
+        replica = Replica(replica_id, journal=True, **replica_kwargs)
         with self._lock:
             db = self._conn()
             try:
@@ -185,7 +185,13 @@ class CRDTStore:
 
     @staticmethod
     def prepare(replica: Replica) -> Batch:
-        """Drain ``replica``'s journal into encoded rows (call on the replica's thread)."""
+        """Drain ``replica``'s journal into encoded rows (call on the replica's thread).
+
+        Raises LocalError(INVALID_ARGUMENT) for a replica that keeps no journal
+        (one not obtained from :meth:`load`).
+        """
+        if not replica.journal:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "replica keeps no journal; use load()")
         changes = replica.take_changes()
         batch = Batch(
             deltas=[(d.doc, d.origin, d.seq, d.encode()) for d in changes.appended],
