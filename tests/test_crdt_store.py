@@ -119,6 +119,24 @@ def test_corrupt_rows_are_config_errors(tmp_path: Path) -> None:
     assert info.value.code is ErrorCode.CONFIG_ERROR
 
 
+def test_failed_write_is_not_acknowledged_and_is_retried(tmp_path: Path) -> None:
+    path = tmp_path / "a.db"
+    store = CRDTStore(path, timeout=0.01)
+    r = store.load("A")
+    store.update(r, "doc", CounterAdd(("n",), 1))
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(LocalError) as info:
+        store.update(r, "doc", CounterAdd(("n",), 10))  # not acknowledged
+    assert info.value.code is ErrorCode.INTERNAL
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    store.update(r, "doc", CounterAdd(("n",), 100))  # commits the earlier batch too
+    store.close()
+    with CRDTStore(path) as again:
+        assert again.load("A").value("doc") == {"n": 111}
+
+
 def test_commit_needs_a_journaling_replica(tmp_path: Path) -> None:
     with CRDTStore(tmp_path / "a.db") as store, pytest.raises(LocalError):
         store.commit(Replica("A"))

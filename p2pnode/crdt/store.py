@@ -108,7 +108,10 @@ class CRDTStore:
     another replica or another schema version, or holds corrupt rows.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL") -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: str = "FULL", timeout: float = 5.0
+    ) -> None:
+        """``timeout``: seconds to wait for another connection's lock before failing."""
         if synchronous not in ("FULL", "NORMAL"):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "synchronous must be FULL or NORMAL")
         self._lock = threading.Lock()
@@ -117,7 +120,7 @@ class CRDTStore:
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves.
             self._db: sqlite3.Connection | None = sqlite3.connect(
-                os.fspath(path), check_same_thread=False, isolation_level=None
+                os.fspath(path), check_same_thread=False, isolation_level=None, timeout=timeout
             )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
