@@ -47,9 +47,10 @@ def pack(obj: Any) -> bytes:
     Raises LocalError(INVALID_ARGUMENT) if ``obj`` holds a type msgpack cannot encode.
     """
     try:
-        return msgpack.packb(obj, use_bin_type=True)
+        data: bytes = msgpack.packb(obj, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, f"cannot encode: {exc}") from exc
+    return data
 
 
 def canonical(obj: Any) -> Any:

@@ -1,0 +1,202 @@
+"""The ``p2pnode`` command.
+
+Exit codes: 0 success, 1 the command failed (invalid card, unreadable key
+file, unreachable node, ...), 2 bad usage. Errors are one line on stderr
+naming the error code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from p2pnode import __version__
+from p2pnode.a2a import to_a2a
+from p2pnode.card import AgentCard
+from p2pnode.cardfile import CARD_FILE_NAME, card_from_template, read_card_file, starter_template
+from p2pnode.cli_node import add_node_commands
+from p2pnode.envelope import wall_clock_ms
+from p2pnode.errors import ErrorCode, LocalError, P2PError
+from p2pnode.identity import (
+    KEY_FILE_NAME,
+    Identity,
+    default_data_dir,
+    load_identity,
+    save_identity,
+    write_private_file,
+)
+from p2pnode.jsonutil import b64encode
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir) if args.data_dir else default_data_dir()
+
+
+def _identity(args: argparse.Namespace) -> Identity:
+    path = _data_dir(args) / KEY_FILE_NAME
+    if not path.exists():
+        raise LocalError(
+            ErrorCode.KEY_FILE_ERROR, f"no identity at {path}; run `p2pnode init` first"
+        )
+    return load_identity(path)
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False))
+
+
+def _card_path(args: argparse.Namespace) -> Path:
+    return Path(args.file) if getattr(args, "file", None) else _data_dir(args) / CARD_FILE_NAME
+
+
+def _signed_card(args: argparse.Namespace) -> tuple[AgentCard, Identity]:
+    identity = _identity(args)
+    card = card_from_template(read_card_file(_card_path(args)), identity, wall_clock_ms())
+    return card, identity
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    key_path = data_dir / KEY_FILE_NAME
+    card_path = data_dir / CARD_FILE_NAME
+    existing = [p for p in (key_path, card_path) if p.exists()]
+    if existing and not args.force:
+        raise LocalError(
+            ErrorCode.CONFIG_ERROR,
+            f"{', '.join(map(str, existing))} already exist; use --force to replace them",
+        )
+    identity = Identity.generate()
+    save_identity(identity, key_path, overwrite=True)
+    template = starter_template(args.agent_id, args.name or args.agent_id.upper(), args.tier)
+    write_private_file(card_path, (json.dumps(template, indent=2) + "\n").encode())
+    print(f"peer id   {identity.peer_id}")
+    print(f"identity  {key_path}")
+    print(f"card      {card_path}")
+    return 0
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    identity = _identity(args)
+    if args.json:
+        _print_json({"peerId": str(identity.peer_id), "publicKey": b64encode(identity.public_key)})
+    else:
+        print(identity.peer_id)
+    return 0
+
+
+def cmd_card_show(args: argparse.Namespace) -> int:
+    card, _ = _signed_card(args)
+    _print_json(card.to_dict())
+    return 0
+
+
+def cmd_card_sign(args: argparse.Namespace) -> int:
+    card, _ = _signed_card(args)
+    text = json.dumps(card.to_dict(), indent=2) + "\n"
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"signed card {card.id} revision {card.revision} written to {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_card_validate(args: argparse.Namespace) -> int:
+    data = read_card_file(Path(args.file))
+    try:
+        if "signature" in data:
+            card = AgentCard.from_dict(data)
+            card.verify()
+        else:
+            card = card_from_template(data, Identity.generate(), wall_clock_ms())
+    except P2PError as exc:
+        problems = exc.details.get("problems") or [exc.message]
+        print(f"{args.file}: invalid card ({exc.code})", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    kind = "signed card" if card.signature and "signature" in data else "card template"
+    print(f"{args.file}: valid {kind} for agent {card.id!r}")
+    return 0
+
+
+def cmd_card_export(args: argparse.Namespace) -> int:
+    if not args.a2a:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "choose an export format: --a2a")
+    card, identity = _signed_card(args)
+    _print_json(to_a2a(card, identity))
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="p2pnode",
+        description="A peer-to-peer node for AI agents: signed Agent Cards on a Kademlia DHT, "
+        "Noise-encrypted channels, CRDT gossip.",
+    )
+    parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
+    parser.add_argument(
+        "--data-dir",
+        help="where identity, card and state live (default: $P2PNODE_HOME, "
+        "else $XDG_DATA_HOME/p2pnode, else ~/.local/share/p2pnode)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    init = sub.add_parser("init", help="create an identity and a starter card file")
+    init.add_argument("--agent-id", default="agent", help="id of the starter agent card")
+    init.add_argument("--name", help="display name of the agent")
+    init.add_argument("--tier", type=int, choices=range(4), default=3, help="tier 0-3")
+    init.add_argument("--force", action="store_true", help="replace an existing identity and card")
+    init.set_defaults(handler=cmd_init)
+
+    ident = sub.add_parser("id", help="print this node's peer id")
+    ident.add_argument("--json", action="store_true", help="peer id and public key as JSON")
+    ident.set_defaults(handler=cmd_id)
+
+    card = sub.add_parser("card", help="show, validate, sign or export agent cards")
+    card_sub = card.add_subparsers(dest="card_command", required=True, metavar="ACTION")
+    show = card_sub.add_parser("show", help="print the signed card of this node")
+    show.add_argument("file", nargs="?", help="card file (default: the data dir's card.json)")
+    show.set_defaults(handler=cmd_card_show)
+    validate = card_sub.add_parser("validate", help="check a card file, listing every problem")
+    validate.add_argument("file")
+    validate.set_defaults(handler=cmd_card_validate)
+    sign = card_sub.add_parser("sign", help="sign a card file with this node's identity")
+    sign.add_argument("file", nargs="?", help="card file (default: the data dir's card.json)")
+    sign.add_argument("-o", "--output", help="write the signed card here instead of stdout")
+    sign.set_defaults(handler=cmd_card_sign)
+    export = card_sub.add_parser("export", help="export the card in another format")
+    export.add_argument("file", nargs="?", help="card file (default: the data dir's card.json)")
+    export.add_argument("--a2a", action="store_true", help="as an A2A 1.0 AgentCard document")
+    export.set_defaults(handler=cmd_card_export)
+    add_node_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except P2PError as exc:
+        print(f"p2pnode: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`p2pnode card show | head`): not an error of ours.
+        sys.stderr.close()
+        return 0

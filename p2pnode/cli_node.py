@@ -1,0 +1,234 @@
+"""``p2pnode run | status | find | send``: the daemon and its control clients."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2pnode.cardfile import CARD_FILE_NAME, card_from_template, read_card_file, starter_template
+from p2pnode.demo import add_demo_command
+from p2pnode.envelope import Envelope, wall_clock_ms
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.identity import default_data_dir, load_identity, load_or_create_identity
+from p2pnode.jsonutil import b64decode
+from p2pnode.net import TrioNetwork
+from p2pnode.node.config import NodeConfig, parse_address
+from p2pnode.node.control import (
+    CONTROL_SOCKET_NAME,
+    ControlServer,
+    check_payload,
+    control_call,
+    parse_message_type,
+)
+from p2pnode.node.node import Node
+from p2pnode.node.observability import configure_logging
+from p2pnode.node.policy import PolicyConfig
+from p2pnode.node.runtime import open_node
+
+CONTROL_TIMEOUT = 60.0
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir) if args.data_dir else default_data_dir()
+
+
+def read_bootstrap_file(path: Path) -> list[str]:
+    """Bootstrap list: one ``host:port`` per line; ``#`` starts a comment."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise LocalError(ErrorCode.CONFIG_ERROR, f"cannot read {path}: {exc.strerror}") from exc
+    return [s for line in lines if (s := line.split("#", 1)[0].strip())]
+
+
+def _authority_key(args: argparse.Namespace) -> bytes | None:
+    if not args.authority_key:
+        return None
+    key = b64decode(args.authority_key)
+    if key is None or len(key) != 32:
+        raise LocalError(ErrorCode.CONFIG_ERROR, "--authority-key must be a base64 Ed25519 key")
+    return key
+
+
+async def echo_handler(envelope: Envelope) -> Any:
+    """The daemon's built-in agent behaviour: answer a request with what it carried."""
+    return {"agent": envelope.recipient, "echo": envelope.payload, "from": envelope.sender}
+
+
+def _node_ops(node: Node) -> dict[str, Any]:
+    async def status(request: dict[str, Any]) -> Any:
+        return node.status()
+
+    async def find(request: dict[str, Any]) -> Any:
+        cards = await node.find(str(request["capability"]))
+        return [
+            {"id": c.id, "peerId": str(c.peer_id), "tier": int(c.tier), "origin": str(c.origin),
+             "addresses": list(c.addresses), "capabilities": sorted(c.capability_ids())}
+            for c in cards
+        ]  # fmt: skip
+
+    async def send(request: dict[str, Any]) -> Any:
+        sender = request.get("from") or node.default_agent()
+        type_ = parse_message_type(str(request.get("type", "request")))
+        payload = check_payload(request.get("payload"))
+        target = str(request["to"])
+        if type_.value == "request":
+            capability = bool(request.get("capability"))
+            reply = await node.request(sender, target, payload, capability=capability)
+            return reply.to_dict()
+        envelope = node.envelope(sender, target, type_, payload)
+        result = await node.send(envelope)
+        return {"id": result.envelope_id, "path": result.path, "targets": list(result.targets)}
+
+    return {"status": status, "find": find, "send": send}
+
+
+async def run_daemon(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    identity = load_or_create_identity(data_dir)
+    card_paths = [Path(p) for p in args.card] if args.card else [data_dir / CARD_FILE_NAME]
+    templates = [
+        read_card_file(p) if p.exists() or args.card else starter_template("agent", "AGENT")
+        for p in card_paths
+    ]
+    bootstrap = list(args.bootstrap or [])
+    if args.bootstrap_file:
+        bootstrap += read_bootstrap_file(Path(args.bootstrap_file))
+    config = NodeConfig(
+        data_dir=data_dir,
+        listen=parse_address(args.listen),
+        dht_listen=parse_address(args.listen),
+        advertise_host=args.advertise_host,
+        bootstrap=tuple(parse_address(b) for b in bootstrap),
+        policy=PolicyConfig(authority_key=_authority_key(args)),
+    )
+    endorser = load_identity(Path(args.endorse_with)) if args.endorse_with else None
+    async with open_node(identity, TrioNetwork(), config) as node:
+        for template in templates:
+            card = card_from_template(
+                template,
+                identity,
+                wall_clock_ms(),
+                noise_static_key=node.secure_identity.static_public,
+                addresses=tuple(node.advertised_addresses()),
+            )
+            await node.add_agent_card(card, echo_handler, authority=endorser)
+        await node.join()
+        server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
+        await node.nursery.start(server.serve)
+        print(
+            json.dumps({"event": "ready", "peerId": str(node.peer_id),
+                        "addresses": node.advertised_addresses(),
+                        "control": str(data_dir / CONTROL_SOCKET_NAME)}),
+            flush=True,
+        )  # fmt: skip
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                logging.getLogger("p2pnode.node").info("signal %s: shutting down", signum)
+                break
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, json_lines=args.log_json, stream=sys.stderr)
+    return trio.run(run_daemon, args)
+
+
+def _control(args: argparse.Namespace, request: dict[str, Any]) -> Any:
+    path = _data_dir(args) / CONTROL_SOCKET_NAME
+
+    async def call() -> Any:
+        with trio.fail_after(CONTROL_TIMEOUT):
+            return await control_call(path, request)
+
+    try:
+        return trio.run(call)
+    except trio.TooSlowError:
+        raise LocalError(ErrorCode.TIMEOUT, f"the node at {path} did not answer") from None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _control(args, {"op": "status"})
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"peer id    {status['peerId']}")
+    print(f"addresses  {', '.join(status['addresses'])}")
+    print(f"swarm      {status['swarm']}")
+    print(f"agents     {', '.join(status['agents'])}")
+    print(f"peers      {len(status['peers'])}")
+    for channel in status["channels"]:
+        print(f"  channel  {channel['peer']}  {channel['state']}")
+    metrics = status["metrics"]
+    print(f"messages   sent {metrics['totalMessagesSent']}  "
+          f"received {metrics['totalMessagesReceived']}  errors {metrics['errorCount']}  "
+          f"security events {metrics['securityEvents']}")  # fmt: skip
+    return 0
+
+
+def cmd_find(args: argparse.Namespace) -> int:
+    found = _control(args, {"op": "find", "capability": args.capability})
+    if args.json:
+        print(json.dumps(found, indent=2))
+    elif not found:
+        print(f"no agent offers {args.capability!r}", file=sys.stderr)
+        return 1
+    else:
+        for card in found:
+            print(f"{card['id']:<20} tier L{card['tier']}  {card['peerId']}  "
+                  f"{','.join(card['addresses'])}")  # fmt: skip
+    return 0
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"--payload is not JSON: {exc}") from exc
+    request = {
+        "op": "send", "from": args.sender, "to": args.target, "type": args.type,
+        "payload": payload, "capability": args.capability,
+    }  # fmt: skip
+    print(json.dumps(_control(args, request), indent=2))
+    return 0
+
+
+def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``run``, ``status``, ``find``, ``send`` and ``demo``."""
+    run = sub.add_parser("run", help="run a node until interrupted")
+    run.add_argument("--listen", default="127.0.0.1:0", help="TCP and UDP address (host:port)")
+    run.add_argument("--advertise-host", help="host to publish in cards (for 0.0.0.0 listeners)")
+    run.add_argument("--bootstrap", action="append", metavar="HOST:PORT", help="repeatable")
+    run.add_argument("--bootstrap-file", help="file of host:port lines (# comments)")
+    run.add_argument("--card", action="append", help="card file (repeatable; default card.json)")
+    run.add_argument("--authority-key", help="base64 Ed25519 key of the swarm authority")
+    run.add_argument("--endorse-with", help="authority key file to endorse this node's cards")
+    run.add_argument("--log-level", default="INFO")
+    run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
+    run.set_defaults(handler=cmd_run)
+
+    status = sub.add_parser("status", help="show a running node's state")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_status)
+
+    find = sub.add_parser("find", help="find agents offering a capability")
+    find.add_argument("capability")
+    find.add_argument("--json", action="store_true")
+    find.set_defaults(handler=cmd_find)
+
+    send = sub.add_parser("send", help="send an envelope and print the response")
+    send.add_argument("target", help="agent id, capability (with --capability) or *")
+    send.add_argument("--type", default="request")
+    send.add_argument("--payload", default="null", help="JSON payload")
+    send.add_argument("--from", dest="sender", help="local agent sending (default: the first)")
+    send.add_argument("--capability", action="store_true", help="TARGET is a capability id")
+    send.set_defaults(handler=cmd_send)
+
+    add_demo_command(sub)

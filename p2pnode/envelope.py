@@ -1,0 +1,330 @@
+"""Envelopes: the typed messages agents exchange, and correlation threads.
+
+Every message between agents is an :class:`Envelope`: a unique id, the schema
+version, sender and recipient agent ids (``"*"`` for broadcast), an optional
+correlation id that threads a conversation, one of ten message types, a
+millisecond timestamp, a payload and routing metadata.
+
+The plain form is a dict with the seed's camelCase keys; JSON and msgpack
+carry that same dict. Decoders check the schema version *first*: an unknown
+version raises ``SCHEMA_VERSION_MISMATCH`` naming the expected and actual
+versions, so a newer peer's message is never misread as a malformed one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.jsonutil import dumps, is_json_value, loads_untrusted
+from p2pnode.wire import WireLimits, pack, unpack_untrusted
+
+SCHEMA_VERSION = 1
+BROADCAST = "*"
+MAX_ENVELOPE_BYTES = 4 * 1024 * 1024
+MAX_ID_LENGTH = 128
+_ENVELOPE_LIMITS = WireLimits(max_size=MAX_ENVELOPE_BYTES)
+
+
+class MessageType(enum.StrEnum):
+    """The ten envelope types."""
+
+    REQUEST = "request"
+    RESPONSE = "response"
+    NOTIFICATION = "notification"
+    TASK_PROPOSAL = "task-proposal"
+    TASK_ACCEPT = "task-accept"
+    TASK_REJECT = "task-reject"
+    STREAM_START = "stream-start"
+    STREAM_DATA = "stream-data"
+    STREAM_END = "stream-end"
+    ERROR = "error"
+
+
+_TYPES = {t.value: t for t in MessageType}
+ROUTING_HINT_CAPABILITY = "capability"
+
+
+class EnvelopeError(RemoteError):
+    """An envelope from a peer is malformed, of an unknown type or schema version."""
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """Routing metadata. ``tier`` and ``sandbox_id`` are the sender's *claims*; policy
+    decides on the authenticated peer's signed card, never on these fields."""
+
+    tier: int | None = None
+    sandbox_id: str | None = None
+    routing_hint: str | None = None
+    escalation_justification: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.tier is not None:
+            out["tier"] = self.tier
+        if self.sandbox_id is not None:
+            out["sandboxId"] = self.sandbox_id
+        if self.routing_hint is not None:
+            out["routingHint"] = self.routing_hint
+        if self.escalation_justification is not None:
+            out["escalationJustification"] = self.escalation_justification
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message between agents."""
+
+    id: str
+    sender: str
+    recipient: str
+    type: MessageType
+    timestamp: int
+    payload: Any = None
+    correlation_id: str | None = None
+    metadata: Metadata | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def is_broadcast(self) -> bool:
+        return self.recipient == BROADCAST
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain form with the seed's camelCase keys."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "schemaVersion": self.schema_version,
+            "sender": self.sender,
+            "recipient": self.recipient,
+            "type": self.type.value,
+            "timestamp": self.timestamp,
+            "payload": self.payload,
+        }
+        if self.correlation_id is not None:
+            out["correlationId"] = self.correlation_id
+        if self.metadata is not None:
+            out["metadata"] = self.metadata.to_dict()
+        return out
+
+    @classmethod
+    def from_dict_untrusted(cls, data: object) -> Envelope:
+        """Validate a peer's plain form. Raises EnvelopeError (SCHEMA_VERSION_MISMATCH or
+        INVALID_ENVELOPE listing every problem)."""
+        if not isinstance(data, Mapping):
+            raise EnvelopeError(ErrorCode.INVALID_ENVELOPE, "envelope must be a map")
+        version = data.get("schemaVersion")
+        if version != SCHEMA_VERSION or isinstance(version, bool):
+            raise EnvelopeError(
+                ErrorCode.SCHEMA_VERSION_MISMATCH,
+                f"expected schemaVersion {SCHEMA_VERSION}, got {version!r}",
+                expected=SCHEMA_VERSION,
+                actual=version,
+            )
+        problems = envelope_problems(data)
+        if problems:
+            raise EnvelopeError(ErrorCode.INVALID_ENVELOPE, "; ".join(problems), problems=problems)
+        meta = data.get("metadata")
+        return cls(
+            id=data["id"],
+            sender=data["sender"],
+            recipient=data["recipient"],
+            type=_TYPES[data["type"]],
+            timestamp=data["timestamp"],
+            payload=data["payload"],
+            correlation_id=data.get("correlationId"),
+            metadata=(
+                Metadata(
+                    tier=meta.get("tier"),
+                    sandbox_id=meta.get("sandboxId"),
+                    routing_hint=meta.get("routingHint"),
+                    escalation_justification=meta.get("escalationJustification"),
+                )
+                if meta is not None
+                else None
+            ),
+        )
+
+    def to_json(self) -> str:
+        """JSON text. Raises LocalError(INVALID_ARGUMENT) if the payload is not JSON data."""
+        if not is_json_value(self.payload):
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "payload is not JSON data")
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_json_untrusted(cls, text: str | bytes) -> Envelope:
+        try:
+            data = loads_untrusted(text, MAX_ENVELOPE_BYTES)
+        except ValueError as exc:
+            raise EnvelopeError(ErrorCode.MALFORMED_MESSAGE, str(exc)) from None
+        return cls.from_dict_untrusted(data)
+
+    def to_msgpack(self) -> bytes:
+        return pack(self.to_dict())
+
+    @classmethod
+    def from_msgpack_untrusted(cls, data: bytes) -> Envelope:
+        return cls.from_dict_untrusted(unpack_untrusted(data, _ENVELOPE_LIMITS))
+
+
+def _id_ok(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH
+
+
+_METADATA_KEYS = frozenset({"tier", "sandboxId", "routingHint", "escalationJustification"})
+_ENVELOPE_KEYS = frozenset(
+    {"id", "schemaVersion", "sender", "recipient", "correlationId", "type", "timestamp"}
+    | {"payload", "metadata"}
+)
+
+
+def envelope_problems(data: Mapping[str, Any]) -> list[str]:
+    """Every problem with an envelope's plain form (schema version aside)."""
+    problems: list[str] = []
+    for key in ("id", "sender", "recipient", "type", "timestamp", "payload"):
+        if key not in data:
+            problems.append(f"{key}: required")
+    for key in ("id", "sender", "recipient"):
+        if key in data and not _id_ok(data[key]):
+            problems.append(f"{key}: must be a string of 1..{MAX_ID_LENGTH} characters")
+    if "correlationId" in data and not _id_ok(data["correlationId"]):
+        problems.append(f"correlationId: must be a string of 1..{MAX_ID_LENGTH} characters")
+    if "type" in data and data["type"] not in _TYPES:
+        problems.append(f"type: unknown message type {data['type']!r}")
+    ts = data.get("timestamp")
+    if "timestamp" in data and (
+        not isinstance(ts, int) or isinstance(ts, bool) or not 0 < ts < 2**63
+    ):
+        problems.append("timestamp: must be a positive integer of milliseconds")
+    unknown = set(data) - _ENVELOPE_KEYS
+    if unknown:
+        problems.append(f"unknown fields {sorted(map(str, unknown))}")
+    meta = data.get("metadata")
+    if meta is not None:
+        if not isinstance(meta, Mapping):
+            problems.append("metadata: must be a map")
+        else:
+            problems.extend(_metadata_problems(meta))
+    return problems
+
+
+def _metadata_problems(meta: Mapping[str, Any]) -> list[str]:
+    problems: list[str] = []
+    tier = meta.get("tier")
+    if tier is not None and (
+        not isinstance(tier, int) or isinstance(tier, bool) or not 0 <= tier <= 3
+    ):
+        problems.append("metadata.tier: must be 0..3")
+    if meta.get("sandboxId") is not None and not _id_ok(meta["sandboxId"]):
+        problems.append("metadata.sandboxId: must be a short string")
+    hint = meta.get("routingHint")
+    if hint is not None and hint != ROUTING_HINT_CAPABILITY:
+        problems.append(f"metadata.routingHint: only {ROUTING_HINT_CAPABILITY!r} is defined")
+    just = meta.get("escalationJustification")
+    if just is not None and (not isinstance(just, str) or len(just) > 4096):
+        problems.append("metadata.escalationJustification: must be a string of at most 4096")
+    unknown = set(meta) - _METADATA_KEYS
+    if unknown:
+        problems.append(f"metadata: unknown fields {sorted(map(str, unknown))}")
+    return problems
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+class EnvelopeFactory:
+    """Makes envelopes with unique ids and millisecond timestamps.
+
+    Ids are a random 64-bit prefix chosen per factory plus a counter: unique
+    within the factory without a syscall per envelope, and unique across
+    factories with overwhelming probability. Clock and randomness are injected.
+    """
+
+    def __init__(
+        self,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self._clock_ms = clock_ms
+        self._prefix = random_bytes(8).hex()
+        self._counter = 0
+
+    def new_id(self) -> str:
+        self._counter += 1
+        return f"{self._prefix}-{self._counter:x}"
+
+    def create(
+        self,
+        sender: str,
+        recipient: str,
+        type: MessageType,
+        payload: Any = None,
+        *,
+        correlation_id: str | None = None,
+        metadata: Metadata | None = None,
+    ) -> Envelope:
+        """A new envelope stamped with a fresh id and the current time."""
+        return Envelope(
+            id=self.new_id(),
+            sender=sender,
+            recipient=recipient,
+            type=MessageType(type),
+            timestamp=max(1, self._clock_ms()),
+            payload=payload,
+            correlation_id=correlation_id,
+            metadata=metadata,
+        )
+
+    def reply(self, to: Envelope, sender: str, type: MessageType, payload: Any = None) -> Envelope:
+        """An envelope answering ``to``: same thread (its correlation id, else its id)."""
+        return self.create(
+            sender, to.sender, type, payload, correlation_id=to.correlation_id or to.id
+        )
+
+
+class ThreadStore:
+    """Envelopes grouped by correlation id, each thread in timestamp order.
+
+    Bounded: at most ``max_threads`` threads (the least recently touched is
+    evicted) of at most ``max_per_thread`` envelopes (the oldest is dropped).
+    """
+
+    def __init__(self, max_threads: int = 10_000, max_per_thread: int = 1_000) -> None:
+        self._threads: OrderedDict[str, list[tuple[int, int, Envelope]]] = OrderedDict()
+        self._max_threads = max_threads
+        self._max_per_thread = max_per_thread
+        self._seq = 0
+
+    def add(self, envelope: Envelope) -> None:
+        """File ``envelope`` under its correlation id (envelopes without one are ignored)."""
+        key = envelope.correlation_id
+        if key is None:
+            return
+        thread = self._threads.get(key)
+        if thread is None:
+            thread = self._threads[key] = []
+            if len(self._threads) > self._max_threads:
+                self._threads.popitem(last=False)
+        else:
+            self._threads.move_to_end(key)
+        self._seq += 1
+        # The sequence number is unique, so tuples never compare the envelopes themselves.
+        bisect.insort(thread, (envelope.timestamp, self._seq, envelope))
+        if len(thread) > self._max_per_thread:
+            del thread[0]
+
+    def thread(self, correlation_id: str) -> list[Envelope]:
+        """Every stored envelope of ``correlation_id``, oldest first (ties in arrival order)."""
+        return [env for _, _, env in self._threads.get(correlation_id, [])]
+
+    def __len__(self) -> int:
+        return len(self._threads)

@@ -1,0 +1,373 @@
+"""Transport framing of a secure channel after the Noise handshake (sans-IO).
+
+Theory of operation (bytes in docs/protocol/noise.md, "Transport").
+
+Two layers, so that one application message may span several Noise messages
+and several small ones may share one:
+
+* **Frames.** Each Noise transport message travels as ``len:u16be || ciphertext``
+  (Noise §13 recommends the 2-byte prefix); ``16 <= len <= 65535``, the last
+  16 bytes being the Poly1305 tag. Nonces count from 0 in each direction
+  (Noise §5.1).
+* **Records.** Concatenated frame plaintexts form one byte stream of records
+  ``size:u32be || message``. Frame boundaries carry no meaning: a sender may
+  put many records in one frame (coalescing) or cut one record across frames
+  (splitting). A record announcing more than ``max_message_size`` bytes is a
+  protocol violation detected from its header alone, so a peer can never
+  make us buffer more than ``max_message_size + 65539`` bytes.
+
+Time is a parameter. ``next_deadline()`` is the sooner of the *frame* deadline
+(a frame whose first byte has arrived must complete within ``frame_timeout``:
+this bounds a peer that trickles bytes) and the *idle* deadline (no byte for
+``idle_timeout`` while the application waits, counted from
+:meth:`TransportCodec.start_wait`). ``handle_timer(now)`` raises TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from collections import deque
+from collections.abc import Sequence
+
+from p2pnode.aead import open_into, seal_in_place
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.noise import MAX_NONCE, MAX_PLAINTEXT_LEN, TAGLEN, NoiseTransport
+from p2pnode.secure import SecureChannelError
+
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+RECORD_HEADER = 4
+FRAME_HEADER = 2
+
+_u32 = struct.Struct(">I")
+_nonce = struct.Struct("<4xQ").pack  # 32 zero bits || 64-bit little-endian counter
+
+
+class CodecState(enum.Enum):
+    """Whether the receive side still accepts bytes."""
+
+    OPEN = "open"
+    FAILED = "failed"  # the peer broke the protocol; close the connection
+
+
+class TransportCodec:
+    """Encrypts outgoing messages into frames and reassembles incoming ones.
+
+    Copies are kept to one per direction: the sender lays records out in the
+    final frame buffer and encrypts in place; the receiver decrypts straight
+    from the bytes it was given into the message being assembled.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_filled",
+        "_frame_since",
+        "_frame_timeout",
+        "_hdr",
+        "_idle_from",
+        "_idle_timeout",
+        "_max",
+        "_messages",
+        "_msg",
+        "_recv_key",
+        "_recv_n",
+        "_send_key",
+        "_send_n",
+        "state",
+    )
+
+    def __init__(
+        self,
+        transport: NoiseTransport,
+        *,
+        now: float,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        idle_timeout: float | None = None,
+        frame_timeout: float = 30.0,
+    ) -> None:
+        """Wrap the CipherStates of a finished handshake.
+
+        Raises LocalError(INVALID_ARGUMENT) on non-positive limits.
+        """
+        if max_message_size <= 0 or frame_timeout <= 0:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "limits and timeouts must be positive")
+        if max_message_size > 2**32 - 1:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "max_message_size must fit in 32 bits")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "idle_timeout must be positive or None")
+        send_key, recv_key = transport.send.key, transport.receive.key
+        if send_key is None or recv_key is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "transport CipherStates need keys")
+        self._send_key: bytes = send_key
+        self._recv_key: bytes = recv_key
+        self._send_n = transport.send.nonce
+        self._recv_n = transport.receive.nonce
+        self._max = max_message_size
+        self._idle_timeout = idle_timeout
+        self._frame_timeout = frame_timeout
+        self._buf = bytearray()  # bytes of an incomplete frame
+        self._hdr = bytearray()  # first bytes of a record header cut by a frame boundary
+        self._msg: bytearray | None = None  # body of an incomplete record, allocated at size
+        self._filled = 0  # bytes of _msg received so far
+        self._messages: deque[bytes] = deque()
+        self._frame_since: float | None = None
+        self._idle_from = now
+        self.state = CodecState.OPEN
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest application message either side may send."""
+        return self._max
+
+    # --- sending ------------------------------------------------------------
+
+    def _nonces(self, count: int) -> int:
+        n = self._send_n
+        if n + count > MAX_NONCE:
+            raise LocalError(ErrorCode.INTERNAL, "cipher nonce space exhausted")
+        self._send_n = n + count
+        return n
+
+    def encode(self, message: bytes) -> bytes | bytearray:
+        """Wire bytes carrying one application message.
+
+        Raises LocalError(MESSAGE_TOO_LARGE) above ``max_message_size``.
+        """
+        size = len(message)
+        if size > MAX_PLAINTEXT_LEN - RECORD_HEADER or size > self._max:
+            return self.encode_many((message,))
+        out = bytearray(FRAME_HEADER + RECORD_HEADER + size + TAGLEN)
+        _u32.pack_into(out, FRAME_HEADER, size)
+        out[FRAME_HEADER + RECORD_HEADER : FRAME_HEADER + RECORD_HEADER + size] = message
+        seal_in_place(self._send_key, _nonce(self._nonces(1)), out, 0, RECORD_HEADER + size)
+        return out
+
+    def encode_many(self, messages: Sequence[bytes]) -> bytes | bytearray:
+        """Wire bytes carrying ``messages`` in order, packed into as few frames as fit.
+
+        Raises LocalError(MESSAGE_TOO_LARGE) if any message is above
+        ``max_message_size`` (then nothing is encoded).
+        """
+        limit = self._max
+        total = 0
+        for message in messages:
+            if len(message) > limit:
+                raise LocalError(
+                    ErrorCode.MESSAGE_TOO_LARGE,
+                    f"message of {len(message)} bytes exceeds the {limit}-byte limit",
+                    size=len(message),
+                    limit=limit,
+                )
+            total += RECORD_HEADER + len(message)
+        if not total:
+            return b""
+        frames = -(-total // MAX_PLAINTEXT_LEN)
+        out = bytearray(total + frames * (FRAME_HEADER + TAGLEN))
+        # Lay the record stream out in the frame bodies, skipping each frame's
+        # length prefix and tag slot, then encrypt every body in place.
+        stride = FRAME_HEADER + MAX_PLAINTEXT_LEN + TAGLEN
+        pos = FRAME_HEADER
+        room = MAX_PLAINTEXT_LEN
+        header = bytearray(RECORD_HEADER)
+        for message in messages:
+            _u32.pack_into(header, 0, len(message))
+            for piece in (header, message):
+                view = memoryview(piece)
+                length = len(view)
+                offset = 0
+                while offset < length:
+                    if not room:
+                        pos += TAGLEN + FRAME_HEADER
+                        room = MAX_PLAINTEXT_LEN
+                    take = min(room, length - offset)
+                    out[pos : pos + take] = view[offset : offset + take]
+                    pos += take
+                    offset += take
+                    room -= take
+                view.release()
+        n = self._nonces(frames)
+        key = self._send_key
+        for i in range(frames):
+            size = min(MAX_PLAINTEXT_LEN, total - i * MAX_PLAINTEXT_LEN)
+            seal_in_place(key, _nonce(n + i), out, i * stride, size)
+        return out
+
+    # --- receiving ------------------------------------------------------------
+
+    def next_message(self) -> bytes | None:
+        """The next complete application message, or None."""
+        messages = self._messages
+        return messages.popleft() if messages else None
+
+    def pending_messages(self) -> int:
+        """How many complete messages wait in the receive queue."""
+        return len(self._messages)
+
+    def start_wait(self, now: float) -> None:
+        """The application starts waiting for a message: the idle clock restarts."""
+        self._idle_from = now
+
+    def next_deadline(self) -> float:
+        """When :meth:`handle_timer` must be called (``inf`` if never)."""
+        deadline = math.inf
+        if self._idle_timeout is not None:
+            deadline = self._idle_from + self._idle_timeout
+        if self._frame_since is not None:
+            deadline = min(deadline, self._frame_since + self._frame_timeout)
+        return deadline
+
+    def handle_timer(self, now: float) -> None:
+        """Raise SecureChannelError(TIMEOUT) if a deadline has passed."""
+        if now >= self.next_deadline():
+            slow = self._frame_since is not None and now >= self._frame_since + self._frame_timeout
+            self._fail(
+                SecureChannelError(
+                    ErrorCode.TIMEOUT,
+                    "peer did not complete a frame in time" if slow else "channel idle too long",
+                )
+            )
+
+    def _fail(self, exc: RemoteError) -> None:
+        self.state = CodecState.FAILED
+        self._buf = bytearray()
+        self._msg = None
+        self._hdr.clear()
+        raise exc
+
+    def receive_eof_untrusted(self) -> None:
+        """The peer closed its side: raise CHANNEL_CLOSED, or MALFORMED_MESSAGE if mid-record."""
+        if self._buf or self._hdr or self._msg is not None:
+            self._fail(
+                SecureChannelError(
+                    ErrorCode.MALFORMED_MESSAGE, "peer closed the channel inside a message"
+                )
+            )
+        self._fail(SecureChannelError(ErrorCode.CHANNEL_CLOSED, "peer closed the channel"))
+
+    def receive_data_untrusted(self, data: bytes | bytearray, now: float) -> None:
+        """Feed transport bytes from the peer.
+
+        Complete messages become available through :meth:`next_message`.
+        Raises SecureChannelError with DECRYPT_FAILED, MALFORMED_MESSAGE or
+        MESSAGE_TOO_LARGE; the codec is then FAILED. LocalError if already FAILED.
+        """
+        if self.state is not CodecState.OPEN:
+            raise LocalError(ErrorCode.CHANNEL_CLOSED, "the channel failed earlier")
+        if not data:
+            return
+        self._idle_from = now
+        buf = self._buf
+        had_partial = bool(buf)
+        if had_partial:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            src = data  # decrypt straight from the caller's bytes
+        end = len(src)
+        pos = 0
+        key = self._recv_key
+        try:
+            while end - pos >= FRAME_HEADER:
+                size = (src[pos] << 8) | src[pos + 1]
+                if size < TAGLEN:
+                    raise SecureChannelError(
+                        ErrorCode.MALFORMED_MESSAGE, f"frame of {size} bytes is shorter than a tag"
+                    )
+                stop = pos + FRAME_HEADER + size
+                if stop > end:
+                    break
+                n = self._recv_n
+                if n >= MAX_NONCE:
+                    raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "nonce space exhausted")
+                self._open_frame_untrusted(key, _nonce(n), src, pos + FRAME_HEADER, size)
+                self._recv_n = n + 1
+                pos = stop
+        except RemoteError as exc:
+            self._fail(exc)
+        if pos == end:
+            if had_partial:
+                self._buf = bytearray()
+            self._frame_since = None
+            return
+        if had_partial:
+            del buf[:pos]
+        else:
+            self._buf = bytearray(memoryview(data)[pos:])
+        if pos or not had_partial:
+            self._frame_since = now
+
+    def _open_frame_untrusted(
+        self, key: bytes, nonce: bytes, src: bytes | bytearray, start: int, size: int
+    ) -> None:
+        length = size - TAGLEN
+        msg = self._msg
+        if msg is not None and length <= len(msg) - self._filled:
+            # The whole frame continues the message being assembled.
+            if not open_into(key, nonce, src, start, size, msg, self._filled):
+                raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
+            self._filled += length
+            if self._filled == len(msg):
+                self._messages.append(bytes(msg))
+                self._msg = None
+            return
+        plaintext = bytearray(length)
+        if not open_into(key, nonce, src, start, size, plaintext, 0):
+            raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
+        self._records_untrusted(plaintext)
+
+    def _records_untrusted(self, plaintext: bytearray) -> None:
+        view = memoryview(plaintext)
+        end = len(plaintext)
+        off = 0
+        msg = self._msg
+        if msg is not None:  # finish the message being assembled
+            off = len(msg) - self._filled
+            msg[self._filled :] = view[:off]
+            self._messages.append(bytes(msg))
+            self._msg = None
+        hdr = self._hdr
+        if hdr:  # complete a record header cut by the previous frame
+            take = min(RECORD_HEADER - len(hdr), end - off)
+            hdr += view[off : off + take]
+            off += take
+            if len(hdr) < RECORD_HEADER:
+                return
+            if self._start_record_untrusted(_u32.unpack(hdr)[0], view, off, end):
+                hdr.clear()
+                return
+            off += _u32.unpack(hdr)[0]
+            hdr.clear()
+        limit = self._max
+        unpack = _u32.unpack_from
+        append = self._messages.append
+        while end - off >= RECORD_HEADER:
+            size = unpack(plaintext, off)[0]
+            off += RECORD_HEADER
+            if size > limit or off + size > end:
+                self._start_record_untrusted(size, view, off, end)
+                return
+            append(bytes(view[off : off + size]))
+            off += size
+        if off < end:
+            hdr += view[off:end]
+        view.release()
+
+    def _start_record_untrusted(self, size: int, view: memoryview, off: int, end: int) -> bool:
+        """Begin a record of ``size``; True if it continues past this plaintext."""
+        if size > self._max:
+            raise SecureChannelError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"peer announced a {size}-byte message (limit {self._max})",
+                size=size,
+                limit=self._max,
+            )
+        if off + size <= end:
+            self._messages.append(bytes(view[off : off + size]))
+            return False
+        msg = bytearray(size)
+        have = end - off
+        msg[:have] = view[off:end]
+        self._msg = msg
+        self._filled = have
+        return True

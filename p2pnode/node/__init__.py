@@ -1,0 +1,1 @@
+"""The node: channels, routing, policy, observability, the composition of every layer."""

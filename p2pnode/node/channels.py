@@ -1,0 +1,303 @@
+"""Channels: one long-lived link per peer, with an explicit lifecycle.
+
+Theory of operation (seed R3, Properties 10-12):
+
+* :class:`ChannelStateMachine` is the sans-IO lifecycle: ``CONNECTING ->
+  OPEN -> RECONNECTING -> OPEN | CLOSED`` (and ``CONNECTING -> CLOSED`` when
+  the first dial fails, ``OPEN -> CLOSED`` on close). Any other transition
+  raises and leaves the state unchanged.
+* :class:`PeerLink` is the trio driver for one remote peer. It owns at most
+  one *send* channel (a :class:`~p2pnode.channel.SecureChannel`) and a reader
+  task per channel it holds. Senders share the channel: the secure channel
+  serializes and coalesces concurrent writes, so per-link order is the order
+  in which ``send`` calls start writing.
+* Delivery: ``send`` writes the frame; when the write fails the link goes
+  to RECONNECTING, and the frame is retried on a fresh channel up to
+  ``max_retries`` times with exponential backoff (each delay double the last).
+  Then ``send`` raises ``DELIVERY_FAILED``. A frame may thus arrive twice; the
+  receiving node drops duplicate envelope ids.
+* Transport loss while idle: the link redials in the background (IK, since
+  it knows the peer's static key) with the same backoff, and closes after
+  ``max_redials`` failures. The node drops closed links; the next send makes
+  a new one.
+* Simultaneous opens: when a second channel to the same peer arrives while
+  one is open, both ends send on the channel dialed by the lower peer id, so
+  both converge on the same connection. The other one is still read (frames
+  already in flight on it are not lost) and closed after ``retire_grace``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from p2pnode.channel import SecureChannel
+from p2pnode.errors import ErrorCode, LocalError, P2PError
+from p2pnode.identity import PeerId
+
+logger = logging.getLogger("p2pnode.channels")
+
+
+class ChannelState(enum.Enum):
+    """What a link waits on."""
+
+    CONNECTING = "connecting"
+    OPEN = "open"
+    RECONNECTING = "reconnecting"
+    CLOSED = "closed"
+
+
+TRANSITIONS: dict[ChannelState, frozenset[ChannelState]] = {
+    ChannelState.CONNECTING: frozenset({ChannelState.OPEN, ChannelState.CLOSED}),
+    ChannelState.OPEN: frozenset({ChannelState.RECONNECTING, ChannelState.CLOSED}),
+    ChannelState.RECONNECTING: frozenset({ChannelState.OPEN, ChannelState.CLOSED}),
+    ChannelState.CLOSED: frozenset(),
+}
+
+
+class ChannelStateMachine:
+    """The lifecycle of a channel; illegal transitions raise and change nothing."""
+
+    __slots__ = ("history", "state")
+
+    def __init__(self) -> None:
+        self.state = ChannelState.CONNECTING
+        self.history: list[ChannelState] = [ChannelState.CONNECTING]
+
+    def can(self, new: ChannelState) -> bool:
+        return new in TRANSITIONS[self.state]
+
+    def transition(self, new: ChannelState) -> None:
+        """Move to ``new``. Raises LocalError(ILLEGAL_TRANSITION) if the table forbids it."""
+        if new not in TRANSITIONS[self.state]:
+            raise LocalError(
+                ErrorCode.ILLEGAL_TRANSITION,
+                f"channel cannot go from {self.state.value} to {new.value}",
+                state=self.state.value,
+                target=new.value,
+            )
+        self.state = new
+        self.history.append(new)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries of a failed delivery and redials of a lost link."""
+
+    max_retries: int = 3
+    first_delay: float = 0.05
+    factor: float = 2.0
+    max_delay: float = 5.0
+    max_redials: int = 6
+    dial_timeout: float = 5.0
+    retire_grace: float = 10.0
+
+    def delays(self, count: int) -> list[float]:
+        """The first ``count`` backoff delays: each ``factor`` times the previous."""
+        out, delay = [], self.first_delay
+        for _ in range(count):
+            out.append(min(delay, self.max_delay))
+            delay *= self.factor
+        return out
+
+
+Dialer = Callable[[], Awaitable[SecureChannel]]
+FrameHandler = Callable[[PeerId, bytes], Awaitable[None]]
+StateListener = Callable[["PeerLink", ChannelState], None]
+
+
+async def close_quietly(channel: SecureChannel) -> None:
+    """Close ``channel`` at once, without waiting on the peer (trio's aclose_forcefully)."""
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await channel.aclose()
+
+
+class PeerLink:
+    """The link to one remote peer (see the module docstring)."""
+
+    def __init__(
+        self,
+        local_peer_id: PeerId,
+        peer_id: PeerId,
+        nursery: trio.Nursery,
+        dialer: Dialer,
+        on_frame: FrameHandler,
+        on_state: StateListener,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        self.peer_id = peer_id
+        self._local_peer_id = local_peer_id
+        self._nursery = nursery
+        self._dialer = dialer
+        self._on_frame = on_frame
+        self._on_state = on_state
+        self._retry = retry
+        self._machine = ChannelStateMachine()
+        self._channel: SecureChannel | None = None
+        self._channel_dialed_by: PeerId | None = None
+        self._connected = trio.Event()
+        self._dialing = False
+        self.frames_sent = 0
+        self.frames_received = 0
+
+    @property
+    def state(self) -> ChannelState:
+        return self._machine.state
+
+    @property
+    def closed(self) -> bool:
+        return self._machine.state is ChannelState.CLOSED
+
+    @property
+    def history(self) -> list[ChannelState]:
+        return list(self._machine.history)
+
+    def _set_state(self, new: ChannelState) -> None:
+        if self._machine.state is new:
+            return
+        self._machine.transition(new)
+        self._on_state(self, new)
+
+    # -- channels ---------------------------------------------------------------------------
+
+    def adopt(self, channel: SecureChannel, dialed_by: PeerId) -> bool:
+        """Take a freshly handshaken channel. Returns False (and closes it) when the
+        link keeps its current open channel by the lower-dialer rule."""
+        if self.state is ChannelState.CLOSED:
+            self._nursery.start_soon(close_quietly, channel)
+            return False
+        current = self._channel
+        if current is not None and self.state is ChannelState.OPEN:
+            keep_current = self._channel_dialed_by is not None and (
+                self._channel_dialed_by.raw <= dialed_by.raw
+            )
+            if keep_current:
+                self._nursery.start_soon(self._read_loop, channel)
+                self._nursery.start_soon(self._retire, channel)
+                return False
+            self._nursery.start_soon(self._retire, current)
+        self._channel = channel
+        self._channel_dialed_by = dialed_by
+        self._nursery.start_soon(self._read_loop, channel)
+        self._set_state(ChannelState.OPEN)
+        self._connected.set()
+        return True
+
+    async def _retire(self, channel: SecureChannel) -> None:
+        # The losing channel of a simultaneous open is no longer written to, but frames
+        # the peer wrote before it switched are still read; close it once both ends
+        # have surely moved to the winner.
+        await trio.sleep(self._retry.retire_grace)
+        await close_quietly(channel)
+
+    async def _read_loop(self, channel: SecureChannel) -> None:
+        try:
+            while True:
+                data = await channel.receive_message()
+                self.frames_received += 1
+                await self._on_frame(self.peer_id, data)
+        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if channel is self._channel:
+                logger.info("link to %s lost: %s", self.peer_id, exc)
+                self._channel_lost(channel)
+
+    def _channel_lost(self, channel: SecureChannel) -> None:
+        if channel is not self._channel:
+            return
+        self._channel = None
+        self._nursery.start_soon(close_quietly, channel)
+        if self.state is ChannelState.OPEN:
+            self._connected = trio.Event()
+            self._set_state(ChannelState.RECONNECTING)
+            self._start_dialing()
+
+    def _start_dialing(self) -> None:
+        if not self._dialing and self.state is not ChannelState.CLOSED:
+            self._dialing = True
+            self._nursery.start_soon(self._dial_loop)
+
+    async def _dial_loop(self) -> None:
+        try:
+            delays = [0.0, *self._retry.delays(self._retry.max_redials - 1)]
+            for delay in delays:
+                await trio.sleep(delay)
+                if self._channel is not None or self.state is ChannelState.CLOSED:
+                    return
+                try:
+                    with trio.fail_after(self._retry.dial_timeout):
+                        channel = await self._dialer()
+                except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                    logger.info("dial %s failed: %s", self.peer_id, exc)
+                    continue
+                if self.closed:
+                    await close_quietly(channel)
+                    return
+                self.adopt(channel, self._local_peer_id)
+                return
+            await self.aclose()
+        finally:
+            self._dialing = False
+
+    async def wait_open(self) -> SecureChannel:
+        """The open channel, dialing if needed. Raises LocalError(CHANNEL_CLOSED) when none
+        opens within the dial timeout."""
+        if self.state is ChannelState.CLOSED:
+            raise LocalError(ErrorCode.CHANNEL_CLOSED, f"link to {self.peer_id} is closed")
+        if self._channel is None:
+            self._start_dialing()
+            with trio.move_on_after(self._retry.dial_timeout):
+                await self._connected.wait()
+        if self._channel is None:
+            raise LocalError(ErrorCode.CHANNEL_CLOSED, f"no channel to {self.peer_id}")
+        return self._channel
+
+    # -- sending ----------------------------------------------------------------------------
+
+    async def send(self, frame: bytes) -> int:
+        """Deliver one frame, retrying on transport failure. Returns the retries used.
+
+        Raises LocalError(DELIVERY_FAILED) after ``max_retries`` retries or when
+        the link closes meanwhile.
+        """
+        delays = self._retry.delays(self._retry.max_retries)
+        last_error: BaseException | None = None
+        for attempt in range(self._retry.max_retries + 1):
+            if attempt:
+                await trio.sleep(delays[attempt - 1])
+            if self.state is ChannelState.CLOSED:
+                break
+            try:
+                channel = await self.wait_open()
+                await channel.send_message(frame)
+            except LocalError as exc:
+                if exc.code is not ErrorCode.CHANNEL_CLOSED:
+                    raise
+                last_error = exc
+            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                last_error = exc
+                if self._channel is not None:
+                    self._channel_lost(self._channel)
+            else:
+                self.frames_sent += 1
+                return attempt
+        raise LocalError(
+            ErrorCode.DELIVERY_FAILED,
+            f"delivery to {self.peer_id} failed ({self.state.value}): {last_error}",
+            peer=str(self.peer_id),
+            retries=self._retry.max_retries,
+        )
+
+    async def aclose(self) -> None:
+        """Close the link and its channel."""
+        if self.state is ChannelState.CLOSED:
+            return
+        self._set_state(ChannelState.CLOSED)
+        channel, self._channel = self._channel, None
+        self._connected.set()
+        if channel is not None:
+            await close_quietly(channel)

@@ -1,0 +1,60 @@
+"""Node configuration: one validated, immutable object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from p2pnode.channel import ChannelConfig
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.net import Address
+from p2pnode.node.channels import RetryPolicy
+from p2pnode.node.policy import PolicyConfig
+
+
+def parse_address(text: str) -> Address:
+    """``host:port`` or ``[v6]:port`` as an address. Raises LocalError(CONFIG_ERROR)."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise LocalError(ErrorCode.CONFIG_ERROR, f"not a host:port address: {text!r}")
+    return (host.strip("[]"), int(port_text))
+
+
+def format_address(address: Address) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Everything a node needs besides its network and identity.
+
+    ``listen`` is the TCP address for secure channels; the DHT binds UDP on
+    ``dht_listen`` (port 0 picks a free one). ``advertise`` replaces the
+    listening host in the node's cards when it listens on a wildcard address.
+    """
+
+    data_dir: Path | None = None
+    listen: Address = ("127.0.0.1", 0)
+    dht_listen: Address = ("127.0.0.1", 0)
+    advertise_host: str | None = None
+    bootstrap: tuple[Address, ...] = ()
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    channel: ChannelConfig = field(default_factory=ChannelConfig)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    request_timeout: float = 10.0
+    card_ttl_seconds: int = 3600
+    inbox_size: int = 256
+    dedup_window: int = 65_536
+    max_peers: int = 4096
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.request_timeout <= 0:
+            problems.append("request_timeout must be positive")
+        if not 60 <= self.card_ttl_seconds <= 30 * 86400:
+            problems.append("card_ttl_seconds must be from 60 to 2592000")
+        if self.inbox_size < 1 or self.dedup_window < 1 or self.max_peers < 1:
+            problems.append("inbox_size, dedup_window and max_peers must be positive")
+        if problems:
+            raise LocalError(ErrorCode.CONFIG_ERROR, "; ".join(problems), problems=problems)

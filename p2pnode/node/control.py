@@ -1,0 +1,145 @@
+"""The local control socket of a running node.
+
+A Unix stream socket (``control.sock`` in the data directory, mode 0600, so
+only the node's owner may use it) carrying JSON lines: one request object per
+line, one response object per line.
+
+Requests: ``{"op": "status"}``, ``{"op": "find", "capability": C}``,
+``{"op": "send", "from": AGENT or null, "to": TARGET, "type": TYPE,
+"payload": JSON, "capability": bool, "timeout": seconds}``.
+Responses: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
+{"code", "message", "details"}}``. A line over 1 MiB closes the connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2pnode.envelope import MessageType
+from p2pnode.errors import ErrorCode, LocalError, P2PError
+from p2pnode.jsonutil import is_json_value
+
+logger = logging.getLogger("p2pnode.control")
+
+CONTROL_SOCKET_NAME = "control.sock"
+MAX_LINE = 1024 * 1024
+
+Op = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+async def _read_line(stream: trio.abc.Stream, buffer: bytearray) -> bytes | None:
+    while b"\n" not in buffer:
+        if len(buffer) > MAX_LINE:
+            raise LocalError(ErrorCode.MESSAGE_TOO_LARGE, "control line too long")
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return None
+        buffer.extend(chunk)
+    line, _, rest = bytes(buffer).partition(b"\n")
+    buffer[:] = rest
+    return line
+
+
+def _encode(obj: Any) -> bytes:
+    return (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
+
+
+class ControlServer:
+    """Serves control requests with the given operations."""
+
+    def __init__(self, path: Path, ops: dict[str, Op]) -> None:
+        self.path = path
+        self._ops = ops
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled; reports readiness once the socket accepts connections."""
+        if self.path.exists() or self.path.is_symlink():
+            self.path.unlink()
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # the socket is created 0600: owner only
+        try:
+            await sock.bind(str(self.path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+        sock.listen(16)
+        listener = trio.SocketListener(sock)
+        try:
+            task_status.started()
+            await trio.serve_listeners(self._handle, [listener])
+        finally:
+            self.path.unlink(missing_ok=True)
+
+    async def _handle(self, stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        async with stream:
+            try:
+                while (line := await _read_line(stream, buffer)) is not None:
+                    await stream.send_all(_encode(await self._dispatch(line)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, LocalError):
+                return
+
+    async def _dispatch(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, "a request is a JSON object")
+            op = self._ops.get(str(request.get("op")))
+            if op is None:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, f"unknown op {request.get('op')!r}")
+            return {"ok": True, "result": await op(request)}
+        except P2PError as exc:
+            return {"ok": False, "error": exc.to_dict()}
+        except (ValueError, KeyError, TypeError) as exc:
+            error = LocalError(ErrorCode.INVALID_ARGUMENT, f"bad request: {exc}")
+            return {"ok": False, "error": error.to_dict()}
+
+
+async def control_call(path: Path, request: dict[str, Any]) -> Any:
+    """Send one request to a node's control socket; return its result.
+
+    Raises LocalError(CONFIG_ERROR) when no node listens there, and a
+    P2PError with the node's code when the node answers with an error.
+    Callers bound the wait with ``trio.fail_after``.
+    """
+    try:
+        stream = await trio.open_unix_socket(str(path))
+        async with stream:
+            await stream.send_all(_encode(request))
+            line = await _read_line(stream, bytearray())
+    except OSError as exc:
+        raise LocalError(
+            ErrorCode.CONFIG_ERROR, f"no node answers on {path} ({exc}); is `p2pnode run` running?"
+        ) from exc
+    if line is None:
+        raise LocalError(ErrorCode.CHANNEL_CLOSED, "the node closed the control connection")
+    response = json.loads(line)
+    if not response.get("ok"):
+        error = response.get("error", {})
+        code = error.get("code", "INTERNAL")
+        raise LocalError(
+            ErrorCode(code) if code in ErrorCode.__members__ else ErrorCode.INTERNAL,
+            str(error.get("message", "")),
+            **(error.get("details") or {}),
+        )
+    return response.get("result")
+
+
+def parse_message_type(text: str) -> MessageType:
+    try:
+        return MessageType(text)
+    except ValueError:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"unknown message type {text!r}") from None
+
+
+def check_payload(payload: Any) -> Any:
+    if not is_json_value(payload):
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "payload must be JSON data")
+    return payload

@@ -1,0 +1,98 @@
+"""Node frames: what one secure-channel message between two nodes carries.
+
+Every application message on a node-to-node channel is one msgpack array
+``[kind, body]``:
+
+* ``[0, {"cards": [card bytes, ...], "addresses": ["host:port", ...]}]`` —
+  HELLO, sent by both sides right after the handshake and again whenever the
+  sender's local cards change. Each card must be owned by the authenticated
+  peer; the receiver rejects the whole frame otherwise.
+* ``[1, envelope plain form]`` — ENVELOPE (see the data-model chapter).
+
+Unknown kinds are a protocol error (``MALFORMED_MESSAGE``): the channel stays
+open, the frame is dropped and a security event names the peer.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from p2pnode.card import AgentCard
+from p2pnode.envelope import Envelope, EnvelopeError
+from p2pnode.errors import ErrorCode, RemoteError
+from p2pnode.wire import WireLimits, pack, unpack_untrusted
+
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+MAX_HELLO_CARDS = 64
+_LIMITS = WireLimits(max_size=MAX_FRAME_BYTES)
+
+
+class FrameKind(enum.IntEnum):
+    HELLO = 0
+    ENVELOPE = 1
+
+
+class FrameError(RemoteError):
+    """A peer sent a frame that is not a valid node frame."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A peer's current cards and listening addresses."""
+
+    cards: tuple[AgentCard, ...]
+    addresses: tuple[str, ...]
+
+
+Frame = Hello | Envelope
+
+
+def encode_hello(cards: list[AgentCard], addresses: list[str]) -> bytes:
+    return pack([FrameKind.HELLO, {"cards": [c.to_bytes() for c in cards], "addresses": addresses}])
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    return pack([FrameKind.ENVELOPE, envelope.to_dict()])
+
+
+def _decode_hello_untrusted(body: Any) -> Hello:
+    if not isinstance(body, dict):
+        raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello body must be a map")
+    raw_cards, addresses = body.get("cards"), body.get("addresses", [])
+    if not isinstance(raw_cards, list) or len(raw_cards) > MAX_HELLO_CARDS:
+        raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello cards must be a short list")
+    if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+        raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello addresses must be strings")
+    cards = []
+    for raw in raw_cards:
+        if not isinstance(raw, bytes):
+            raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello card must be bytes")
+        cards.append(AgentCard.from_bytes_untrusted(raw))
+    return Hello(tuple(cards), tuple(addresses[:16]))
+
+
+def decode_frame_untrusted(data: bytes) -> Frame:
+    """Decode one node frame. Raises RemoteError (FrameError, EnvelopeError, card errors)."""
+    obj = unpack_untrusted(data, _LIMITS)
+    if not isinstance(obj, list) or len(obj) != 2 or not isinstance(obj[0], int):
+        raise FrameError(ErrorCode.MALFORMED_MESSAGE, "a frame is [kind, body]")
+    kind, body = obj
+    if kind == FrameKind.ENVELOPE:
+        return Envelope.from_dict_untrusted(body)
+    if kind == FrameKind.HELLO:
+        return _decode_hello_untrusted(body)
+    raise FrameError(ErrorCode.MALFORMED_MESSAGE, f"unknown frame kind {kind}")
+
+
+__all__ = [
+    "EnvelopeError",
+    "Frame",
+    "FrameError",
+    "FrameKind",
+    "Hello",
+    "decode_frame_untrusted",
+    "encode_envelope",
+    "encode_hello",
+]

@@ -1,0 +1,806 @@
+"""The node: the composition of identity, cards, channels, routing and policy.
+
+Theory of operation:
+
+* A :class:`Node` is an async context manager owning one nursery. Opening it
+  starts the secure-channel listener and the discovery service; closing it
+  cancels and awaits every task it started.
+* A node hosts local agents (:meth:`Node.add_agent`), each with a signed
+  card and a handler. Each agent has a bounded inbox and one task that feeds
+  its handler in arrival order (per-channel order is kept end to end).
+* **Egress** (:meth:`Node.send`): the sender must be a local agent. The
+  router resolves the recipient (local agent, registry, then discovery;
+  ``*`` for broadcast; a capability with ``routingHint``), checks policy for
+  each target against the *signed cards* of both ends, and delivers locally or
+  over the peer's link. Every decision emits a routing event.
+* **Ingress** (:meth:`_on_frame`): a frame from peer P is decoded with hard
+  limits. A HELLO's cards must be owned by P. An envelope's sender must be
+  an agent whose signed card belongs to P (otherwise SENDER_MISMATCH and a
+  security event); policy is checked again against that card; duplicate
+  envelope ids are dropped.
+* Replies (response, error, task-accept, task-reject) answering a request
+  the node allowed are not tier-checked again, so an L1 agent may answer an
+  L3 agent's permitted request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import trio
+
+from p2pnode.card import AgentCard, Capability, Endpoint, Origin
+from p2pnode.channel import SecureChannel, accept_secure, connect_secure
+from p2pnode.envelope import (
+    ROUTING_HINT_CAPABILITY,
+    Envelope,
+    EnvelopeFactory,
+    MessageType,
+    Metadata,
+    ThreadStore,
+    wall_clock_ms,
+)
+from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.identity import Identity, PeerId
+from p2pnode.net import Address, Network
+from p2pnode.node.channels import ChannelState, PeerLink
+from p2pnode.node.config import NodeConfig, format_address, parse_address
+from p2pnode.node.frames import Hello, decode_frame_untrusted, encode_envelope, encode_hello
+from p2pnode.node.observability import Observability, Outcome, RoutingPath
+from p2pnode.node.policy import Policy, Verdict
+from p2pnode.registry import Registry
+from p2pnode.secure import SecureIdentity
+
+logger = logging.getLogger("p2pnode.node")
+
+Handler = Callable[[Envelope], Awaitable[Any]]
+REPLY_TYPES = frozenset(
+    {MessageType.RESPONSE, MessageType.ERROR, MessageType.TASK_ACCEPT, MessageType.TASK_REJECT}
+)
+
+
+class Discovery(Protocol):
+    """What the node needs from the DHT."""
+
+    async def bootstrap(self, addresses: list[Address]) -> None: ...
+
+    async def provide(self, card: AgentCard) -> None: ...
+
+    async def find_providers(self, capability: str) -> list[AgentCard]: ...
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]: ...
+
+
+class NoDiscovery:
+    """Discovery for a node without a DHT: only peers met directly are known."""
+
+    async def bootstrap(self, addresses: list[Address]) -> None:
+        return None
+
+    async def provide(self, card: AgentCard) -> None:
+        return None
+
+    async def find_providers(self, capability: str) -> list[AgentCard]:
+        return []
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]:
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingResult:
+    """What :meth:`Node.send` did with an envelope."""
+
+    envelope_id: str
+    path: str  # "local", "remote" or "broadcast"
+    targets: tuple[str, ...]
+    delivered: int
+    latency_ms: float
+
+
+@dataclass(slots=True)
+class _LocalAgent:
+    card: AgentCard
+    handler: Handler
+    inbox_send: trio.MemorySendChannel[Envelope]
+    inbox_receive: trio.MemoryReceiveChannel[Envelope]
+
+
+class _Pending:
+    __slots__ = ("event", "reply", "target")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.reply: Envelope | None = None
+        # The agent that must answer; known once routing resolved the recipient.
+        self.target: str | None = None
+
+
+class _BoundedSet:
+    """Remembers the last ``size`` keys."""
+
+    def __init__(self, size: int) -> None:
+        self._items: OrderedDict[str, None] = OrderedDict()
+        self._size = size
+
+    def add(self, key: str) -> bool:
+        """Add ``key``; False when it was already there."""
+        if key in self._items:
+            return False
+        self._items[key] = None
+        if len(self._items) > self._size:
+            self._items.popitem(last=False)
+        return True
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+
+class Node:
+    """A full peer. Use ``async with Node(...) as node``."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        network: Network,
+        config: NodeConfig | None = None,
+        *,
+        discovery: Discovery | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.identity = identity
+        self.config = config if config is not None else NodeConfig()
+        self.network = network
+        self.discovery: Discovery = discovery if discovery is not None else NoDiscovery()
+        self.secure_identity = SecureIdentity(identity)
+        self.registry = Registry(identity)
+        self.policy = Policy(self.config.policy)
+        self.events = Observability(clock_ms)
+        self.threads = ThreadStore()
+        self._clock_ms = clock_ms
+        self._factory = EnvelopeFactory(clock_ms)
+        self._agents: dict[str, _LocalAgent] = {}
+        self._links: dict[PeerId, PeerLink] = {}
+        self._peer_addresses: dict[PeerId, list[Address]] = {}
+        self._peer_static: dict[PeerId, bytes] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._seen = _BoundedSet(self.config.dedup_window)
+        self._allowed_requests = _BoundedSet(self.config.dedup_window)
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+        self._listen_address: Address | None = None
+        self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Node:
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        try:
+            listener = await self.network.listen_stream(self.config.listen)
+            self._listen_address = listener.local_address
+            await self._nursery.start(self._accept_loop, listener)
+        except BaseException as exc:
+            self._nursery.cancel_scope.cancel()
+            await self._nursery_cm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        await self.aclose()
+        assert self._nursery_cm is not None
+        result: bool | None = await self._nursery_cm.__aexit__(exc_type, exc, tb)
+        return result
+
+    async def aclose(self) -> None:
+        """Close every link and cancel every task of the node."""
+        if self._closed:
+            return
+        self._closed = True
+        for link in list(self._links.values()):
+            with trio.CancelScope(shield=True):
+                await link.aclose()
+        for agent in self._agents.values():
+            agent.inbox_send.close()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        if self._nursery is None or self._closed:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "the node is not open; use `async with`")
+        return self._nursery
+
+    @property
+    def peer_id(self) -> PeerId:
+        return self.identity.peer_id
+
+    @property
+    def listen_address(self) -> Address:
+        if self._listen_address is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "the node is not listening")
+        return self._listen_address
+
+    def advertised_addresses(self) -> list[str]:
+        host, port = self.listen_address[0], self.listen_address[1]
+        if self.config.advertise_host:
+            host = self.config.advertise_host
+        elif host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return [format_address((host, port))]
+
+    # -- local agents -----------------------------------------------------------------------
+
+    async def add_agent(
+        self,
+        agent_id: str,
+        handler: Handler,
+        *,
+        name: str | None = None,
+        tier: int = 3,
+        capabilities: tuple[Capability, ...] = (),
+        sandbox_id: str | None = None,
+        description: str = "",
+        version: str = "1.0.0",
+        authority: Identity | None = None,
+    ) -> AgentCard:
+        """Host an agent on this node, publish its signed card, return the card.
+
+        ``authority`` (tests and single-operator swarms) endorses the card's tier
+        and sandbox. Raises LocalError(INVALID_CARD) on invalid fields.
+        """
+        now = self._clock_ms()
+        card = AgentCard(
+            id=agent_id,
+            name=name or agent_id.upper(),
+            version=version,
+            description=description,
+            tier=tier,
+            capabilities=capabilities,
+            sandbox_id=sandbox_id,
+            public_key=self.identity.public_key,
+            addresses=tuple(self.advertised_addresses()),
+            endpoints=tuple(Endpoint("tcp+noise", a) for a in self.advertised_addresses()),
+            noise_static_key=self.secure_identity.static_public,
+            issued_at=now,
+            expires_at=now + self.config.card_ttl_seconds * 1000,
+        )
+        return await self.add_agent_card(card, handler, authority=authority)
+
+    async def add_agent_card(
+        self, card: AgentCard, handler: Handler, *, authority: Identity | None = None
+    ) -> AgentCard:
+        """Host an agent whose card (owned by this node's identity) is given."""
+        if card.public_key != self.identity.public_key:
+            raise LocalError(ErrorCode.INVALID_CARD, "the card belongs to another identity")
+        if authority is not None:
+            # The endorsement covers id, key, tier and sandbox only, so it survives the
+            # revision bump and re-signing in register().
+            card = card.with_endorsement(authority)
+        stored = self.registry.register(card, self._clock_ms())
+        existing = self._agents.get(card.id)
+        if existing is None:
+            send, receive = trio.open_memory_channel[Envelope](self.config.inbox_size)
+            agent = _LocalAgent(stored, handler, send, receive)
+            self._agents[card.id] = agent
+            self.nursery.start_soon(self._agent_loop, agent)
+        else:
+            existing.card, existing.handler = stored, handler
+        self.nursery.start_soon(self._announce, stored)
+        return stored
+
+    def default_agent(self) -> str:
+        """The first local agent's id. Raises LocalError(AGENT_NOT_FOUND) when there is none."""
+        for agent_id in self._agents:
+            return agent_id
+        raise LocalError(ErrorCode.AGENT_NOT_FOUND, "this node hosts no agent")
+
+    async def join(self) -> int:
+        """Join the swarm through the configured bootstrap peers: open a channel to
+        each (exchanging cards) and bootstrap the DHT. Returns how many answered."""
+        reached = 0
+        for address in self.config.bootstrap:
+            try:
+                with trio.fail_after(self.config.retry.dial_timeout):
+                    await self.connect(address)
+                reached += 1
+            except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                self.events.error(ErrorCode.CHANNEL_CLOSED, f"bootstrap {address}: {exc}")
+        await self.discovery.bootstrap(list(self.config.bootstrap))
+        return reached
+
+    async def find(self, capability: str) -> list[AgentCard]:
+        """Agents offering ``capability``: the registry, refreshed from the DHT."""
+        for card in await self.discovery.find_providers(capability):
+            if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
+                self._learn_card(card)
+        return self.registry.find_by_capability(capability)
+
+    def local_agent(self, agent_id: str) -> AgentCard:
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
+        return agent.card
+
+    async def _announce(self, card: AgentCard) -> None:
+        hello = self._hello_bytes()
+        for link in list(self._links.values()):
+            if link.state is ChannelState.OPEN:
+                with trio.move_on_after(self.config.request_timeout):
+                    try:
+                        await link.send(hello)
+                    except P2PError as exc:
+                        logger.info("card update to %s failed: %s", link.peer_id, exc)
+        try:
+            await self.discovery.provide(card)
+        except P2PError as exc:
+            self.events.error(exc.code, f"publishing {card.id}: {exc.message}")
+
+    def _hello_bytes(self) -> bytes:
+        return encode_hello([a.card for a in self._agents.values()], self.advertised_addresses())
+
+    async def _agent_loop(self, agent: _LocalAgent) -> None:
+        async with agent.inbox_receive:
+            async for envelope in agent.inbox_receive:
+                await self._run_handler(agent, envelope)
+
+    async def _run_handler(self, agent: _LocalAgent, envelope: Envelope) -> None:
+        try:
+            result = await agent.handler(envelope)
+        except P2PError as exc:
+            if envelope.type is MessageType.REQUEST:
+                await self._reply(agent.card.id, envelope, MessageType.ERROR, exc.to_dict())
+            return
+        except Exception as exc:  # a buggy handler must not take the node down
+            logger.exception("handler of %s failed", agent.card.id)
+            if envelope.type is MessageType.REQUEST:
+                error = {"code": str(ErrorCode.INTERNAL), "message": repr(exc), "details": {}}
+                await self._reply(agent.card.id, envelope, MessageType.ERROR, error)
+            return
+        if envelope.type is MessageType.REQUEST:
+            await self._reply(agent.card.id, envelope, MessageType.RESPONSE, result)
+
+    async def _reply(self, sender: str, to: Envelope, type: MessageType, payload: Any) -> None:
+        reply = self._factory.reply(to, sender, type, payload)
+        try:
+            await self.send(reply)
+        except P2PError as exc:
+            logger.info("reply %s to %s not delivered: %s", reply.id, to.sender, exc)
+
+    # -- envelopes out ----------------------------------------------------------------------
+
+    def envelope(
+        self,
+        sender: str,
+        recipient: str,
+        type: MessageType,
+        payload: Any = None,
+        *,
+        correlation_id: str | None = None,
+        metadata: Metadata | None = None,
+    ) -> Envelope:
+        """A new envelope from a local agent, its metadata filled from the agent's card."""
+        card = self.local_agent(sender)
+        meta = metadata or Metadata()
+        meta = dataclasses.replace(meta, tier=int(card.tier), sandbox_id=card.sandbox_id)
+        return self._factory.create(
+            sender, recipient, type, payload, correlation_id=correlation_id, metadata=meta
+        )
+
+    async def request(
+        self,
+        sender: str,
+        recipient: str,
+        payload: Any = None,
+        *,
+        capability: bool = False,
+    ) -> Envelope:
+        """Send a request and wait for its response.
+
+        Raises RemoteError with the responder's code when it answers with an
+        ``error`` envelope, LocalError(TIMEOUT) when no answer comes within
+        ``config.request_timeout``, and what :meth:`send` raises.
+        """
+        meta = Metadata(routing_hint=ROUTING_HINT_CAPABILITY) if capability else None
+        envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
+        pending = self._pending[envelope.id] = _Pending()
+        try:
+            result = await self.send(envelope)
+            if pending.reply is None:
+                pending.target = result.targets[0]
+            with trio.move_on_after(self.config.request_timeout):
+                await pending.event.wait()
+        finally:
+            del self._pending[envelope.id]
+        reply = pending.reply
+        if reply is None:
+            raise LocalError(ErrorCode.TIMEOUT, f"no response to {envelope.id} from {recipient}")
+        if reply.type is MessageType.ERROR:
+            body = reply.payload if isinstance(reply.payload, dict) else {}
+            code = body.get("code", "INTERNAL")
+            raise RemoteError(
+                ErrorCode(code) if code in ErrorCode.__members__ else ErrorCode.INTERNAL,
+                str(body.get("message", "error response")),
+                responder=reply.sender,
+            )
+        return reply
+
+    async def send(self, envelope: Envelope) -> RoutingResult:
+        """Route one envelope from a local agent (see the module docstring).
+
+        Raises LocalError: AGENT_NOT_FOUND, CAPABILITY_NOT_FOUND, TIER_VIOLATION,
+        SANDBOX_VIOLATION, ESCALATION_REQUIRED, DELIVERY_FAILED.
+        """
+        start = trio.current_time()
+        source = self.local_agent(envelope.sender)
+        self.threads.add(envelope)
+        try:
+            if envelope.is_broadcast:
+                result = await self._broadcast(source, envelope, start)
+            else:
+                if envelope.metadata and envelope.metadata.routing_hint == ROUTING_HINT_CAPABILITY:
+                    target = await self._resolve_capability(source, envelope)
+                    envelope = dataclasses.replace(
+                        envelope,
+                        recipient=target.id,
+                        metadata=dataclasses.replace(envelope.metadata, routing_hint=None),
+                    )
+                else:
+                    target = await self._resolve_agent(envelope.recipient)
+                result = await self._send_one(source, target, envelope, start)
+        except P2PError as exc:
+            latency = (trio.current_time() - start) * 1000
+            if envelope.is_broadcast:
+                path = RoutingPath.BROADCAST
+            else:
+                local = envelope.recipient in self._agents
+                path = RoutingPath.LOCAL if local else RoutingPath.REMOTE
+            outcome = Outcome.FAILED if exc.code is ErrorCode.DELIVERY_FAILED else Outcome.REJECTED
+            self.events.routing_decision(envelope, path, outcome, latency, code=exc.code)
+            raise
+        self.events.routing_decision(
+            envelope, RoutingPath(result.path), Outcome.DELIVERED, result.latency_ms,
+            target=",".join(result.targets),
+        )  # fmt: skip
+        return result
+
+    async def _resolve_agent(self, agent_id: str) -> AgentCard:
+        card = self.registry.find(agent_id)
+        if card is not None:
+            return card
+        for found in await self.discovery.find_agent(agent_id):
+            self._learn_card(found)
+        card = self.registry.find(agent_id)
+        if card is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
+        return card
+
+    def _candidates(self, source: AgentCard, capability: str) -> list[AgentCard]:
+        cards = self.registry.find_by_capability(capability)
+        return [
+            c
+            for c in self.policy.filter_discoverable(source, cards)
+            if c.id != source.id
+            and self.policy.check_message(source, c, MessageType.REQUEST, None).allowed
+        ]
+
+    async def _resolve_capability(self, source: AgentCard, envelope: Envelope) -> AgentCard:
+        capability = envelope.recipient
+        candidates = self._candidates(source, capability)
+        if not candidates:
+            for found in await self.discovery.find_providers(capability):
+                self._learn_card(found)
+            candidates = self._candidates(source, capability)
+        if not candidates:
+            raise LocalError(
+                ErrorCode.CAPABILITY_NOT_FOUND,
+                f"no reachable agent offers {capability!r}",
+                capability=capability,
+            )
+        return candidates[0]
+
+    def _check(self, source: AgentCard, target: AgentCard, envelope: Envelope) -> Verdict | None:
+        """None when the envelope is a reply to a request this node allowed."""
+        if envelope.type in REPLY_TYPES and envelope.correlation_id in self._allowed_requests:
+            return None
+        return self.policy.check_envelope(source, target, envelope)
+
+    def _note_verdict(self, verdict: Verdict | None, envelope: Envelope, peer: str | None) -> None:
+        if verdict is None:
+            return
+        if not verdict.allowed:
+            self.events.security(verdict.code or ErrorCode.INTERNAL, verdict.reason, peer, envelope)
+        elif verdict.cross_tier and verdict.source_tier is not None:
+            assert verdict.target_tier is not None
+            self.events.audit_cross_tier(envelope, verdict.source_tier, verdict.target_tier)
+
+    async def _send_one(
+        self, source: AgentCard, target: AgentCard, envelope: Envelope, start: float
+    ) -> RoutingResult:
+        verdict = self._check(source, target, envelope)
+        self._note_verdict(verdict, envelope, None)
+        if verdict is not None and not verdict.allowed:
+            raise verdict.to_local_error()
+        if target.origin is Origin.LOCAL:
+            await self._deliver_local(envelope, [target.id])
+            path = "local"
+        else:
+            await self._link(target.peer_id).send(encode_envelope(envelope))
+            path = "remote"
+        self.events.message_sent(envelope, path=RoutingPath(path), peer=str(target.peer_id))
+        latency = (trio.current_time() - start) * 1000
+        return RoutingResult(envelope.id, path, (target.id,), 1, latency)
+
+    async def _broadcast(
+        self, source: AgentCard, envelope: Envelope, start: float
+    ) -> RoutingResult:
+        local_targets: list[str] = []
+        peers: dict[PeerId, list[str]] = {}
+        for card in self.registry:
+            if card.id == source.id:
+                continue
+            verdict = self.policy.check_envelope(source, card, envelope)
+            if not verdict.allowed:
+                continue
+            if card.origin is Origin.LOCAL:
+                local_targets.append(card.id)
+            else:
+                peers.setdefault(card.peer_id, []).append(card.id)
+        await self._deliver_local(envelope, local_targets)
+        delivered = len(local_targets)
+        frame = encode_envelope(envelope)
+        async with trio.open_nursery() as nursery:
+            for peer_id, agent_ids in peers.items():
+                nursery.start_soon(self._broadcast_to_peer, peer_id, agent_ids, frame)
+        delivered += sum(len(ids) for ids in peers.values())
+        self.events.message_sent(envelope, path=RoutingPath.BROADCAST)
+        latency = (trio.current_time() - start) * 1000
+        targets = tuple(local_targets) + tuple(i for ids in peers.values() for i in ids)
+        return RoutingResult(envelope.id, "broadcast", targets, delivered, latency)
+
+    async def _broadcast_to_peer(self, peer_id: PeerId, agent_ids: list[str], frame: bytes) -> None:
+        try:
+            await self._link(peer_id).send(frame)
+        except P2PError as exc:
+            self.events.error(exc.code, f"broadcast to {peer_id} ({agent_ids}): {exc.message}")
+
+    async def _deliver_local(self, envelope: Envelope, agent_ids: list[str]) -> None:
+        for agent_id in agent_ids:
+            agent = self._agents.get(agent_id)
+            if agent is None:
+                continue
+            if envelope.type is MessageType.REQUEST:
+                self._allowed_requests.add(envelope.correlation_id or envelope.id)
+            if self._resolve_pending(envelope):
+                continue
+            await agent.inbox_send.send(envelope)
+
+    def _resolve_pending(self, envelope: Envelope) -> bool:
+        if envelope.type not in REPLY_TYPES or envelope.correlation_id is None:
+            return False
+        pending = self._pending.get(envelope.correlation_id)
+        if pending is None or pending.reply is not None:
+            return False
+        if pending.target is not None and envelope.sender != pending.target:
+            return False
+        pending.reply = envelope
+        pending.event.set()
+        return True
+
+    # -- links ------------------------------------------------------------------------------
+
+    def _link(self, peer_id: PeerId) -> PeerLink:
+        link = self._links.get(peer_id)
+        if link is None or link.state is ChannelState.CLOSED:
+            if len(self._links) >= self.config.max_peers:
+                self._drop_closed_links()
+            link = PeerLink(
+                self.peer_id,
+                peer_id,
+                self.nursery,
+                lambda: self._dial(peer_id),
+                self._on_frame,
+                self._on_link_state,
+                self.config.retry,
+            )
+            self._links[peer_id] = link
+        return link
+
+    def _drop_closed_links(self) -> None:
+        for peer_id in [p for p, link in self._links.items() if link.state is ChannelState.CLOSED]:
+            del self._links[peer_id]
+
+    def _on_link_state(self, link: PeerLink, state: ChannelState) -> None:
+        logger.info("channel to %s: %s", link.peer_id, state.value)
+
+    def _addresses_of(self, peer_id: PeerId) -> list[Address]:
+        addresses = list(self._peer_addresses.get(peer_id, []))
+        for card in self.registry:
+            if card.peer_id == peer_id:
+                for text in card.addresses:
+                    address = parse_address(text)
+                    if address not in addresses:
+                        addresses.append(address)
+                if card.noise_static_key is not None:
+                    self._peer_static.setdefault(peer_id, card.noise_static_key)
+        return addresses
+
+    async def _dial(self, peer_id: PeerId) -> SecureChannel:
+        last: BaseException | None = None
+        for address in self._addresses_of(peer_id):
+            try:
+                return await self._dial_address(address, peer_id)
+            except (P2PError, OSError, trio.BrokenResourceError) as exc:
+                last = exc
+        raise LocalError(ErrorCode.CHANNEL_CLOSED, f"cannot reach {peer_id}: {last}")
+
+    async def _dial_address(self, address: Address, peer_id: PeerId | None) -> SecureChannel:
+        stream = await self.network.connect_stream(address)
+        channel = await connect_secure(
+            stream,
+            self.secure_identity,
+            expected_peer_id=peer_id,
+            remote_static=self._peer_static.get(peer_id) if peer_id else None,
+            config=self.config.channel,
+        )
+        await channel.send_message(self._hello_bytes())
+        return channel
+
+    async def connect(self, address: Address) -> PeerId:
+        """Open a channel to the node at ``address`` (bootstrap, tests); returns its peer id."""
+        channel = await self._dial_address(address, None)
+        peer_id = channel.remote_peer_id
+        self._peer_addresses.setdefault(peer_id, []).insert(0, address)
+        self._link(peer_id).adopt(channel, self.peer_id)
+        return peer_id
+
+    async def _accept_loop(
+        self, listener: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        try:
+            while True:
+                stream = await listener.accept()
+                self.nursery.start_soon(self._accept_one, stream)
+        finally:
+            with trio.CancelScope(shield=True):
+                await listener.aclose()
+
+    async def _accept_one(self, stream: trio.abc.Stream) -> None:
+        try:
+            channel = await accept_secure(stream, self.secure_identity, config=self.config.channel)
+            await channel.send_message(self._hello_bytes())
+        except RemoteError as exc:
+            self.events.security(exc.code, f"inbound handshake failed: {exc.message}", None, None)
+            return
+        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            logger.info("inbound channel failed: %s", exc)
+            return
+        peer_id = channel.remote_peer_id
+        self._link(peer_id).adopt(channel, peer_id)
+
+    # -- frames in --------------------------------------------------------------------------
+
+    async def _on_frame(self, peer_id: PeerId, data: bytes) -> None:
+        try:
+            frame = decode_frame_untrusted(data)
+        except RemoteError as exc:
+            self.events.security(exc.code, f"bad frame: {exc.message}", str(peer_id), None)
+            return
+        if isinstance(frame, Hello):
+            self._on_hello(peer_id, frame)
+        else:
+            await self._on_envelope(peer_id, frame)
+
+    def _learn_card(self, card: AgentCard, peer: str | None = None) -> bool:
+        verdict = self.policy.admit_card(card)
+        if not verdict.allowed:
+            self.events.security(
+                verdict.code or ErrorCode.INVALID_ENDORSEMENT, verdict.reason, peer, None
+            )
+            return False
+        try:
+            self.registry.merge_remote(card, self._clock_ms())
+        except RemoteError as exc:
+            self.events.security(exc.code, exc.message, peer, None)
+            return False
+        return True
+
+    def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
+        for card in hello.cards:
+            if card.peer_id != peer_id:
+                self.events.security(
+                    ErrorCode.SENDER_MISMATCH,
+                    f"peer {peer_id} sent the card of {card.id} owned by {card.peer_id}",
+                    str(peer_id),
+                    None,
+                )
+                continue
+            self._learn_card(card, str(peer_id))
+        addresses = []
+        for text in hello.addresses:
+            try:
+                addresses.append(parse_address(text))
+            except LocalError:
+                continue
+        if addresses:
+            self._peer_addresses[peer_id] = addresses
+
+    async def _on_envelope(self, peer_id: PeerId, envelope: Envelope) -> None:
+        peer = str(peer_id)
+        source = self.registry.find(envelope.sender)
+        if source is None or source.origin is Origin.LOCAL or source.peer_id != peer_id:
+            self.events.security(
+                ErrorCode.SENDER_MISMATCH,
+                f"peer {peer} sent an envelope as {envelope.sender!r}, not one of its agents",
+                peer,
+                envelope,
+            )
+            return
+        if not self._seen.add(envelope.id):
+            return
+        self.threads.add(envelope)
+        self.events.message_received(envelope, peer=peer)
+        if self._resolve_pending(envelope):
+            return
+        if envelope.is_broadcast:
+            targets = [a.card for a in self._agents.values()]
+        else:
+            agent = self._agents.get(envelope.recipient)
+            if agent is None:
+                self.events.security(
+                    ErrorCode.AGENT_NOT_FOUND,
+                    f"no local agent {envelope.recipient!r}",
+                    peer,
+                    envelope,
+                )
+                return
+            targets = [agent.card]
+        allowed = []
+        for target in targets:
+            verdict = self._check(source, target, envelope)
+            self._note_verdict(verdict, envelope, peer)
+            if verdict is None or verdict.allowed:
+                allowed.append(target.id)
+            elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
+                error = verdict.to_remote_error().to_dict()
+                await self._reply(target.id, envelope, MessageType.ERROR, error)
+        await self._deliver_local(envelope, allowed)
+
+    # -- status -----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot for ``p2pnode status``."""
+        metrics = self.events.metrics()
+        return {
+            "peerId": str(self.peer_id),
+            "addresses": self.advertised_addresses(),
+            "swarm": "open (self-declared tiers)" if self.policy.is_open else "authority",
+            "agents": [a.card.id for a in self._agents.values()],
+            "knownAgents": len(self.registry),
+            "peers": sorted({str(c.peer_id) for c in self.registry.list_remote()}),
+            "channels": [
+                {
+                    "peer": str(p),
+                    "state": link.state.value,
+                    "sent": link.frames_sent,
+                    "received": link.frames_received,
+                }
+                for p, link in self._links.items()
+            ],
+            "metrics": metrics.to_dict(),
+        }
+
+
+__all__ = ["Discovery", "Handler", "NoDiscovery", "Node", "RoutingResult"]

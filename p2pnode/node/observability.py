@@ -1,0 +1,618 @@
+"""Structured events, aggregate metrics and log output (seed R12, Properties 17, 31-33).
+
+Theory of operation:
+
+* Everything observable is an :class:`Event`: one frozen record with a
+  :class:`EventKind` and the fields that kind uses (the rest are None).
+  Envelope events carry the envelope id, sender, recipient, message type and
+  timestamp (R12.1); routing decisions add the path, latency and outcome
+  (R4.6, R12.3, Property 17); tool invocations carry the tool, the invoking
+  agent, the duration and success (R12.2); audit events record cross-tier
+  traffic with both tiers and the message type (R11.4, Property 31);
+  security events record a refused message or card with its code and peer
+  (R10.2, the error table's "emit security event").
+* :meth:`Observability.emit` does four things, in order: keeps the event in a
+  bounded ring of recent events, folds it into the counters, writes it
+  through stdlib :mod:`logging` (INFO; WARNING for ``error`` and ``security``)
+  with the event dict in ``extra={"event": ...}``, and calls listeners.
+  Counters are exact totals since the last :meth:`reset_metrics`; only the
+  latency percentiles use a bounded window of recent samples, and averages
+  use running sums so they stay exact without storing every sample.
+* A listener that raises is logged and skipped: telemetry must never break
+  the message path that emits it.
+* Time comes from the injected ``clock_ms``; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+import sys
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from p2pnode.envelope import Envelope, MessageType
+from p2pnode.errors import ErrorCode, LocalError
+
+DEFAULT_RECENT_SIZE = 1000
+DEFAULT_LATENCY_WINDOW = 1024
+EVENT_LOGGER = "p2pnode.events"
+
+
+class EventKind(enum.StrEnum):
+    """What an event reports."""
+
+    MESSAGE_SENT = "message-sent"
+    MESSAGE_RECEIVED = "message-received"
+    ROUTING_DECISION = "routing-decision"
+    TOOL_INVOCATION = "tool-invocation"
+    ERROR = "error"
+    SECURITY = "security"
+    AUDIT = "audit"
+
+
+class RoutingPath(enum.StrEnum):
+    """How a message was routed (seed R4.6)."""
+
+    LOCAL = "local"
+    REMOTE = "remote"
+    BROADCAST = "broadcast"
+
+
+class Outcome(enum.StrEnum):
+    """What became of a routed message."""
+
+    DELIVERED = "delivered"
+    REJECTED = "rejected"  # refused by policy, here or at the peer
+    FAILED = "failed"  # no route, channel closed, retries exhausted
+    DROPPED = "dropped"  # malformed or over a limit, discarded without a reply
+
+
+_EVENT_KEYS = tuple(
+    (attr, "".join(w.capitalize() if i else w for i, w in enumerate(attr.split("_"))))
+    for attr in (
+        "envelope_id", "sender", "recipient", "message_type", "path", "latency_ms", "outcome",
+        "code", "peer", "source_tier", "target_tier", "tool", "duration_ms", "success",
+    )
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One observable occurrence. Fields a kind does not use are None.
+
+    at_ms: when (the Observability clock, milliseconds).
+    envelope_id, sender, recipient, message_type: the envelope concerned.
+    path, latency_ms, outcome: a routing decision.
+    code: the error code of a failure, rejection or security event.
+    peer: the remote peer id (text) involved, if any.
+    source_tier, target_tier: the tiers of sender and recipient (audit).
+    tool, duration_ms, success: a tool invocation (sender is the invoking agent).
+    detail: free text for humans.
+    """
+
+    kind: EventKind
+    at_ms: int
+    envelope_id: str | None = None
+    sender: str | None = None
+    recipient: str | None = None
+    message_type: MessageType | None = None
+    path: RoutingPath | None = None
+    latency_ms: float | None = None
+    outcome: Outcome | None = None
+    code: ErrorCode | None = None
+    peer: str | None = None
+    source_tier: int | None = None
+    target_tier: int | None = None
+    tool: str | None = None
+    duration_ms: float | None = None
+    success: bool | None = None
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain form with camelCase keys; None fields and empty detail omitted."""
+        out: dict[str, Any] = {"kind": str(self.kind), "timestamp": self.at_ms}
+        for attr, key in _EVENT_KEYS:
+            value = getattr(self, attr)
+            if value is not None:
+                out[key] = str(value) if isinstance(value, enum.Enum) else value
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+    def summary(self) -> str:
+        """A one-line human message for the log."""
+        parts = [str(self.kind)]
+        if self.envelope_id is not None:
+            parts.append(f"id={self.envelope_id}")
+        if self.sender is not None or self.recipient is not None:
+            parts.append(f"{self.sender or '?'}->{self.recipient or '?'}")
+        labelled = (self.message_type, self.path, self.outcome, self.code, self.peer, self.tool)
+        names = ("type", "path", "outcome", "code", "peer", "tool")
+        parts += [f"{k}={v}" for k, v in zip(names, labelled, strict=True) if v is not None]
+        if self.source_tier is not None and self.target_tier is not None:
+            parts.append(f"L{self.source_tier}->L{self.target_tier}")
+        if self.latency_ms is not None:
+            parts.append(f"latency={self.latency_ms:g}ms")
+        if self.duration_ms is not None:
+            parts.append(f"duration={self.duration_ms:g}ms success={self.success}")
+        if self.detail:
+            parts.append(f"- {self.detail}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """A snapshot of the aggregate metrics (seed R12.4, R12.5; Properties 32, 33).
+
+    Counts are exact since the last reset. ``routing_latency_avg_ms`` and
+    ``tool_duration_avg_ms`` are exact averages over every sample;
+    ``routing_latency_p50_ms`` / ``_p99_ms`` are nearest-rank percentiles over
+    the most recent samples (the latency window). Averages and percentiles are
+    0.0 when there is no sample.
+    """
+
+    messages_sent: int = 0
+    messages_received: int = 0
+    sent_by_type: Mapping[str, int] = field(default_factory=dict)
+    received_by_type: Mapping[str, int] = field(default_factory=dict)
+    routing_decisions: int = 0
+    routing_by_path: Mapping[str, int] = field(default_factory=dict)
+    routing_by_outcome: Mapping[str, int] = field(default_factory=dict)
+    routing_latency_avg_ms: float = 0.0
+    routing_latency_p50_ms: float = 0.0
+    routing_latency_p99_ms: float = 0.0
+    errors: int = 0
+    errors_by_code: Mapping[str, int] = field(default_factory=dict)
+    security_events: int = 0
+    security_by_code: Mapping[str, int] = field(default_factory=dict)
+    audit_events: int = 0
+    tool_invocations: int = 0
+    tool_invocations_by_tool: Mapping[str, int] = field(default_factory=dict)
+    tool_duration_avg_ms: float = 0.0
+    tool_errors: int = 0
+
+    @property
+    def messages_by_type(self) -> dict[str, int]:
+        """Sent plus received, by message type."""
+        return dict(Counter(self.sent_by_type) + Counter(self.received_by_type))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain form with camelCase keys."""
+        return {
+            "totalMessagesSent": self.messages_sent,
+            "totalMessagesReceived": self.messages_received,
+            "messagesByType": self.messages_by_type,
+            "sentByType": dict(self.sent_by_type),
+            "receivedByType": dict(self.received_by_type),
+            "routingDecisions": self.routing_decisions,
+            "routingByPath": dict(self.routing_by_path),
+            "routingByOutcome": dict(self.routing_by_outcome),
+            "averageRoutingLatencyMs": self.routing_latency_avg_ms,
+            "p50RoutingLatencyMs": self.routing_latency_p50_ms,
+            "p99RoutingLatencyMs": self.routing_latency_p99_ms,
+            "errorCount": self.errors,
+            "errorsByCode": dict(self.errors_by_code),
+            "securityEvents": self.security_events,
+            "securityByCode": dict(self.security_by_code),
+            "auditEvents": self.audit_events,
+            "totalToolInvocations": self.tool_invocations,
+            "toolInvocationsByTool": dict(self.tool_invocations_by_tool),
+            "averageToolDurationMs": self.tool_duration_avg_ms,
+            "toolErrorCount": self.tool_errors,
+        }
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0 < q <= 100) of ``samples``; 0.0 when empty."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+Listener = Callable[[Event], None]
+
+
+class _Counters:
+    """The mutable tallies behind :class:`Metrics`."""
+
+    def __init__(self, latency_window: int) -> None:
+        self.sent: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()
+        self.by_path: Counter[str] = Counter()
+        self.by_outcome: Counter[str] = Counter()
+        self.decisions = 0
+        self.latency_sum = 0.0
+        self.latency_count = 0
+        self.latencies: deque[float] = deque(maxlen=latency_window)
+        self.errors: Counter[str] = Counter()
+        self.error_count = 0
+        self.security: Counter[str] = Counter()
+        self.security_count = 0
+        self.audit = 0
+        self.tools: Counter[str] = Counter()
+        self.tool_duration_sum = 0.0
+        self.tool_duration_count = 0
+        self.tool_errors = 0
+
+    def add(self, e: Event) -> None:
+        handler = _FOLD.get(e.kind)
+        if handler is not None:
+            handler(self, e)
+
+    def _message_sent(self, e: Event) -> None:
+        self.sent[str(e.message_type)] += 1
+
+    def _message_received(self, e: Event) -> None:
+        self.received[str(e.message_type)] += 1
+
+    def _routing(self, e: Event) -> None:
+        self.decisions += 1
+        if e.path is not None:
+            self.by_path[str(e.path)] += 1
+        if e.outcome is not None:
+            self.by_outcome[str(e.outcome)] += 1
+        if e.latency_ms is not None:
+            self.latency_sum += e.latency_ms
+            self.latency_count += 1
+            self.latencies.append(e.latency_ms)
+
+    def _tool(self, e: Event) -> None:
+        self.tools[e.tool or "?"] += 1
+        if e.duration_ms is not None:
+            self.tool_duration_sum += e.duration_ms
+            self.tool_duration_count += 1
+        if e.success is False:
+            self.tool_errors += 1
+
+    def _error(self, e: Event) -> None:
+        self.error_count += 1
+        if e.code is not None:
+            self.errors[str(e.code)] += 1
+
+    def _security(self, e: Event) -> None:
+        self.security_count += 1
+        if e.code is not None:
+            self.security[str(e.code)] += 1
+
+    def _audit(self, e: Event) -> None:
+        self.audit += 1
+
+    def snapshot(self) -> Metrics:
+        window = list(self.latencies)
+        return Metrics(
+            messages_sent=sum(self.sent.values()),
+            messages_received=sum(self.received.values()),
+            sent_by_type=dict(self.sent),
+            received_by_type=dict(self.received),
+            routing_decisions=self.decisions,
+            routing_by_path=dict(self.by_path),
+            routing_by_outcome=dict(self.by_outcome),
+            routing_latency_avg_ms=_mean(self.latency_sum, self.latency_count),
+            routing_latency_p50_ms=percentile(window, 50),
+            routing_latency_p99_ms=percentile(window, 99),
+            errors=self.error_count,
+            errors_by_code=dict(self.errors),
+            security_events=self.security_count,
+            security_by_code=dict(self.security),
+            audit_events=self.audit,
+            tool_invocations=sum(self.tools.values()),
+            tool_invocations_by_tool=dict(self.tools),
+            tool_duration_avg_ms=_mean(self.tool_duration_sum, self.tool_duration_count),
+            tool_errors=self.tool_errors,
+        )
+
+
+_FOLD: dict[EventKind, Callable[[_Counters, Event], None]] = {
+    EventKind.MESSAGE_SENT: _Counters._message_sent,
+    EventKind.MESSAGE_RECEIVED: _Counters._message_received,
+    EventKind.ROUTING_DECISION: _Counters._routing,
+    EventKind.TOOL_INVOCATION: _Counters._tool,
+    EventKind.ERROR: _Counters._error,
+    EventKind.SECURITY: _Counters._security,
+    EventKind.AUDIT: _Counters._audit,
+}
+
+
+def _mean(total: float, count: int) -> float:
+    return total / count if count else 0.0
+
+
+_WARNING_KINDS = frozenset({EventKind.ERROR, EventKind.SECURITY})
+
+
+class Observability:
+    """A node's event sink: recent events, metrics, logging and listeners.
+
+    ``clock_ms`` stamps events; ``recent_size`` bounds the ring of recent
+    events; ``latency_window`` bounds the samples behind the percentiles.
+    Raises LocalError(INVALID_ARGUMENT) for a size below 1.
+    """
+
+    def __init__(
+        self,
+        clock_ms: Callable[[], int],
+        recent_size: int = DEFAULT_RECENT_SIZE,
+        logger: logging.Logger | None = None,
+        latency_window: int = DEFAULT_LATENCY_WINDOW,
+    ) -> None:
+        if recent_size < 1 or latency_window < 1:
+            raise LocalError(
+                ErrorCode.INVALID_ARGUMENT, "recent_size and latency_window must be at least 1"
+            )
+        self._clock_ms = clock_ms
+        self._logger = logger if logger is not None else logging.getLogger(EVENT_LOGGER)
+        self._recent: deque[Event] = deque(maxlen=recent_size)
+        self._latency_window = latency_window
+        self._counters = _Counters(latency_window)
+        self._listeners: list[Listener] = []
+
+    # -- core -------------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        """The injected clock, for callers building their own events."""
+        return self._clock_ms()
+
+    def emit(self, event: Event) -> Event:
+        """Record, count, log and announce ``event``; returns it."""
+        self._recent.append(event)
+        self._counters.add(event)
+        level = logging.WARNING if event.kind in _WARNING_KINDS else logging.INFO
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, event.summary(), extra={"event": event.to_dict()})
+        for listener in tuple(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                # A broken listener must not break the message path that emitted.
+                self._logger.exception("event listener %r failed", listener)
+        return event
+
+    def recent(self, limit: int | None = None, kind: EventKind | None = None) -> list[Event]:
+        """Recent events, oldest first: the last ``limit`` (all when None) of ``kind``
+        (any when None)."""
+        events = [e for e in self._recent if kind is None or e.kind == kind]
+        if limit is not None:
+            events = events[-limit:] if limit > 0 else []
+        return events
+
+    def metrics(self) -> Metrics:
+        """A snapshot of the aggregate metrics."""
+        return self._counters.snapshot()
+
+    def reset_metrics(self) -> None:
+        """Zero every counter (recent events are kept)."""
+        self._counters = _Counters(self._latency_window)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(event)`` after every emitted event."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop calling ``listener``. Raises LocalError(INVALID_ARGUMENT) if not added."""
+        try:
+            self._listeners.remove(listener)
+        except ValueError:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "listener was not added") from None
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def message_sent(
+        self, envelope: Envelope, path: RoutingPath | None = None, peer: str | None = None
+    ) -> Event:
+        """An envelope left this node (R12.1)."""
+        return self.emit(
+            _envelope_event(EventKind.MESSAGE_SENT, self.now_ms(), envelope, path, peer)
+        )
+
+    def message_received(
+        self, envelope: Envelope, peer: str | None = None, path: RoutingPath | None = None
+    ) -> Event:
+        """An envelope arrived and passed checks (R12.1)."""
+        return self.emit(
+            _envelope_event(EventKind.MESSAGE_RECEIVED, self.now_ms(), envelope, path, peer)
+        )
+
+    def routing_decision(
+        self,
+        envelope: Envelope,
+        path: RoutingPath,
+        outcome: Outcome,
+        latency_ms: float,
+        *,
+        target: str | None = None,
+        code: ErrorCode | None = None,
+        peer: str | None = None,
+        detail: str = "",
+    ) -> Event:
+        """A routing decision (R4.6, R12.3, Property 17). ``target`` is the resolved
+        agent when it differs from the envelope's recipient (capability routing)."""
+        return self.emit(
+            Event(
+                EventKind.ROUTING_DECISION,
+                self.now_ms(),
+                envelope_id=envelope.id,
+                sender=envelope.sender,
+                recipient=target if target is not None else envelope.recipient,
+                message_type=envelope.type,
+                path=path,
+                latency_ms=latency_ms,
+                outcome=outcome,
+                code=code,
+                peer=peer,
+                detail=detail,
+            )
+        )
+
+    def security(
+        self,
+        code: ErrorCode,
+        reason: str,
+        peer: str | None = None,
+        envelope: Envelope | None = None,
+        *,
+        source_tier: int | None = None,
+        target_tier: int | None = None,
+    ) -> Event:
+        """A refused message or card, a forged identity, a sandbox or tier breach (R10.2)."""
+        return self.emit(
+            _with_envelope(
+                Event(
+                    EventKind.SECURITY,
+                    self.now_ms(),
+                    code=code,
+                    peer=peer,
+                    source_tier=source_tier,
+                    target_tier=target_tier,
+                    detail=reason,
+                ),
+                envelope,
+            )
+        )
+
+    def audit_cross_tier(
+        self,
+        envelope: Envelope,
+        source_tier: int,
+        target_tier: int,
+        *,
+        target: str | None = None,
+        peer: str | None = None,
+        outcome: Outcome | None = None,
+    ) -> Event:
+        """Audit record of a message between different tiers (R11.4, Property 31)."""
+        return self.emit(
+            Event(
+                EventKind.AUDIT,
+                self.now_ms(),
+                envelope_id=envelope.id,
+                sender=envelope.sender,
+                recipient=target if target is not None else envelope.recipient,
+                message_type=envelope.type,
+                outcome=outcome,
+                peer=peer,
+                source_tier=source_tier,
+                target_tier=target_tier,
+            )
+        )
+
+    def error(
+        self,
+        code: ErrorCode,
+        detail: str,
+        peer: str | None = None,
+        envelope: Envelope | None = None,
+    ) -> Event:
+        """A failure that is not a security matter (delivery failed, bad CRDT update...)."""
+        return self.emit(
+            _with_envelope(
+                Event(EventKind.ERROR, self.now_ms(), code=code, peer=peer, detail=detail),
+                envelope,
+            )
+        )
+
+    def tool_invocation(
+        self,
+        tool: str,
+        agent: str | None,
+        duration_ms: float,
+        success: bool,
+        *,
+        code: ErrorCode | None = None,
+        detail: str = "",
+    ) -> Event:
+        """An MCP tool call by ``agent`` finished (R12.2, Property 33)."""
+        return self.emit(
+            Event(
+                EventKind.TOOL_INVOCATION,
+                self.now_ms(),
+                sender=agent,
+                tool=tool,
+                duration_ms=duration_ms,
+                success=success,
+                code=code,
+                detail=detail,
+            )
+        )
+
+
+def _envelope_event(
+    kind: EventKind, at_ms: int, env: Envelope, path: RoutingPath | None, peer: str | None
+) -> Event:
+    return Event(
+        kind,
+        at_ms,
+        envelope_id=env.id,
+        sender=env.sender,
+        recipient=env.recipient,
+        message_type=env.type,
+        path=path,
+        peer=peer,
+    )
+
+
+def _with_envelope(event: Event, envelope: Envelope | None) -> Event:
+    if envelope is None:
+        return event
+    return replace(
+        event,
+        envelope_id=envelope.id,
+        sender=envelope.sender,
+        recipient=envelope.recipient,
+        message_type=envelope.type,
+    )
+
+
+# -- log output ------------------------------------------------------------------------------
+
+
+class JsonLinesFormatter(logging.Formatter):
+    """One JSON object per line: time (ISO 8601 UTC), level, logger, message, the
+    ``event`` dict when the record carries one, and ``exc`` for exceptions."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        event = getattr(record, "event", None)
+        if event is not None:
+            out["event"] = event
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        # default=str: a foreign record may carry values JSON cannot encode.
+        return json.dumps(out, ensure_ascii=False, default=str, separators=(",", ":"))
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_CONFIGURED = "_p2pnode_configured"
+
+
+def configure_logging(
+    level: str = "INFO", json_lines: bool = False, stream: IO[str] | None = None
+) -> logging.Handler:
+    """Send the ``p2pnode`` loggers to ``stream`` (stderr by default) as text or JSON
+    lines, at ``level``. Calling again replaces the handler this function installed.
+    Returns the handler. Raises LocalError(CONFIG_ERROR) for an unknown level name.
+    """
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise LocalError(ErrorCode.CONFIG_ERROR, f"unknown log level {level!r}")
+    root = logging.getLogger("p2pnode")
+    for old in [h for h in root.handlers if getattr(h, _CONFIGURED, False)]:
+        root.removeHandler(old)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonLinesFormatter() if json_lines else logging.Formatter(TEXT_FORMAT))
+    setattr(handler, _CONFIGURED, True)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    return handler

@@ -1,0 +1,100 @@
+"""Hypothesis strategies shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from p2pnode.card import AgentCard, Capability, Endpoint
+from p2pnode.envelope import Envelope, MessageType, Metadata
+from p2pnode.identity import Identity
+
+ident_text = st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True)
+short_text = st.text(min_size=1, max_size=30).filter(lambda s: s.strip() != "")
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+identities = st.binary(min_size=32, max_size=32).map(Identity)
+
+capabilities = st.builds(
+    Capability,
+    id=ident_text,
+    name=short_text,
+    description=st.text(max_size=40),
+    input_schema=json_values,
+    output_schema=json_values,
+)
+
+addresses = st.builds(
+    lambda a, b, port: f"10.{a}.{b}.1:{port}",
+    st.integers(0, 255),
+    st.integers(0, 255),
+    st.integers(1, 65535),
+)
+
+
+@st.composite
+def cards(draw: st.DrawFn, identity: Identity | None = None, signed: bool = True) -> AgentCard:
+    owner = identity if identity is not None else draw(identities)
+    caps = draw(st.lists(capabilities, max_size=4, unique_by=lambda c: c.id))
+    issued = draw(st.integers(0, 2**40))
+    card = AgentCard(
+        id=draw(ident_text),
+        name=draw(short_text),
+        version=draw(st.from_regex(r"[0-9]{1,2}\.[0-9]{1,2}\.[0-9]{1,2}", fullmatch=True)),
+        description=draw(st.text(max_size=40)),
+        tier=draw(st.integers(0, 3)),
+        protocols=tuple(
+            draw(st.lists(st.sampled_from(["a2a/1.0", "p2pnode/1", "mcp"]), max_size=3))
+        ),
+        endpoints=tuple(
+            draw(st.lists(st.builds(Endpoint, st.just("tcp+noise"), addresses), max_size=2))
+        ),
+        capabilities=tuple(caps),
+        revision=draw(st.integers(0, 1000)),
+        sandbox_id=draw(st.none() | ident_text),
+        last_seen_at=draw(st.integers(0, 2**40)),
+        public_key=owner.public_key,
+        addresses=tuple(draw(st.lists(addresses, max_size=3))),
+        noise_static_key=draw(st.none() | st.binary(min_size=32, max_size=32)),
+        issued_at=issued,
+        expires_at=issued + draw(st.integers(1, 2**30)),
+    )
+    return card.signed(owner) if signed else card
+
+
+metadata = st.builds(
+    Metadata,
+    tier=st.none() | st.integers(0, 3),
+    sandbox_id=st.none() | ident_text,
+    routing_hint=st.none() | st.just("capability"),
+    escalation_justification=st.none() | st.text(max_size=30),
+)
+
+envelopes = st.builds(
+    Envelope,
+    id=ident_text,
+    sender=ident_text,
+    recipient=ident_text | st.just("*"),
+    type=st.sampled_from(list(MessageType)),
+    timestamp=st.integers(1, 2**45),
+    payload=json_values,
+    correlation_id=st.none() | ident_text,
+    metadata=st.none() | metadata,
+)
+
+
+def plain(value: Any) -> Any:
+    """Identity helper so mypy sees strategy outputs as Any in tests."""
+    return value

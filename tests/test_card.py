@@ -1,0 +1,205 @@
+"""Agent Cards: validation, signing, codecs (Properties 2 and 4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.card import AgentCard, Capability, card_problems
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.identity import Identity
+from p2pnode.jsonutil import b64encode
+from p2pnode.wire import pack
+from tests.strategies import cards, identities
+
+OWNER = Identity(bytes(range(32)))
+
+
+def make_card(**overrides: Any) -> AgentCard:
+    fields: dict[str, Any] = dict(
+        id="venus",
+        name="VENUS",
+        version="1.0.0",
+        public_key=OWNER.public_key,
+        tier=2,
+        capabilities=(Capability("design.ui", "UI design", "Designs UIs", {"type": "object"}),),
+        issued_at=1_000,
+        expires_at=10_000,
+    )
+    fields.update(overrides)
+    return AgentCard(**fields)
+
+
+@settings(max_examples=150)
+@given(cards())
+def test_json_round_trip_is_lossless(card: AgentCard) -> None:
+    assert AgentCard.from_json_untrusted(card.to_json()) == card
+
+
+@settings(max_examples=150)
+@given(cards())
+def test_msgpack_round_trip_is_lossless_and_verifies(card: AgentCard) -> None:
+    decoded = AgentCard.from_bytes_untrusted(card.to_bytes())
+    assert decoded == card
+    assert decoded.is_signed_by_owner()
+
+
+@settings(max_examples=100)
+@given(cards(), st.sampled_from(["id", "name", "version", "tier", "capabilities", "expiresAt"]))
+def test_missing_required_field_is_rejected(card: AgentCard, field: str) -> None:
+    plain = card.to_dict()
+    del plain[field]
+    with pytest.raises(LocalError) as info:
+        AgentCard.from_dict(plain)
+    assert info.value.code is ErrorCode.INVALID_CARD
+    assert any(field in p for p in info.value.details["problems"])
+
+
+def test_validation_reports_every_problem_at_once() -> None:
+    problems = card_problems({"id": "", "name": 3, "tier": 9, "capabilities": "x"})
+    joined = " | ".join(problems)
+    for needle in (
+        "id:",
+        "name:",
+        "version:",
+        "tier:",
+        "capabilities:",
+        "publicKey:",
+        "expiresAt:",
+    ):
+        assert needle in joined
+    assert len(problems) >= 7
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"id": "has space"}, "id:"),
+        ({"id": "*"}, "id:"),
+        ({"tier": 4}, "tier:"),
+        ({"tier": True}, "tier:"),
+        ({"revision": -1}, "revision:"),
+        ({"expires_at": 500}, "expiresAt: must be after issuedAt"),
+        ({"addresses": ("nohostport",)}, "addresses[0]"),
+        ({"sandbox_id": "bad sandbox"}, "sandboxId"),
+        ({"public_key": b"short"}, "publicKey"),
+        ({"noise_static_key": b"x" * 31}, "noiseStaticKey"),
+        (
+            {"capabilities": (Capability("a", "A"), Capability("a", "B"))},
+            "duplicate",
+        ),
+        ({"capabilities": (Capability("a", "A", input_schema={1, 2}),)}, "inputSchema"),
+    ],
+)
+def test_constructor_rejects_invalid_fields(overrides: dict[str, Any], needle: str) -> None:
+    with pytest.raises(LocalError) as info:
+        make_card(**overrides)
+    assert any(needle in p for p in info.value.details["problems"]), info.value.details
+
+
+def test_peer_id_is_derived_and_checked() -> None:
+    card = make_card()
+    assert card.peer_id == OWNER.peer_id
+    plain = card.to_dict()
+    plain["peerId"] = str(Identity.generate().peer_id)
+    with pytest.raises(RemoteError, match="does not match"):
+        AgentCard.from_dict_untrusted(plain)
+
+
+def test_signature_covers_content_but_not_bookkeeping() -> None:
+    card = make_card().signed(OWNER)
+    assert card.is_signed_by_owner()
+    seen_later = dataclasses.replace(card, last_seen_at=99, origin="remote")  # type: ignore[arg-type]
+    assert seen_later.is_signed_by_owner()
+    for change in ({"tier": 0}, {"revision": 5}, {"name": "SUN"}, {"addresses": ("1.2.3.4:5",)}):
+        tampered = dataclasses.replace(card, **change)
+        with pytest.raises(RemoteError) as info:
+            tampered.verify()
+        assert info.value.code is ErrorCode.INVALID_SIGNATURE
+
+
+@given(identities)
+def test_card_signed_with_another_key_is_rejected(other: Identity) -> None:
+    card = make_card()
+    with pytest.raises(LocalError):
+        card.signed(other)
+    forged = dataclasses.replace(card, signature=other.sign(card.signing_bytes()))
+    assert not forged.is_signed_by_owner()
+    with pytest.raises(RemoteError):
+        AgentCard.from_bytes_untrusted(forged.to_bytes())
+
+
+def test_unsigned_card_does_not_verify() -> None:
+    with pytest.raises(RemoteError) as info:
+        AgentCard.from_bytes_untrusted(make_card().to_bytes())
+    assert info.value.code is ErrorCode.INVALID_SIGNATURE
+
+
+def test_swapped_key_with_matching_peer_id_is_rejected() -> None:
+    card = make_card().signed(OWNER)
+    thief = Identity.generate()
+    plain = card.to_dict()
+    plain["publicKey"] = b64encode(thief.public_key)
+    plain["peerId"] = str(thief.peer_id)
+    with pytest.raises(RemoteError) as info:
+        AgentCard.from_bytes_untrusted(pack(plain))
+    assert info.value.code is ErrorCode.INVALID_SIGNATURE
+
+
+def test_endorsement() -> None:
+    authority = Identity.generate()
+    card = make_card(tier=0).signed(OWNER).with_endorsement(authority)
+    assert card.endorsed_by(authority.public_key)
+    assert card.is_signed_by_owner()  # the endorsement is outside the owner's signature
+    assert not card.endorsed_by(Identity.generate().public_key)
+    promoted = dataclasses.replace(card, tier=1)
+    assert not promoted.endorsed_by(authority.public_key)
+    assert AgentCard.from_bytes_untrusted(promoted.signed(OWNER).to_bytes()).endorsement is not None
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_random_bytes_raise_only_remote_errors(data: bytes) -> None:
+    with pytest.raises(RemoteError):
+        AgentCard.from_bytes_untrusted(data)
+
+
+@settings(max_examples=50)
+@given(cards())
+def test_truncated_and_oversized_encodings(card: AgentCard) -> None:
+    data = card.to_bytes()
+    for cut in range(0, len(data), max(1, len(data) // 25)):
+        with pytest.raises(RemoteError):
+            AgentCard.from_bytes_untrusted(data[:cut])
+    with pytest.raises(RemoteError) as info:
+        AgentCard.from_bytes_untrusted(pack({"x": "y" * 70_000}))
+    assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+
+
+@settings(max_examples=100)
+@given(
+    cards(),
+    st.sampled_from(["tier", "name", "capabilities", "publicKey", "expiresAt"]),
+    st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=5) | st.lists(st.integers(0, 9)),
+)
+def test_wrongly_typed_fields_raise_only_remote_errors(
+    card: AgentCard, key: str, value: object
+) -> None:
+    plain = card.to_dict()
+    plain[key] = value
+    try:
+        decoded = AgentCard.from_bytes_untrusted(pack(plain))
+    except RemoteError:
+        return
+    assert decoded.to_dict()[key] == value  # only a value that is actually valid may pass
+
+
+def test_json_garbage_is_remote_error() -> None:
+    for text in ("", "{", "[]", "null", json.dumps({"id": 1}), "x" * 70_000):
+        with pytest.raises(RemoteError):
+            AgentCard.from_json_untrusted(text)

@@ -1,0 +1,116 @@
+"""The command line: init, id, card show/validate/sign/export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from p2pnode.card import AgentCard
+from p2pnode.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def home(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    code, out, _ = run(
+        capsys, "--data-dir", str(tmp_path), "init", "--agent-id", "sun", "--tier", "0"
+    )
+    assert code == 0
+    assert "peer id" in out
+    return tmp_path
+
+
+def test_init_creates_identity_and_card_and_refuses_to_overwrite(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (home / "identity.key").stat().st_mode & 0o777 == 0o600
+    template = json.loads((home / "card.json").read_text())
+    assert template["id"] == "sun" and template["tier"] == 0
+    code, _, err = run(capsys, "--data-dir", str(home), "init")
+    assert code == 1
+    assert "--force" in err
+    code, _, _ = run(capsys, "--data-dir", str(home), "init", "--force")
+    assert code == 0
+
+
+def test_id_and_card_show_agree(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, peer_id, _ = run(capsys, "--data-dir", str(home), "id")
+    code, out, _ = run(capsys, "--data-dir", str(home), "card", "show")
+    assert code == 0
+    card = AgentCard.from_json_untrusted(out)
+    assert card.is_signed_by_owner()
+    assert str(card.peer_id) == peer_id.strip()
+    _, out, _ = run(capsys, "--data-dir", str(home), "id", "--json")
+    assert json.loads(out)["peerId"] == peer_id.strip()
+
+
+def test_sign_then_validate(home: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    signed = tmp_path / "signed.json"
+    code, _, _ = run(capsys, "--data-dir", str(home), "card", "sign", "-o", str(signed))
+    assert code == 0
+    code, out, _ = run(capsys, "card", "validate", str(signed))
+    assert code == 0 and "valid signed card" in out
+    data = json.loads(signed.read_text())
+    data["tier"] = 1
+    signed.write_text(json.dumps(data))
+    code, _, err = run(capsys, "card", "validate", str(signed))
+    assert code == 1 and "INVALID_SIGNATURE" in err
+
+
+def test_validate_lists_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"id": "no spaces allowed", "tier": 9, "capabilities": [{}]}))
+    code, _, err = run(capsys, "card", "validate", str(bad))
+    assert code == 1
+    for needle in ("id:", "name: required", "version: required", "tier:", "capabilities[0]"):
+        assert needle in err
+    bad.write_text("{not json")
+    code, _, err = run(capsys, "card", "validate", str(bad))
+    assert code == 1 and "invalid JSON" in err
+    code, _, err = run(capsys, "card", "validate", str(tmp_path / "missing.json"))
+    assert code == 1 and "cannot read" in err
+
+
+def test_export_a2a(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--data-dir", str(home), "card", "export", "--a2a")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["skills"][0]["id"] == "echo"
+    assert doc["signatures"]
+    code, _, err = run(capsys, "--data-dir", str(home), "card", "export")
+    assert code == 1 and "--a2a" in err
+
+
+def test_commands_without_identity_fail_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "--data-dir", str(tmp_path), "id")
+    assert code == 1 and "p2pnode init" in err
+
+
+def test_world_readable_key_is_refused(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    os.chmod(home / "identity.key", 0o644)
+    code, _, err = run(capsys, "--data-dir", str(home), "id")
+    assert code == 1 and "KEY_FILE_ERROR" in err
+
+
+def test_help_runs_as_a_module() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "p2pnode", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0
+    assert "init" in result.stdout and "card" in result.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "p2pnode", "frobnicate"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2

@@ -1,0 +1,361 @@
+"""Nodes in the in-memory simulator on trio's virtual clock: channels, routing,
+retries, reconnects, policy and spoofing (seed R3, R4, R10, R11; Properties 10-17, 29-31)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.card import Capability
+from p2pnode.envelope import Envelope, MessageType, Metadata
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.identity import Identity
+from p2pnode.node.channels import (
+    TRANSITIONS,
+    ChannelState,
+    ChannelStateMachine,
+    RetryPolicy,
+)
+from p2pnode.node.config import NodeConfig
+from p2pnode.node.frames import encode_envelope, encode_hello
+from p2pnode.node.node import Node
+from p2pnode.node.observability import EventKind
+from p2pnode.node.policy import PolicyConfig, TierRule
+from p2pnode.simnet import SimNetwork
+
+# -- the channel state machine ------------------------------------------------------------------
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(list(ChannelState)), max_size=12))
+def test_channel_state_machine_follows_the_table(steps: list[ChannelState]) -> None:
+    machine = ChannelStateMachine()
+    for target in steps:
+        before = machine.state
+        if target in TRANSITIONS[before]:
+            machine.transition(target)
+            assert machine.state is target
+        else:
+            with pytest.raises(LocalError) as info:
+                machine.transition(target)
+            assert info.value.code is ErrorCode.ILLEGAL_TRANSITION
+            assert machine.state is before
+    assert machine.history[0] is ChannelState.CONNECTING
+
+
+def test_lifecycle_of_the_seed() -> None:
+    machine = ChannelStateMachine()
+    for state in (ChannelState.OPEN, ChannelState.RECONNECTING, ChannelState.OPEN):
+        machine.transition(state)
+    machine.transition(ChannelState.CLOSED)
+    assert not any(machine.can(s) for s in ChannelState)
+
+
+@given(st.integers(1, 10), st.floats(0.001, 1.0))
+def test_retry_delays_double(count: int, first: float) -> None:
+    delays = RetryPolicy(first_delay=first, max_delay=1e9).delays(count)
+    assert len(delays) == count
+    assert all(b >= 2 * a * 0.999 for a, b in itertools.pairwise(delays))
+
+
+# -- swarm fixtures -----------------------------------------------------------------------------
+
+
+class Inbox:
+    """A handler that records what an agent received."""
+
+    def __init__(self) -> None:
+        self.received: list[Envelope] = []
+
+    async def __call__(self, envelope: Envelope) -> Any:
+        self.received.append(envelope)
+        return {"echo": envelope.payload}
+
+
+FAST = NodeConfig(
+    retry=RetryPolicy(first_delay=0.05, max_redials=3, dial_timeout=2.0), request_timeout=5.0
+)
+
+
+@asynccontextmanager
+async def swarm(
+    count: int, config: NodeConfig = FAST, seed: int = 1
+) -> AsyncIterator[tuple[SimNetwork, list[Node]]]:
+    sim = SimNetwork(random.Random(seed))
+    async with AsyncExitStack() as stack:
+        nodes = []
+        for i in range(count):
+            host = sim.add_host()
+            ident = Identity(bytes([i + 1]) * 32)
+            cfg = dataclasses.replace(config, listen=(host.host, 7000))
+            nodes.append(await stack.enter_async_context(Node(ident, host, cfg)))
+        yield sim, nodes
+
+
+async def connect_all(nodes: list[Node]) -> None:
+    for node in nodes[1:]:
+        await node.connect(nodes[0].listen_address)
+    await trio.sleep(1)
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+
+async def test_request_response_direct_and_by_capability(autojump_clock: Any) -> None:
+    async with swarm(3) as (_, (a, b, c)):
+        inbox_c = Inbox()
+        await a.add_agent("sun", Inbox(), tier=0)
+        await b.add_agent("earth", Inbox(), tier=1)
+        await c.add_agent("io", inbox_c, tier=3, capabilities=(Capability("test.unit", "T"),))
+        await connect_all([a, b, c])
+        reply = await a.request("sun", "io", {"n": 1})
+        assert reply.type is MessageType.RESPONSE
+        assert reply.payload == {"echo": {"n": 1}}
+        assert reply.correlation_id == inbox_c.received[-1].id
+        # b met c only through a: c's card reached b? No: b learned a's cards only.
+        reply = await a.request("sun", "test.unit", {"n": 2}, capability=True)
+        assert reply.sender == "io"
+        events = [e for e in a.events.recent(kind=EventKind.ROUTING_DECISION)]
+        assert events[-1].envelope_id is not None
+        assert events[-1].latency_ms is not None
+
+
+async def test_unknown_agent_and_capability(autojump_clock: Any) -> None:
+    async with swarm(1) as (_, (a,)):
+        await a.add_agent("sun", Inbox(), tier=0)
+        with pytest.raises(LocalError) as info:
+            await a.request("sun", "nobody", None)
+        assert info.value.code is ErrorCode.AGENT_NOT_FOUND
+        with pytest.raises(LocalError) as info:
+            await a.request("sun", "no.such.cap", None, capability=True)
+        assert info.value.code is ErrorCode.CAPABILITY_NOT_FOUND
+
+
+async def test_broadcast_reaches_every_agent_of_the_swarm(autojump_clock: Any) -> None:
+    async with swarm(4) as (_, nodes):
+        inboxes: dict[str, Inbox] = {}
+        await nodes[0].add_agent("sun", Inbox(), tier=0)
+        for i, node in enumerate(nodes):
+            for j in range(2):
+                name = f"agent{i}x{j}"
+                inboxes[name] = Inbox()
+                await node.add_agent(name, inboxes[name], tier=3)
+        for node in nodes[1:]:
+            await nodes[0].connect(node.listen_address)
+        await trio.sleep(1)
+        result = await nodes[0].send(
+            nodes[0].envelope("sun", "*", MessageType.NOTIFICATION, {"go": True})
+        )
+        assert result.path == "broadcast"
+        await trio.sleep(1)
+        assert sorted(result.targets) == sorted(inboxes)
+        for inbox in inboxes.values():
+            assert [e.payload for e in inbox.received] == [{"go": True}]
+
+
+async def test_per_channel_order_is_kept(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (a, b)):
+        inbox = Inbox()
+        await a.add_agent("sun", Inbox(), tier=0)
+        await b.add_agent("io", inbox, tier=3)
+        await connect_all([a, b])
+        for i in range(200):
+            await a.send(a.envelope("sun", "io", MessageType.STREAM_DATA, i))
+        await trio.sleep(1)
+        assert [e.payload for e in inbox.received] == list(range(200))
+
+
+# -- channels: reconnect and delivery failure ----------------------------------------------------
+
+
+async def test_reconnects_after_transport_loss(autojump_clock: Any) -> None:
+    async with swarm(2) as (sim, (a, b)):
+        await a.add_agent("sun", Inbox(), tier=0)
+        await b.add_agent("io", Inbox(), tier=3)
+        await connect_all([a, b])
+        link = a._links[b.peer_id]
+        sim.kill(b.listen_address[0])
+        await trio.sleep(0.01)
+        assert link.state is ChannelState.RECONNECTING
+        sim.revive(b.listen_address[0])
+        reply = await a.request("sun", "io", "after")
+        assert reply.payload == {"echo": "after"}
+        assert link.history[-2:] == [ChannelState.RECONNECTING, ChannelState.OPEN]
+
+
+async def test_delivery_fails_after_retries(autojump_clock: Any) -> None:
+    async with swarm(2) as (sim, (a, b)):
+        await a.add_agent("sun", Inbox(), tier=0)
+        await b.add_agent("io", Inbox(), tier=3)
+        await connect_all([a, b])
+        sim.kill(b.listen_address[0])
+        start = trio.current_time()
+        with pytest.raises(LocalError) as info:
+            await a.send(a.envelope("sun", "io", MessageType.NOTIFICATION, 1))
+        assert info.value.code is ErrorCode.DELIVERY_FAILED
+        assert trio.current_time() - start >= 0.05 + 0.1  # backed off before giving up
+        failed = [e for e in a.events.recent(kind=EventKind.ROUTING_DECISION)]
+        assert failed[-1].code is ErrorCode.DELIVERY_FAILED
+
+
+# -- policy ---------------------------------------------------------------------------------------
+
+
+async def test_tier_violation_on_egress_and_cross_tier_audit(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (a, b)):
+        await a.add_agent("mercury", Inbox(), tier=1)
+        inbox = Inbox()
+        await b.add_agent("io", inbox, tier=3)
+        await connect_all([a, b])
+        with pytest.raises(LocalError) as info:
+            await a.request("mercury", "io", None)
+        assert info.value.code is ErrorCode.TIER_VIOLATION
+        assert a.events.recent(kind=EventKind.SECURITY)[-1].code is ErrorCode.TIER_VIOLATION
+        # L3 may address L1, and L1 may answer the request it accepted.
+        reply = await b.request("io", "mercury", "q")
+        assert reply.sender == "mercury"
+        audits = a.events.recent(kind=EventKind.AUDIT)
+        assert (audits[-1].source_tier, audits[-1].target_tier) == (3, 1)
+
+
+async def test_escalation_required_for_low_to_high_task_proposals(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (a, b)):
+        await a.add_agent("io", Inbox(), tier=3)
+        inbox = Inbox()
+        await b.add_agent("sun", inbox, tier=0)
+        await connect_all([a, b])
+        with pytest.raises(LocalError) as info:
+            await a.send(a.envelope("io", "sun", MessageType.TASK_PROPOSAL, {}))
+        assert info.value.code is ErrorCode.ESCALATION_REQUIRED
+        meta = Metadata(escalation_justification="the build is on fire")
+        await a.send(a.envelope("io", "sun", MessageType.TASK_PROPOSAL, {}, metadata=meta))
+        await trio.sleep(1)
+        assert len(inbox.received) == 1
+
+
+async def test_sandbox_routing_and_discovery(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (a, b)):
+        await a.add_agent("boxed", Inbox(), tier=3, sandbox_id="sb1",
+                          capabilities=(Capability("x", "X"),))  # fmt: skip
+        await a.add_agent("free", Inbox(), tier=3)
+        await b.add_agent("outside", Inbox(), tier=3, capabilities=(Capability("x", "X"),))
+        await b.add_agent("sibling", Inbox(), tier=3, sandbox_id="sb1")
+        await connect_all([a, b])
+        with pytest.raises(LocalError) as info:
+            await a.request("boxed", "outside", None)
+        assert info.value.code is ErrorCode.SANDBOX_VIOLATION
+        assert (await a.request("boxed", "sibling", None)).sender == "sibling"
+        # Capability routing never picks an agent outside the sandbox.
+        with pytest.raises(LocalError):
+            await a.request("boxed", "x", None, capability=True)
+        assert (await a.request("free", "x", None, capability=True)).sender in ("boxed", "outside")
+
+
+# -- hostile peers --------------------------------------------------------------------------------
+
+
+async def test_spoofed_sender_is_rejected_and_reported(autojump_clock: Any) -> None:
+    async with swarm(3) as (_, (victim, honest, evil)):
+        inbox = Inbox()
+        await victim.add_agent("io", inbox, tier=3)
+        await honest.add_agent("sun", Inbox(), tier=0)
+        await evil.add_agent("mallory", Inbox(), tier=3)
+        await honest.connect(victim.listen_address)
+        await evil.connect(victim.listen_address)
+        await trio.sleep(1)
+        forged = evil._factory.create("sun", "io", MessageType.REQUEST, "from sun, honest")
+        await evil._link(victim.peer_id).send(encode_envelope(forged))
+        # A HELLO carrying another peer's card is refused as well.
+        sun_card = honest.local_agent("sun")
+        await evil._link(victim.peer_id).send(encode_hello([sun_card], []))
+        await trio.sleep(1)
+        assert inbox.received == []
+        security = victim.events.recent(kind=EventKind.SECURITY)
+        assert [e.code for e in security].count(ErrorCode.SENDER_MISMATCH) == 2
+        assert all(e.peer == str(evil.peer_id) for e in security)
+        assert victim.registry.get("sun").peer_id == honest.peer_id
+
+
+async def test_ingress_policy_holds_when_a_peer_skips_egress_checks(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (victim, rogue)):
+        inbox = Inbox()
+        await victim.add_agent("io", inbox, tier=3)
+        await rogue.add_agent("mercury", Inbox(), tier=1)
+        await rogue.connect(victim.listen_address)
+        await trio.sleep(1)
+        envelope = rogue.envelope("mercury", "io", MessageType.REQUEST, None)
+        await rogue._link(victim.peer_id).send(encode_envelope(envelope))
+        await trio.sleep(1)
+        assert inbox.received == []
+        assert victim.events.recent(kind=EventKind.SECURITY)[-1].code is ErrorCode.TIER_VIOLATION
+
+
+async def test_authority_swarm_rejects_unendorsed_tier_claims(autojump_clock: Any) -> None:
+    authority = Identity(b"\xaa" * 32)
+    config = dataclasses.replace(FAST, policy=PolicyConfig(authority_key=authority.public_key))
+    async with swarm(3, config) as (_, (hub, member, pretender)):
+        await hub.add_agent("earth", Inbox(), tier=1, authority=authority)
+        await member.add_agent("venus", Inbox(), tier=2, authority=authority)
+        await pretender.add_agent("sun", Inbox(), tier=0)  # claims L0, no endorsement
+        await member.connect(hub.listen_address)
+        await pretender.connect(hub.listen_address)
+        await trio.sleep(1)
+        assert "venus" in hub.registry
+        assert "sun" not in hub.registry
+        codes = [e.code for e in hub.events.recent(kind=EventKind.SECURITY)]
+        assert ErrorCode.INVALID_ENDORSEMENT in codes
+        assert not hub.policy.is_open
+        assert hub.status()["swarm"] == "authority"
+
+
+async def test_garbage_frames_do_not_break_the_node(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (victim, evil)):
+        inbox = Inbox()
+        await victim.add_agent("io", inbox, tier=3)
+        await evil.add_agent("triton", Inbox(), tier=3)
+        await evil.connect(victim.listen_address)
+        await trio.sleep(1)
+        link = evil._link(victim.peer_id)
+        for junk in (b"", b"\x00", b"\x92\x07\x80", b"\xc1" * 10, b"\x92\x01\x81\xa1x\x01"):
+            await link.send(junk)
+        await trio.sleep(1)
+        assert len(victim.events.recent(kind=EventKind.SECURITY)) == 5
+        assert (await evil.request("triton", "io", "still fine")).payload == {"echo": "still fine"}
+
+
+def test_node_config_is_validated() -> None:
+    with pytest.raises(LocalError) as info:
+        NodeConfig(request_timeout=0, card_ttl_seconds=1)
+    assert len(info.value.details["problems"]) == 2
+    with pytest.raises(LocalError):
+        PolicyConfig(tier_rules=(TierRule(9, frozenset()),))
+
+
+async def test_closing_a_node_stops_its_tasks(autojump_clock: Any) -> None:
+    sim = SimNetwork(random.Random(3))
+    host = sim.add_host()
+    config = dataclasses.replace(FAST, listen=(host.host, 7000))
+    async with Node(Identity.generate(), host, config) as node:
+        await node.add_agent("io", Inbox(), tier=3)
+    # The nursery exited: nothing is left running, and the node refuses new work.
+    with pytest.raises(LocalError):
+        await node.add_agent("x", Inbox())
+
+
+def test_remote_error_type_of_policy_denials() -> None:
+    from p2pnode.node.policy import Verdict
+
+    verdict = Verdict(False, ErrorCode.TIER_VIOLATION, "no")
+    assert isinstance(verdict.to_remote_error(), RemoteError)
+    assert isinstance(verdict.to_local_error(), LocalError)
+    _ = trio.testing  # the autojump clock fixture comes from pytest-trio

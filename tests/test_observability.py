@@ -1,0 +1,311 @@
+"""Events, metrics (Properties 17, 31-33), the recent-event ring, listeners and log output."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.envelope import Envelope, MessageType
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.node.observability import (
+    Event,
+    EventKind,
+    JsonLinesFormatter,
+    Observability,
+    Outcome,
+    RoutingPath,
+    configure_logging,
+    percentile,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000
+
+    def __call__(self) -> int:
+        self.now += 1
+        return self.now
+
+
+def envelope(type: MessageType = MessageType.REQUEST, n: int = 1) -> Envelope:
+    return Envelope(f"env-{n}", "venus", "mars", type, 1_700_000_000_000)
+
+
+def quiet_logger() -> logging.Logger:
+    logger = logging.getLogger("tests.observability.quiet")
+    logger.propagate = False
+    logger.setLevel(logging.CRITICAL + 1)
+    return logger
+
+
+# -- metrics equal independently derived counts (Properties 32, 33) ----------------------------
+
+TOOLS = ["search", "summarize", "fetch"]
+CODES = [ErrorCode.DELIVERY_FAILED, ErrorCode.TIER_VIOLATION, ErrorCode.SANDBOX_VIOLATION]
+
+actions = st.one_of(
+    st.tuples(st.just("sent"), st.sampled_from(list(MessageType))),
+    st.tuples(st.just("received"), st.sampled_from(list(MessageType))),
+    st.tuples(
+        st.just("route"),
+        st.sampled_from(list(RoutingPath)),
+        st.sampled_from(list(Outcome)),
+        st.integers(0, 10_000).map(lambda ms: ms / 10),
+    ),
+    st.tuples(st.just("tool"), st.sampled_from(TOOLS), st.integers(0, 5_000), st.booleans()),
+    st.tuples(st.just("error"), st.sampled_from(CODES)),
+    st.tuples(st.just("security"), st.sampled_from(CODES)),
+    st.tuples(st.just("audit"), st.integers(0, 3), st.integers(0, 3)),
+)
+
+WINDOW = 8
+
+
+@settings(max_examples=200)
+@given(st.lists(actions, max_size=60))
+def test_metrics_match_the_event_sequence(seq: list[tuple[Any, ...]]) -> None:
+    obs = Observability(Clock(), recent_size=10_000, logger=quiet_logger(), latency_window=WINDOW)
+    for i, action in enumerate(seq):
+        match action:
+            case ("sent", mtype):
+                obs.message_sent(envelope(mtype, i), RoutingPath.REMOTE, "peer")
+            case ("received", mtype):
+                obs.message_received(envelope(mtype, i), "peer")
+            case ("route", path, outcome, latency):
+                obs.routing_decision(envelope(n=i), path, outcome, latency)
+            case ("tool", tool, duration, ok):
+                obs.tool_invocation(tool, "venus", duration, ok)
+            case ("error", code):
+                obs.error(code, "failed")
+            case ("security", code):
+                obs.security(code, "refused", "peer", envelope(n=i))
+            case ("audit", s, t):
+                obs.audit_cross_tier(envelope(n=i), s, t)
+
+    m = obs.metrics()
+    sent = [a[1] for a in seq if a[0] == "sent"]
+    received = [a[1] for a in seq if a[0] == "received"]
+    routes = [a for a in seq if a[0] == "route"]
+    tools = [a for a in seq if a[0] == "tool"]
+    assert m.messages_sent == len(sent)
+    assert m.messages_received == len(received)
+    for mtype in MessageType:
+        assert m.sent_by_type.get(mtype, 0) == sent.count(mtype)
+        assert m.received_by_type.get(mtype, 0) == received.count(mtype)
+        assert m.messages_by_type.get(mtype, 0) == sent.count(mtype) + received.count(mtype)
+    assert m.routing_decisions == len(routes)
+    for path in RoutingPath:
+        assert m.routing_by_path.get(path, 0) == sum(1 for r in routes if r[1] == path)
+    for outcome in Outcome:
+        assert m.routing_by_outcome.get(outcome, 0) == sum(1 for r in routes if r[2] == outcome)
+    latencies = [r[3] for r in routes]
+    if latencies:
+        assert math.isclose(m.routing_latency_avg_ms, sum(latencies) / len(latencies))
+        window = sorted(latencies[-WINDOW:])
+        assert m.routing_latency_p50_ms == window[math.ceil(len(window) * 0.5) - 1]
+        assert m.routing_latency_p99_ms == window[math.ceil(len(window) * 0.99) - 1]
+    else:
+        assert m.routing_latency_avg_ms == m.routing_latency_p50_ms == 0.0
+    assert m.errors == sum(1 for a in seq if a[0] == "error")
+    assert m.security_events == sum(1 for a in seq if a[0] == "security")
+    for code in CODES:
+        assert m.errors_by_code.get(code, 0) == seq.count(("error", code))
+        assert m.security_by_code.get(code, 0) == seq.count(("security", code))
+    assert m.audit_events == sum(1 for a in seq if a[0] == "audit")
+    assert m.tool_invocations == len(tools)
+    for tool in TOOLS:
+        assert m.tool_invocations_by_tool.get(tool, 0) == sum(1 for a in tools if a[1] == tool)
+    assert m.tool_errors == sum(1 for a in tools if not a[3])
+    if tools:
+        assert math.isclose(m.tool_duration_avg_ms, sum(a[2] for a in tools) / len(tools))
+    assert len(obs.recent()) == len(seq)
+    # The plain form is JSON data.
+    assert json.loads(json.dumps(m.to_dict()))["totalMessagesSent"] == len(sent)
+
+
+@given(st.lists(st.floats(0, 1e6), min_size=1, max_size=50), st.sampled_from([1, 50, 90, 99, 100]))
+def test_percentile_is_nearest_rank(samples: list[float], q: int) -> None:
+    p = percentile(samples, q)
+    assert p in samples
+    need = math.ceil(q / 100 * len(samples))
+    assert sum(1 for x in samples if x <= p) >= need
+    assert sum(1 for x in samples if x < p) < need
+
+
+def test_reset_metrics_keeps_recent_events() -> None:
+    obs = Observability(Clock(), logger=quiet_logger())
+    obs.message_sent(envelope())
+    obs.tool_invocation("search", "venus", 3, False)
+    obs.reset_metrics()
+    m = obs.metrics()
+    assert (m.messages_sent, m.tool_invocations, m.tool_errors) == (0, 0, 0)
+    assert len(obs.recent()) == 2
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+def test_routing_event_carries_property_17_fields() -> None:
+    obs = Observability(Clock(), logger=quiet_logger())
+    env = envelope(MessageType.TASK_PROPOSAL)
+    e = obs.routing_decision(
+        env, RoutingPath.LOCAL, Outcome.DELIVERED, 1.5, target="mars-2", peer="p1"
+    )
+    assert e.to_dict() == {
+        "kind": "routing-decision",
+        "timestamp": 1_001,
+        "envelopeId": "env-1",
+        "sender": "venus",
+        "recipient": "mars-2",
+        "messageType": "task-proposal",
+        "path": "local",
+        "latencyMs": 1.5,
+        "outcome": "delivered",
+        "peer": "p1",
+    }
+
+
+def test_audit_and_security_events() -> None:
+    obs = Observability(Clock(), logger=quiet_logger())
+    audit = obs.audit_cross_tier(envelope(MessageType.NOTIFICATION), 0, 3)
+    assert audit.to_dict() | {"timestamp": 0} == {
+        "kind": "audit",
+        "timestamp": 0,
+        "envelopeId": "env-1",
+        "sender": "venus",
+        "recipient": "mars",
+        "messageType": "notification",
+        "sourceTier": 0,
+        "targetTier": 3,
+    }
+    sec = obs.security(ErrorCode.SANDBOX_VIOLATION, "no", peer="p9")
+    assert sec.to_dict()["code"] == "SANDBOX_VIOLATION" and sec.envelope_id is None
+    assert obs.recent(kind=EventKind.AUDIT) == [audit]
+
+
+def test_recent_is_bounded_and_ordered() -> None:
+    obs = Observability(Clock(), recent_size=5, logger=quiet_logger())
+    events = [obs.message_sent(envelope(n=i)) for i in range(12)]
+    assert obs.recent() == events[-5:]
+    assert obs.recent(limit=2) == events[-2:]
+    assert obs.recent(limit=0) == []
+    assert obs.recent(kind=EventKind.ERROR) == []
+    # Counters are exact totals even though the ring forgot events.
+    assert obs.metrics().messages_sent == 12
+
+
+def test_sizes_are_validated() -> None:
+    with pytest.raises(LocalError):
+        Observability(Clock(), recent_size=0)
+    with pytest.raises(LocalError):
+        Observability(Clock(), latency_window=0)
+
+
+# -- listeners ---------------------------------------------------------------------------------
+
+
+def test_listeners_are_called_and_removed(caplog: pytest.LogCaptureFixture) -> None:
+    obs = Observability(Clock())
+    seen: list[Event] = []
+    obs.add_listener(seen.append)
+    first = obs.message_received(envelope())
+    assert seen == [first]
+
+    def broken(event: Event) -> None:
+        raise RuntimeError("listener bug")
+
+    obs.add_listener(broken)
+    later: list[Event] = []
+    obs.add_listener(later.append)
+    with caplog.at_level(logging.ERROR, logger="p2pnode.events"):
+        second = obs.error(ErrorCode.DELIVERY_FAILED, "gone")
+    # The broken listener is logged and does not stop the others.
+    assert seen == [first, second] and later == [second]
+    assert any("listener" in r.getMessage() and r.exc_info for r in caplog.records)
+    obs.remove_listener(seen.append)
+    obs.remove_listener(broken)
+    obs.message_sent(envelope())
+    assert len(seen) == 2 and len(later) == 2
+    with pytest.raises(LocalError):
+        obs.remove_listener(broken)
+
+
+# -- logging -----------------------------------------------------------------------------------
+
+
+def test_events_are_logged_with_levels_and_extra(caplog: pytest.LogCaptureFixture) -> None:
+    obs = Observability(Clock())
+    with caplog.at_level(logging.INFO, logger="p2pnode.events"):
+        sent = obs.message_sent(envelope(), RoutingPath.REMOTE, "peer-1")
+        sec = obs.security(ErrorCode.TIER_VIOLATION, "L1 to L3", "peer-2")
+        err = obs.error(ErrorCode.DELIVERY_FAILED, "retries exhausted")
+    records = [r for r in caplog.records if r.name == "p2pnode.events"]
+    assert [r.levelno for r in records] == [logging.INFO, logging.WARNING, logging.WARNING]
+    assert [getattr(r, "event", None) for r in records] == [
+        sent.to_dict(),
+        sec.to_dict(),
+        err.to_dict(),
+    ]
+    assert "id=env-1" in records[0].getMessage() and "peer=peer-1" in records[0].getMessage()
+
+
+@pytest.fixture
+def p2p_logger() -> Iterator[logging.Logger]:
+    logger = logging.getLogger("p2pnode")
+    handlers, level = list(logger.handlers), logger.level
+    yield logger
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+def test_json_lines_output_parses_and_carries_the_event(p2p_logger: logging.Logger) -> None:
+    out = io.StringIO()
+    configure_logging("info", json_lines=True, stream=out)
+    obs = Observability(Clock())
+    sent = obs.message_sent(envelope(MessageType.STREAM_DATA), RoutingPath.BROADCAST)
+    tool = obs.tool_invocation("search\nnewline", "venus", 12.5, True)
+    logging.getLogger("p2pnode.other").debug("not shown at INFO")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    first, second = (json.loads(line) for line in lines)
+    assert first["event"] == sent.to_dict() and first["level"] == "INFO"
+    assert first["logger"] == "p2pnode.events" and "message-sent" in first["message"]
+    assert first["time"].endswith("+00:00")
+    assert second["event"] == tool.to_dict() and second["event"]["tool"] == "search\nnewline"
+
+
+def test_json_formatter_plain_record_and_exception() -> None:
+    record = logging.LogRecord("p2pnode.x", logging.ERROR, __file__, 1, "boom %d", (7,), None)
+    plain = json.loads(JsonLinesFormatter().format(record))
+    assert datetime.fromisoformat(plain.pop("time")).utcoffset() == timedelta(0)
+    assert plain == {"level": "ERROR", "logger": "p2pnode.x", "message": "boom 7"}
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    line = JsonLinesFormatter().format(record)
+    assert "\n" not in line and "ValueError: bad" in json.loads(line)["exc"]
+
+
+def test_configure_logging_replaces_its_handler(p2p_logger: logging.Logger) -> None:
+    out = io.StringIO()
+    configure_logging("DEBUG", stream=io.StringIO())
+    handler = configure_logging("WARNING", stream=out)
+    ours = [h for h in p2p_logger.handlers if getattr(h, "_p2pnode_configured", False)]
+    assert ours == [handler] and p2p_logger.level == logging.WARNING
+    logging.getLogger("p2pnode.events").warning("careful")
+    assert out.getvalue().rstrip().endswith("WARNING p2pnode.events: careful")
+    with pytest.raises(LocalError) as info:
+        configure_logging("LOUD")
+    assert info.value.code == ErrorCode.CONFIG_ERROR

@@ -1,0 +1,68 @@
+"""Tool registry and invocation records (Property 34)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.tools import Tool, ToolInvocation, ToolRegistry
+from tests.strategies import ident_text, json_values
+
+records = st.builds(
+    ToolInvocation,
+    tool=ident_text,
+    agent_id=ident_text,
+    arguments=json_values,
+    result=json_values,
+    error=st.none() | st.text(max_size=20),
+    duration_ms=st.floats(0, 1e6, allow_nan=False) | st.integers(0, 10**6),
+    started_at=st.integers(0, 2**45),
+)
+
+
+@settings(max_examples=200)
+@given(records)
+def test_invocation_record_json_round_trip(record: ToolInvocation) -> None:
+    assert ToolInvocation.from_json_untrusted(record.to_json()) == record
+
+
+@settings(max_examples=200)
+@given(st.text(max_size=80))
+def test_garbage_records_raise_remote_error(text: str) -> None:
+    try:
+        ToolInvocation.from_json_untrusted(text)
+    except RemoteError as exc:
+        assert exc.code is ErrorCode.MALFORMED_MESSAGE
+
+
+def test_wrong_types_rejected() -> None:
+    good = ToolInvocation("t", "a", {}, None, None, 1.0, 5).to_json()
+    for bad in (
+        good.replace('"startedAt":5', '"startedAt":"5"'),
+        good.replace('"tool":"t"', '"tool":1'),
+    ):
+        with pytest.raises(RemoteError):
+            ToolInvocation.from_json_untrusted(bad)
+
+
+async def _echo(arguments: Mapping[str, Any]) -> Any:
+    return dict(arguments)
+
+
+async def test_registry_namespaces_and_rejects_duplicates() -> None:
+    registry = ToolRegistry()
+    registry.register(Tool("venus", "search"), _echo)
+    registry.register(Tool("mars", "search"), _echo)
+    with pytest.raises(LocalError) as info:
+        registry.register(Tool("venus", "search"), _echo)
+    assert info.value.code is ErrorCode.DUPLICATE_TOOL
+    assert [t.qualified_name for t in registry.list()] == ["mars.search", "venus.search"]
+    assert await registry.handler("venus.search")({"q": 1}) == {"q": 1}
+    registry.unregister_agent("venus")
+    with pytest.raises(LocalError):
+        registry.handler("venus.search")
