@@ -126,7 +126,9 @@ class ProviderInfo:
         try:
             obj = unpack_untrusted(data, _PAYLOAD_LIMITS)
         except WireError as exc:
-            raise RecordError(ErrorCode.INVALID_RECORD, f"provider payload: {exc.message}") from None
+            raise RecordError(
+                ErrorCode.INVALID_RECORD, f"provider payload: {exc.message}"
+            ) from None
         if not isinstance(obj, dict) or set(obj) != {"cap", "agent", "addrs"}:
             raise RecordError(ErrorCode.INVALID_RECORD, "provider payload fields")
         cap, agent, addrs = obj["cap"], obj["agent"], obj["addrs"]
@@ -184,7 +186,16 @@ class SignedRecord:
             signing_input(kind.value, key, identity.public_key, revision, expires_at, payload)
         )
         enc = pack(
-            [RECORD_FORMAT, kind.value, key, identity.public_key, revision, expires_at, payload, sig]
+            [
+                RECORD_FORMAT,
+                kind.value,
+                key,
+                identity.public_key,
+                revision,
+                expires_at,
+                payload,
+                sig,
+            ]
         )
         return cls(kind, key, identity.public_key, revision, expires_at, payload, sig, enc)
 
