@@ -307,7 +307,10 @@ class DhtNode:
             self.stats.records_rejected += rejected
             log.info("dht.records_rejected peer=%s:%s count=%d", source[0], source[1], rejected)
         self.records.put(key, recs, now_ms)
-        return bool(recs)
+        # True when at least one record of the value is what we now hold
+        # (taken, or already held); a replay or a value of stale revisions is False.
+        held = {r.encoded for r in self.records.get(key, now_ms)}
+        return any(r.encoded in held for r in recs)
 
     def _rpc_find_node(self, source: Address, args: list[Any]) -> Any:
         node_id, key = rpcwire.parse_find_args_untrusted(args)

@@ -48,6 +48,7 @@ def make_card(
     return card.signed(owner)
 
 
+DEFAULT_LINK = LinkConditions(latency=0.02, jitter=0.01)
 FAST = DhtConfig(maintenance_interval=60.0, refresh_interval=600.0, republish_interval=1200.0)
 
 
@@ -57,7 +58,7 @@ async def swarm(
     *,
     seed: int = 1,
     config: DhtConfig = FAST,
-    conditions: LinkConditions = LinkConditions(latency=0.02, jitter=0.01),
+    conditions: LinkConditions = DEFAULT_LINK,
 ) -> AsyncIterator[tuple[SimNetwork, list[DhtNode]]]:
     """``n`` nodes with identities on a simulated network, each bootstrapped off node 0."""
     rng = random.Random(seed)
