@@ -1,0 +1,1 @@
+"""Kademlia DHT: routing table, iterative lookups, UDP RPC and signed records."""

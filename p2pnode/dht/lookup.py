@@ -1,0 +1,235 @@
+"""Iterative node lookup (sans-IO) with adaptive per-RPC timeouts.
+
+Theory of operation (Kademlia §2.3, with the "strict parallelism" of §4.1
+instead of lockstep rounds):
+
+* The lookup keeps every contact it has heard of, ordered by XOR distance to
+  the target, each in a :class:`PeerState`.
+* The *shortlist* is the ``k`` nearest contacts that have not failed and
+  are not known to be slow. :meth:`Lookup.next_requests` keeps ``alpha``
+  requests in flight at all times, always to the nearest not-yet-asked
+  contact of the shortlist: an answer frees one slot and the driver asks the
+  next contact at once, without waiting for the rest of a round.
+* Each request gets a deadline ``now + rto``, with ``rto`` from an
+  :class:`RttEstimator` (RFC 6298: ``srtt + 4·rttvar``, clamped). When the
+  deadline passes (:meth:`Lookup.handle_timer`), the contact becomes
+  ``SLOW``: its slot is freed and it leaves the shortlist, so a slow or dead
+  node never holds the lookup back beyond its timeout. A late answer from a
+  slow contact is still used.
+* The lookup is done when every contact of the shortlist has answered (the
+  ``k`` nearest seen have all answered), when no contact is left to ask, or
+  when ``max_queries`` requests were sent (a bound against hostile replies
+  that keep inventing nearer ids). The driver may also :meth:`Lookup.finish`
+  early (a value lookup that found what it wanted).
+
+No clock reads: every method that needs the time takes ``now``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from p2pnode.dht.routing import Contact, id_int
+
+
+class RttEstimator:
+    """Retransmission timeout from measured round-trip times (RFC 6298 §2)."""
+
+    __slots__ = ("_initial", "ceiling", "floor", "rttvar", "srtt")
+
+    def __init__(self, *, initial: float = 1.0, floor: float = 0.05, ceiling: float = 5.0) -> None:
+        self.srtt: float | None = None
+        self.rttvar = initial / 2
+        self.floor = floor
+        self.ceiling = ceiling
+        self._initial = initial
+
+    def sample(self, rtt: float) -> None:
+        """Feed one measured round-trip time (seconds) of an answered request."""
+        if self.srtt is None:
+            self.srtt = rtt
+            self.rttvar = rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+
+    def timeout(self) -> float:
+        """The current per-request timeout, clamped to ``[floor, ceiling]``."""
+        rto = self._initial if self.srtt is None else self.srtt + 4 * self.rttvar
+        return min(self.ceiling, max(self.floor, rto))
+
+
+class PeerState(enum.Enum):
+    """Where a contact stands in one lookup."""
+
+    CANDIDATE = "candidate"  # heard of, not asked yet
+    IN_FLIGHT = "in_flight"  # asked, waiting, within its deadline
+    SLOW = "slow"  # asked, deadline passed; a late answer is still welcome
+    ANSWERED = "answered"
+    FAILED = "failed"  # the driver gave up on it (hard timeout or bad reply)
+
+
+# Legal transitions (state machine as data); anything else is ignored.
+_TRANSITIONS: dict[PeerState, frozenset[PeerState]] = {
+    PeerState.CANDIDATE: frozenset({PeerState.IN_FLIGHT}),
+    PeerState.IN_FLIGHT: frozenset({PeerState.SLOW, PeerState.ANSWERED, PeerState.FAILED}),
+    PeerState.SLOW: frozenset({PeerState.ANSWERED, PeerState.FAILED}),
+    PeerState.ANSWERED: frozenset(),
+    PeerState.FAILED: frozenset(),
+}
+
+_SHORTLISTED = (PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED)
+
+
+@dataclass(slots=True)
+class _Entry:
+    contact: Contact
+    dist: int
+    state: PeerState = PeerState.CANDIDATE
+    deadline: float = 0.0
+    sent_at: float = 0.0
+
+
+class Lookup:
+    """One iterative lookup for ``target`` (sans-IO)."""
+
+    def __init__(
+        self,
+        target: bytes,
+        seeds: Iterable[Contact],
+        *,
+        rtt: RttEstimator,
+        own_id: bytes | None = None,
+        k: int = 20,
+        alpha: int = 3,
+        max_queries: int = 256,
+    ) -> None:
+        self.target = target
+        self.k = k
+        self.alpha = alpha
+        self.max_queries = max_queries
+        self.queries = 0
+        self._t = id_int(target)
+        self._rtt = rtt
+        self._own = own_id
+        self._entries: dict[bytes, _Entry] = {}
+        self._order: list[tuple[int, bytes]] = []  # (distance, id), sorted
+        self._finished = False
+        self.add_contacts(seeds)
+
+    # ------------------------------------------------------------------ inputs
+
+    def add_contacts(self, contacts: Iterable[Contact]) -> None:
+        """Merge newly heard-of contacts (duplicates and our own id ignored)."""
+        for c in contacts:
+            if c.node_id == self._own or c.node_id in self._entries:
+                continue
+            d = id_int(c.node_id) ^ self._t
+            self._entries[c.node_id] = _Entry(c, d)
+            bisect.insort(self._order, (d, c.node_id))
+
+    def handle_response(self, node_id: bytes, contacts: Iterable[Contact], now: float) -> None:
+        """``node_id`` answered (possibly late) and named ``contacts``."""
+        e = self._entries.get(node_id)
+        if e is None or not self._move(e, PeerState.ANSWERED):
+            return
+        if e.sent_at <= now:
+            self._rtt.sample(now - e.sent_at)
+        self.add_contacts(contacts)
+
+    def handle_failure(self, node_id: bytes) -> None:
+        """The driver gave up on ``node_id`` (hard timeout, bad reply)."""
+        e = self._entries.get(node_id)
+        if e is not None:
+            self._move(e, PeerState.FAILED)
+
+    def handle_timer(self, now: float) -> None:
+        """Mark requests whose deadline passed as slow, freeing their slots."""
+        for e in self._entries.values():
+            if e.state is PeerState.IN_FLIGHT and e.deadline <= now:
+                self._move(e, PeerState.SLOW)
+
+    def finish(self) -> None:
+        """Stop early: :attr:`done` becomes true and no more requests are issued."""
+        self._finished = True
+
+    # ------------------------------------------------------------------ outputs
+
+    def next_requests(self, now: float) -> list[Contact]:
+        """Contacts to ask now; each is marked in flight with a fresh deadline."""
+        if self.done:
+            return []
+        in_flight = sum(1 for e in self._entries.values() if e.state is PeerState.IN_FLIGHT)
+        out: list[Contact] = []
+        rto = self._rtt.timeout()
+        for e in self._shortlist():
+            if in_flight >= self.alpha or self.queries >= self.max_queries:
+                break
+            if e.state is PeerState.CANDIDATE:
+                self._move(e, PeerState.IN_FLIGHT)
+                e.sent_at = now
+                e.deadline = now + rto
+                in_flight += 1
+                self.queries += 1
+                out.append(e.contact)
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a request in flight, or None."""
+        deadlines = [e.deadline for e in self._entries.values() if e.state is PeerState.IN_FLIGHT]
+        return min(deadlines) if deadlines else None
+
+    @property
+    def done(self) -> bool:
+        """True when the lookup has converged, run dry, hit its bound or was finished."""
+        if self._finished:
+            return True
+        short = self._shortlist()
+        if all(e.state is PeerState.ANSWERED for e in short):
+            return True
+        waiting = any(e.state is PeerState.IN_FLIGHT for e in self._entries.values())
+        return bool(
+            not waiting
+            and (
+                self.queries >= self.max_queries
+                or not any(e.state is PeerState.CANDIDATE for e in short)
+            )
+        )
+
+    def closest_answered(self, count: int | None = None) -> list[Contact]:
+        """The nearest contacts that answered, nearest first (the lookup's result)."""
+        n = self.k if count is None else count
+        out = []
+        for _, nid in self._order:
+            e = self._entries[nid]
+            if e.state is PeerState.ANSWERED:
+                out.append(e.contact)
+                if len(out) >= n:
+                    break
+        return out
+
+    def state_of(self, node_id: bytes) -> PeerState | None:
+        """The state of ``node_id`` in this lookup (for tests and statistics)."""
+        e = self._entries.get(node_id)
+        return None if e is None else e.state
+
+    # ------------------------------------------------------------------ internals
+
+    def _shortlist(self) -> list[_Entry]:
+        out = []
+        for _, nid in self._order:
+            e = self._entries[nid]
+            if e.state in _SHORTLISTED:
+                out.append(e)
+                if len(out) >= self.k:
+                    break
+        return out
+
+    def _move(self, e: _Entry, new: PeerState) -> bool:
+        if new not in _TRANSITIONS[e.state]:
+            return False
+        e.state = new
+        return True

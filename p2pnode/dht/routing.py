@@ -1,0 +1,285 @@
+"""Kademlia routing table (sans-IO): k-buckets, liveness checks, replacement cache.
+
+Theory of operation (Maymounkov & Mazières, "Kademlia", 2002):
+
+* Ids are 160-bit; distance is XOR (§2.1). The table is a sorted list of
+  buckets, each covering a half-open id range ``[lo, hi)`` and holding at most
+  ``k`` contacts ordered least-recently seen first (§2.2).
+* A bucket that is full and covers our own id splits in two (§2.4); so do
+  full buckets whose depth is not a multiple of ``b = 5`` (the relaxation of
+  §4.2 that the stock ``kademlia`` package also uses), which keeps the table
+  well populated near and far from us.
+* A new contact for a full bucket that cannot split is not inserted directly:
+  it goes to the bucket's replacement cache and the table asks the driver to
+  ping the least-recently-seen contact (:meth:`RoutingTable.observe` returns
+  it). The driver reports with :meth:`RoutingTable.ping_result`: alive moves the
+  old contact to the tail (old contacts are preferred, §2.2), dead evicts it
+  and promotes the freshest replacement (§4.1).
+* RPC timeouts are reported with :meth:`RoutingTable.record_failure`. A
+  contact is evicted after ``max_failures`` consecutive failures, or after one
+  when a replacement is waiting (§4.1: "a node ... can be removed
+  immediately" only when there is someone to replace it).
+* Buckets not touched for a refresh interval are reported by
+  :meth:`RoutingTable.stale_buckets` so the driver can look up a random id in
+  them (§2.3).
+
+Ids are raw 20-byte strings, so p2pnode peer ids and the SHA-1 ids of stock
+``kademlia`` nodes mix freely. No clock reads: every call that needs the time
+takes ``now``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from p2pnode.errors import ErrorCode, LocalError
+
+ID_BYTES = 20
+ID_BITS = 160
+_SPACE = 1 << ID_BITS
+_SPLIT_B = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Contact:
+    """A node as the routing table knows it: id and UDP address."""
+
+    node_id: bytes
+    host: str
+    port: int
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The ``(host, port)`` to send datagrams to."""
+        return (self.host, self.port)
+
+
+def id_int(node_id: bytes) -> int:
+    """An id as a big-endian integer."""
+    return int.from_bytes(node_id, "big")
+
+
+def distance(a: bytes, b: bytes) -> int:
+    """XOR distance between two 20-byte ids (Kademlia §2.1)."""
+    return int.from_bytes(a, "big") ^ int.from_bytes(b, "big")
+
+
+class _Bucket:
+    __slots__ = ("contacts", "failures", "hi", "last_touched", "lo", "pinging", "replacements")
+
+    def __init__(self, lo: int, hi: int, now: float) -> None:
+        self.lo = lo
+        self.hi = hi
+        # dicts keep insertion order: the first entry is the least recently seen.
+        self.contacts: dict[bytes, Contact] = {}
+        self.replacements: dict[bytes, Contact] = {}
+        self.failures: dict[bytes, int] = {}
+        self.last_touched = now
+        self.pinging: bytes | None = None
+
+    def depth(self) -> int:
+        return ID_BITS - (self.hi - self.lo).bit_length() + 1
+
+
+class RoutingTable:
+    """k-bucket routing table around ``own_id``.
+
+    Raises LocalError(INVALID_ARGUMENT) for ids that are not 20 bytes.
+    """
+
+    def __init__(
+        self,
+        own_id: bytes,
+        *,
+        k: int = 20,
+        replacement_size: int = 20,
+        max_failures: int = 2,
+        now: float = 0.0,
+    ) -> None:
+        _check_id(own_id)
+        self.own_id = own_id
+        self.k = k
+        self.replacement_size = replacement_size
+        self.max_failures = max_failures
+        self._own = id_int(own_id)
+        self._buckets: list[_Bucket] = [_Bucket(0, _SPACE, now)]
+        self._los: list[int] = [0]
+
+    # ------------------------------------------------------------------ queries
+
+    def __len__(self) -> int:
+        return sum(len(b.contacts) for b in self._buckets)
+
+    def __contains__(self, node_id: object) -> bool:
+        if not isinstance(node_id, bytes) or len(node_id) != ID_BYTES:
+            return False
+        return node_id in self._bucket_for(id_int(node_id)).contacts
+
+    def get(self, node_id: bytes) -> Contact | None:
+        """The contact with ``node_id``, if in the table."""
+        return self._bucket_for(id_int(node_id)).contacts.get(node_id)
+
+    def contacts(self) -> list[Contact]:
+        """Every contact, bucket by bucket, least recently seen first."""
+        return [c for b in self._buckets for c in b.contacts.values()]
+
+    def bucket_count(self) -> int:
+        """Number of buckets (for tests and statistics)."""
+        return len(self._buckets)
+
+    def closest(
+        self,
+        target: bytes,
+        count: int | None = None,
+        *,
+        exclude: Callable[[Contact], bool] | None = None,
+    ) -> list[Contact]:
+        """The ``count`` (default k) contacts nearest ``target`` by XOR, nearest first."""
+        _check_id(target)
+        t = id_int(target)
+        n = self.k if count is None else count
+        pool: Iterable[Contact] = (c for b in self._buckets for c in b.contacts.values())
+        if exclude is not None:
+            pool = (c for c in pool if not exclude(c))
+        return heapq.nsmallest(n, pool, key=lambda c: id_int(c.node_id) ^ t)
+
+    def stale_buckets(self, now: float, interval: float) -> list[tuple[int, int]]:
+        """``[lo, hi)`` ranges of buckets untouched for ``interval`` (Kademlia §2.3)."""
+        return [(b.lo, b.hi) for b in self._buckets if now - b.last_touched >= interval]
+
+    def touch_range(self, target: bytes, now: float) -> None:
+        """Mark the bucket covering ``target`` as refreshed (a lookup for it ran)."""
+        self._bucket_for(id_int(target)).last_touched = now
+
+    # ------------------------------------------------------------------ updates
+
+    def observe(self, contact: Contact, now: float) -> Contact | None:
+        """Record that ``contact`` sent us a valid message or reply.
+
+        Returns a contact the driver should ping (the least recently seen of a
+        full bucket) and report with :meth:`ping_result`, or None.
+        """
+        _check_id(contact.node_id)
+        if contact.node_id == self.own_id:
+            return None
+        n = id_int(contact.node_id)
+        while True:
+            bucket = self._bucket_for(n)
+            known = bucket.contacts.get(contact.node_id)
+            if known is not None:
+                if known.address != contact.address:
+                    # Do not let anyone re-point a known id; the old address
+                    # keeps it until it stops answering.
+                    self._add_replacement(bucket, contact)
+                    return None
+                del bucket.contacts[contact.node_id]
+                bucket.contacts[contact.node_id] = known
+                bucket.failures.pop(contact.node_id, None)
+                bucket.last_touched = now
+                return None
+            if len(bucket.contacts) < self.k:
+                bucket.contacts[contact.node_id] = contact
+                bucket.replacements.pop(contact.node_id, None)
+                bucket.last_touched = now
+                return None
+            splittable = bucket.lo <= self._own < bucket.hi or bucket.depth() % _SPLIT_B != 0
+            if splittable and bucket.hi - bucket.lo > 1:
+                self._split(bucket)
+                continue
+            self._add_replacement(bucket, contact)
+            if bucket.pinging is None:
+                head = next(iter(bucket.contacts.values()))
+                bucket.pinging = head.node_id
+                return head
+            return None
+
+    def ping_result(self, node_id: bytes, alive: bool, now: float) -> None:
+        """Report the outcome of a liveness ping requested by :meth:`observe`."""
+        bucket = self._bucket_for(id_int(node_id))
+        if bucket.pinging == node_id:
+            bucket.pinging = None
+        known = bucket.contacts.get(node_id)
+        if known is None:
+            return
+        if alive:
+            self.observe(known, now)
+        else:
+            self._evict(bucket, node_id)
+
+    def record_failure(self, node_id: bytes) -> None:
+        """Report that an RPC to ``node_id`` timed out."""
+        bucket = self._bucket_for(id_int(node_id))
+        if node_id not in bucket.contacts:
+            bucket.replacements.pop(node_id, None)
+            return
+        fails = bucket.failures.get(node_id, 0) + 1
+        bucket.failures[node_id] = fails
+        if fails >= self.max_failures or bucket.replacements:
+            self._evict(bucket, node_id)
+
+    def remove(self, node_id: bytes) -> None:
+        """Drop ``node_id`` from the table (and its replacement cache)."""
+        bucket = self._bucket_for(id_int(node_id))
+        if node_id in bucket.contacts:
+            self._evict(bucket, node_id)
+        bucket.replacements.pop(node_id, None)
+
+    # ------------------------------------------------------------------ internals
+
+    def _bucket_for(self, n: int) -> _Bucket:
+        return self._buckets[bisect.bisect_right(self._los, n) - 1]
+
+    def _add_replacement(self, bucket: _Bucket, contact: Contact) -> None:
+        bucket.replacements.pop(contact.node_id, None)
+        bucket.replacements[contact.node_id] = contact
+        while len(bucket.replacements) > self.replacement_size:
+            del bucket.replacements[next(iter(bucket.replacements))]
+
+    def _evict(self, bucket: _Bucket, node_id: bytes) -> None:
+        bucket.contacts.pop(node_id, None)
+        bucket.failures.pop(node_id, None)
+        if bucket.pinging == node_id:
+            bucket.pinging = None
+        if bucket.replacements:
+            # The freshest replacement is the likeliest to be alive (§4.1).
+            rid = next(reversed(bucket.replacements))
+            bucket.contacts[rid] = bucket.replacements.pop(rid)
+
+    def _split(self, bucket: _Bucket) -> None:
+        mid = (bucket.lo + bucket.hi) // 2
+        low = _Bucket(bucket.lo, mid, bucket.last_touched)
+        high = _Bucket(mid, bucket.hi, bucket.last_touched)
+        for src, dst_attr in ((bucket.contacts, "contacts"), (bucket.replacements, "replacements")):
+            for cid, c in src.items():
+                target = low if id_int(cid) < mid else high
+                getattr(target, dst_attr)[cid] = c
+        for cid, f in bucket.failures.items():
+            (low if id_int(cid) < mid else high).failures[cid] = f
+        for half in (low, high):
+            # Keep replacement caches bounded after the move.
+            while len(half.replacements) > self.replacement_size:
+                del half.replacements[next(iter(half.replacements))]
+            # A replacement may fit now that the bucket has room.
+            while half.replacements and len(half.contacts) < self.k:
+                rid = next(reversed(half.replacements))
+                half.contacts[rid] = half.replacements.pop(rid)
+        if bucket.pinging is not None:
+            holder = low if id_int(bucket.pinging) < mid else high
+            holder.pinging = bucket.pinging
+        i = self._buckets.index(bucket)
+        self._buckets[i : i + 1] = [low, high]
+        self._los[i : i + 1] = [low.lo, high.lo]
+
+
+def random_id_in_range(lo: int, hi: int, rng: random.Random) -> bytes:
+    """A uniformly random 20-byte id in ``[lo, hi)``, for bucket refresh."""
+    return rng.randrange(lo, hi).to_bytes(ID_BYTES, "big")
+
+
+def _check_id(node_id: bytes) -> None:
+    if not isinstance(node_id, bytes) or len(node_id) != ID_BYTES:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "Kademlia ids are exactly 20 bytes")

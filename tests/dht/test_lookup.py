@@ -1,0 +1,149 @@
+"""Lookup core driven by a discrete-event model of a network (no trio)."""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.dht.lookup import Lookup, PeerState, RttEstimator
+from p2pnode.dht.routing import Contact, distance
+
+
+def _contacts(rng: random.Random, n: int) -> list[Contact]:
+    return [Contact(rng.randbytes(20), "10.0.0.1", i + 1) for i in range(n)]
+
+
+def _drive(
+    lookup: Lookup,
+    everyone: list[Contact],
+    latency: dict[bytes, float | None],
+    k: int,
+    alpha: int,
+) -> float:
+    """Run ``lookup`` to completion; each node answers with its true k closest."""
+    now = 0.0
+    events: list[tuple[float, int, bytes]] = []
+    seq = 0
+    while not lookup.done:
+        for c in lookup.next_requests(now):
+            lat = latency[c.node_id]
+            if lat is not None:
+                heapq.heappush(events, (now + lat, seq, c.node_id))
+                seq += 1
+        in_flight = sum(1 for c in everyone if lookup.state_of(c.node_id) is PeerState.IN_FLIGHT)
+        assert in_flight <= alpha
+        deadline = lookup.next_deadline()
+        if lookup.done:
+            break
+        if events and (deadline is None or events[0][0] <= deadline):
+            now, _, nid = heapq.heappop(events)
+            # A node names the k closest it knows, dead ones included, plus the
+            # k closest live ones (its table is partly refreshed).
+            ranked = sorted(everyone, key=lambda c: distance(c.node_id, lookup.target))
+            live = [c for c in ranked if latency[c.node_id] is not None]
+            named = [c for c in ranked[:k] + live[:k] if c.node_id != nid]
+            lookup.handle_response(nid, named, now)
+        elif deadline is not None:
+            now = deadline
+            lookup.handle_timer(now)
+        else:
+            break
+    return now
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 150))
+def test_finds_true_closest_when_all_alive(seed: int, n: int) -> None:
+    rng = random.Random(seed)
+    everyone = _contacts(rng, n)
+    target = rng.randbytes(20)
+    latency: dict[bytes, float | None] = {c.node_id: rng.uniform(0.01, 0.2) for c in everyone}
+    # The floor exceeds every latency, so no node is ever declared slow.
+    rtt = RttEstimator(initial=1.0, floor=0.5)
+    lookup = Lookup(target, [rng.choice(everyone)], rtt=rtt, k=8, alpha=3)
+    _drive(lookup, everyone, latency, k=8, alpha=3)
+    truth = sorted(everyone, key=lambda c: distance(c.node_id, target))[:8]
+    assert lookup.closest_answered() == truth
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32))
+def test_dead_nodes_cost_at_most_their_timeout(seed: int) -> None:
+    rng = random.Random(seed)
+    everyone = _contacts(rng, 120)
+    target = rng.randbytes(20)
+    dead = set(rng.sample([c.node_id for c in everyone], 24))
+    latency: dict[bytes, float | None] = {
+        c.node_id: None if c.node_id in dead else 0.02 for c in everyone
+    }
+    rtt = RttEstimator(initial=0.5, floor=0.05, ceiling=2.0)
+    for _ in range(10):
+        rtt.sample(0.02)
+    alive_seed = next(c for c in everyone if c.node_id not in dead)
+    lookup = Lookup(target, [alive_seed], rtt=rtt, k=8, alpha=3)
+    elapsed = _drive(lookup, everyone, latency, k=8, alpha=3)
+    truth = [
+        c
+        for c in sorted(everyone, key=lambda c: distance(c.node_id, target))
+        if c.node_id not in dead
+    ][:8]
+    assert lookup.closest_answered() == truth
+    # Lockstep rounds with 5 s timeouts would take many seconds; adaptive timeouts
+    # (here 0.05 s) keep the whole lookup well under one second.
+    assert elapsed < 1.0
+
+
+def test_keeps_alpha_in_flight_while_one_is_slow() -> None:
+    rng = random.Random(5)
+    everyone = _contacts(rng, 10)
+    lookup = Lookup(rng.randbytes(20), everyone, rtt=RttEstimator(initial=1.0), k=20, alpha=3)
+    first = lookup.next_requests(0.0)
+    assert len(first) == 3
+    lookup.handle_response(first[0].node_id, [], 0.1)
+    again = lookup.next_requests(0.1)
+    assert len(again) == 1  # refilled at once, not after the round
+    # The first answer (0.1 s) lowered the timeout for the new request.
+    assert lookup.next_deadline() == 0.1 + 0.1 + 4 * 0.05
+    lookup.handle_timer(1.0)
+    assert lookup.state_of(first[1].node_id) is PeerState.SLOW
+    assert len(lookup.next_requests(1.0)) == 3
+    # A late answer from a slow node still counts.
+    lookup.handle_response(first[1].node_id, [], 1.5)
+    assert lookup.state_of(first[1].node_id) is PeerState.ANSWERED
+
+
+def test_hostile_replies_are_bounded_by_max_queries() -> None:
+    rng = random.Random(9)
+    target = rng.randbytes(20)
+    lookup = Lookup(target, _contacts(rng, 3), rtt=RttEstimator(), k=4, alpha=3, max_queries=30)
+    now = 0.0
+    t = int.from_bytes(target, "big")
+    reach = 1 << 160
+
+    def nearer() -> list[Contact]:
+        # Every reply invents ids nearer the target than anything seen so far.
+        nonlocal reach
+        reach = max(reach >> 2, 2)
+        ids = [(t ^ rng.randrange(1, reach)).to_bytes(20, "big") for _ in range(20)]
+        return [Contact(i, "10.6.6.6", 1) for i in ids]
+
+    while not lookup.done:
+        for c in lookup.next_requests(now):
+            lookup.handle_response(c.node_id, nearer(), now)
+        now += 0.01
+        assert now < 100
+    assert lookup.queries == 30
+
+
+def test_rtt_estimator_clamps() -> None:
+    rtt = RttEstimator(initial=1.0, floor=0.1, ceiling=3.0)
+    assert rtt.timeout() == 1.0
+    for _ in range(20):
+        rtt.sample(0.001)
+    assert rtt.timeout() == 0.1
+    for _ in range(5):
+        rtt.sample(50.0)
+    assert rtt.timeout() == 3.0

@@ -1,0 +1,42 @@
+"""DhtNode over the simulated network (virtual time)."""
+
+from __future__ import annotations
+
+import random
+
+import trio
+import trio.testing
+
+from p2pnode.dht.records import capability_key
+from tests.dht.helpers import make_card, swarm
+
+
+async def test_small_swarm_provide_and_find(autojump_clock: trio.testing.MockClock) -> None:
+    async with swarm(12) as (_, nodes):
+        assert all(len(n.table) >= 5 for n in nodes)
+        owner = nodes[3]
+        assert owner.identity is not None
+        card = make_card(owner.identity, ["translate", "summarise"])
+        accepted = await owner.provide(card)
+        assert accepted >= 2
+        for asker in (nodes[0], nodes[7], nodes[11]):
+            found = await asker.find_providers("translate")
+            assert [c.peer_id for c in found] == [card.peer_id]
+            assert await asker.find_card(card.peer_id) == card
+        assert await nodes[5].find_providers("nothing") == []
+        recs = await nodes[9].get_records(capability_key("summarise"))
+        assert [r.publisher for r in recs] == [card.peer_id]
+
+
+async def test_find_node_returns_k_closest(autojump_clock: trio.testing.MockClock) -> None:
+    async with swarm(60, seed=4) as (_, nodes):
+        rng = random.Random(8)
+        for _ in range(5):
+            target = rng.randbytes(20)
+            asker = nodes[rng.randrange(60)]
+            got = await asker.find_node(target)
+            truth = sorted(
+                (n for n in nodes if n is not asker),
+                key=lambda n: int.from_bytes(n.node_id, "big") ^ int.from_bytes(target, "big"),
+            )
+            assert [c.node_id for c in got] == [n.node_id for n in truth[:20]]

@@ -1,0 +1,133 @@
+"""Routing table: closest-k against brute force, bucket bounds, eviction protocol."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.dht.routing import Contact, RoutingTable, distance, id_int, random_id_in_range
+from p2pnode.errors import LocalError
+
+ids = st.binary(min_size=20, max_size=20)
+
+
+def _c(node_id: bytes, port: int = 1) -> Contact:
+    return Contact(node_id, "10.0.0.1", port)
+
+
+@settings(max_examples=150, deadline=None)
+@given(own=ids, others=st.lists(ids, max_size=300), target=ids, count=st.integers(1, 40))
+def test_closest_matches_brute_force(
+    own: bytes, others: list[bytes], target: bytes, count: int
+) -> None:
+    table = RoutingTable(own, k=8)
+    for i, o in enumerate(others):
+        table.observe(_c(o, i), float(i))
+    present = table.contacts()
+    expected = sorted(present, key=lambda c: distance(c.node_id, target))[:count]
+    assert [c.node_id for c in table.closest(target, count)] == [c.node_id for c in expected]
+
+
+@settings(max_examples=100, deadline=None)
+@given(own=ids, others=st.lists(ids, max_size=300, unique=True))
+def test_bucket_invariants(own: bytes, others: list[bytes]) -> None:
+    table = RoutingTable(own, k=5)
+    for o in others:
+        table.observe(_c(o), 0.0)
+    got = table.contacts()
+    assert own not in {c.node_id for c in got}
+    assert len({c.node_id for c in got}) == len(got)
+    for b in table._buckets:
+        assert len(b.contacts) <= 5
+        assert len(b.replacements) <= table.replacement_size
+        for cid in b.contacts:
+            assert b.lo <= id_int(cid) < b.hi
+    # Buckets tile the id space.
+    assert table._buckets[0].lo == 0
+    for a, b in zip(table._buckets, table._buckets[1:], strict=False):
+        assert a.hi == b.lo
+    assert table._buckets[-1].hi == 1 << 160
+    # With few contacts nothing is lost: every contact fits.
+    if len(others) <= 5:
+        assert len(got) == len([o for o in others if o != own])
+
+
+def test_full_far_bucket_asks_for_ping_then_evicts() -> None:
+    own = b"\x00" * 20
+    table = RoutingTable(own, k=2)
+    # Ids with the top bit set share the far bucket at depth 1 (1 % 5 != 0 would split),
+    # so fill a depth-5 bucket instead: prefix 1111 1 (depth 5, does not cover own id).
+    far = [bytes([0xF8 | i]) + bytes(19) for i in range(4)]
+    pinged = [table.observe(_c(f), 1.0) for f in far[:2]]
+    assert pinged == [None, None]
+    head = table.observe(_c(far[2]), 2.0)
+    assert head is not None
+    assert head.node_id == far[0]  # least recently seen
+    assert table.observe(_c(far[3]), 2.0) is None  # one ping at a time per bucket
+    table.ping_result(far[0], alive=False, now=3.0)
+    ids_now = {c.node_id for c in table.contacts()}
+    assert far[0] not in ids_now
+    assert far[3] in ids_now  # freshest replacement promoted
+
+
+def test_alive_ping_keeps_old_contact() -> None:
+    own = b"\x00" * 20
+    table = RoutingTable(own, k=2)
+    far = [bytes([0xF8 | i]) + bytes(19) for i in range(3)]
+    table.observe(_c(far[0]), 1.0)
+    table.observe(_c(far[1]), 1.0)
+    head = table.observe(_c(far[2]), 2.0)
+    assert head is not None
+    table.ping_result(head.node_id, alive=True, now=3.0)
+    ids_now = [c.node_id for c in table.contacts()]
+    assert far[2] not in ids_now
+    assert ids_now[-1] == far[0]  # moved to the tail
+
+
+def test_failures_evict_after_threshold() -> None:
+    table = RoutingTable(b"\x00" * 20, k=20, max_failures=2)
+    node = b"\x80" + bytes(19)
+    table.observe(_c(node), 0.0)
+    table.record_failure(node)
+    assert node in table
+    table.observe(_c(node), 1.0)  # a reply resets the count
+    table.record_failure(node)
+    assert node in table
+    table.record_failure(node)
+    assert node not in table
+
+
+def test_address_change_does_not_repoint_known_id() -> None:
+    table = RoutingTable(b"\x00" * 20)
+    node = b"\x80" + bytes(19)
+    table.observe(Contact(node, "10.0.0.1", 1), 0.0)
+    table.observe(Contact(node, "10.6.6.6", 1), 1.0)
+    got = table.get(node)
+    assert got is not None
+    assert got.host == "10.0.0.1"
+
+
+def test_stale_buckets_and_refresh_ids() -> None:
+    table = RoutingTable(b"\x00" * 20, k=2, now=0.0)
+    rng = random.Random(3)
+    for _ in range(50):
+        table.observe(_c(rng.randbytes(20)), 0.0)
+    stale = table.stale_buckets(now=4000.0, interval=3600.0)
+    assert len(stale) == table.bucket_count()
+    for lo, hi in stale:
+        rid = random_id_in_range(lo, hi, rng)
+        assert lo <= id_int(rid) < hi
+        table.touch_range(rid, 4000.0)
+    assert table.stale_buckets(now=4000.0, interval=3600.0) == []
+
+
+def test_bad_ids_are_caller_errors() -> None:
+    with pytest.raises(LocalError):
+        RoutingTable(b"short")
+    table = RoutingTable(b"\x00" * 20)
+    with pytest.raises(LocalError):
+        table.closest(b"x")
+    assert b"x" not in table
