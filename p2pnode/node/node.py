@@ -318,6 +318,12 @@ class Node:
             except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 self.events.error(ErrorCode.CHANNEL_CLOSED, f"bootstrap {address}: {exc}")
         await self.discovery.bootstrap(list(self.config.bootstrap))
+        # Cards published before the DHT had peers reached nobody: publish them again.
+        for agent in list(self._agents.values()):
+            try:
+                await self.discovery.provide(agent.card)
+            except P2PError as exc:
+                self.events.error(exc.code, f"publishing {agent.card.id}: {exc.message}")
         return reached
 
     async def find(self, capability: str) -> list[AgentCard]:

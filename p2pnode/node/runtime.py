@@ -1,14 +1,41 @@
-"""Open a complete node: network, DHT discovery and the node itself."""
+"""Open a complete node: secure-channel listener, DHT discovery and the node itself.
+
+The DHT binds UDP on the same port number as the TCP listener (unless
+``NodeConfig.dht_listen`` names a port), so one ``host:port`` in a bootstrap
+list or a card reaches both.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from p2pnode.card import AgentCard
+from p2pnode.dht.node import DhtNode
 from p2pnode.identity import Identity
-from p2pnode.net import Network
+from p2pnode.net import Address, Network
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.node import Node
+
+
+class DhtDiscovery:
+    """The node's view of the DHT (see :class:`p2pnode.node.node.Discovery`)."""
+
+    def __init__(self, dht: DhtNode) -> None:
+        self.dht = dht
+
+    async def bootstrap(self, addresses: list[Address]) -> None:
+        if addresses:
+            await self.dht.bootstrap(addresses)
+
+    async def provide(self, card: AgentCard) -> None:
+        await self.dht.provide(card)
+
+    async def find_providers(self, capability: str) -> list[AgentCard]:
+        return await self.dht.find_providers(capability)
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]:
+        return []
 
 
 @asynccontextmanager
@@ -17,4 +44,9 @@ async def open_node(
 ) -> AsyncIterator[Node]:
     """A running node with its DHT; everything is closed on exit."""
     async with Node(identity, network, config) as node:
-        yield node
+        host, port = config.dht_listen
+        if port == 0:
+            port = node.listen_address[1]
+        async with DhtNode(network, identity=identity, address=(host, port)) as dht:
+            node.discovery = DhtDiscovery(dht)
+            yield node
