@@ -156,6 +156,9 @@ class PeerLink:
         self._connected = trio.Event()
         self._dialing = False
         self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
+        self._queued = 0  # frames handed to the writer and not yet written
+        self._inline_busy = False
+        self._inline_done = trio.Event()
         self.frames_sent = 0
         self.frames_received = 0
         nursery.start_soon(self._write_loop)
@@ -281,10 +284,33 @@ class PeerLink:
         """
         if self.closed:
             raise LocalError(ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed")
+        channel = self._channel
+        if (
+            self._queued == 0
+            and not self._inline_busy
+            and channel is not None
+            and self.state is ChannelState.OPEN
+        ):
+            # Nothing queued and no write in flight: write inline, saving the hop to the
+            # writer task. Later senders queue behind this one, so order is kept.
+            self._inline_busy = True
+            self._inline_done = trio.Event()
+            try:
+                await channel.send_message(frame)
+            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._channel_lost(channel)  # fall through to the retrying writer
+            else:
+                self.frames_sent += 1
+                return
+            finally:
+                self._inline_busy = False
+                self._inline_done.set()
         item = _Outgoing(frame)
+        self._queued += 1
         try:
             await self._queue_in.send(item)
         except trio.ClosedResourceError:
+            self._queued -= 1
             raise LocalError(
                 ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed"
             ) from None
@@ -295,6 +321,8 @@ class PeerLink:
     async def _write_loop(self) -> None:
         async with self._queue_out:
             async for first in self._queue_out:
+                if self._inline_busy:  # the inline write started first: it goes first
+                    await self._inline_done.wait()
                 # One scheduler pass lets every runnable sender queue its frame too.
                 await trio.lowlevel.checkpoint()
                 batch = [first]
@@ -307,6 +335,7 @@ class PeerLink:
                 for item in batch:
                     item.error = error
                     item.done.set()
+                self._queued -= len(batch)
 
     async def _write_batch(self, frames: list[bytes]) -> LocalError | None:
         delays = self._retry.delays(self._retry.max_retries)
