@@ -90,6 +90,16 @@ class ChannelStatistics:
     writes: int
 
 
+class _Batch:
+    """Completion of one coalesced write, awaited by the senders whose messages it carries."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
 class SecureChannel:
     """An authenticated, encrypted, message-oriented channel over a trio stream.
 
@@ -123,6 +133,9 @@ class SecureChannel:
         self._state = ChannelState.OPEN
         self._failure: BaseException | None = None
         self._send_lock = trio.StrictFIFOLock()
+        self._batch = _Batch()  # completion of the messages now in _pending
+        self._inflight = _Batch()  # completion of the batch being written
+        self._inflight.done.set()
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._receiving = False
@@ -176,6 +189,12 @@ class SecureChannel:
     async def send_message(self, message: bytes) -> None:
         """Send one message; returns when it is handed to the stream.
 
+        If another task is writing, the message is queued and written by that
+        task right after its current write, together with everything else
+        queued meanwhile (one frame and one write for many messages). If the
+        caller is cancelled while its message is queued, the message may
+        still be sent.
+
         Raises LocalError(MESSAGE_TOO_LARGE) above ``max_message_size``,
         SecureChannelError(CHANNEL_CLOSED) if the stream breaks,
         trio.ClosedResourceError after :meth:`aclose`.
@@ -185,17 +204,24 @@ class SecureChannel:
         if len(message) > self._max_message_size:
             self._check_size(message)
         lock = self._send_lock
-        if self._pending or lock.locked():
-            # A write is in flight: ride along with the next one (coalescing).
+        if lock.locked():
             self._pending.append(message)
             self._pending_bytes += len(message)
-            await self.flush()
+            await self._wait_batch(self._batch)
             return
-        # Uncontended: take the lock without the extra scheduling round trip
-        # of ``async with lock`` (send_all checkpoints anyway).
+        # Uncontended: take the lock without the scheduling round trip of
+        # ``async with lock`` (send_all checkpoints anyway).
         lock.acquire_nowait()
         try:
-            await self._write(self._codec.encode(message), 1)
+            if self._pending:  # messages queued with send_message_nowait go first
+                self._pending.append(message)
+                self._pending_bytes += len(message)
+            else:
+                await self._write(self._codec.encode(message), 1)
+            await self._drain()
+        except BaseException as exc:
+            self._fail_waiters(exc)
+            raise
         finally:
             lock.release()
 
@@ -210,7 +236,7 @@ class SecureChannel:
         await self.flush()
 
     def send_message_nowait(self, message: bytes) -> None:
-        """Queue a message for the next :meth:`flush` (or the next write).
+        """Queue a message for the next :meth:`flush` or write.
 
         Raises trio.WouldBlock when ``max_pending_bytes`` would be exceeded,
         LocalError(MESSAGE_TOO_LARGE) above ``max_message_size``.
@@ -223,15 +249,50 @@ class SecureChannel:
         self._pending_bytes += len(message)
 
     async def flush(self) -> None:
-        """Write every queued message (no-op when another writer already sent them)."""
-        async with self._send_lock:
-            self._check_open()
-            if not self._pending:
-                return
-            batch = self._pending
-            self._pending = []
-            self._pending_bytes = 0
-            await self._write(self._codec.encode_many(batch), len(batch))
+        """Return once every message queued so far has been handed to the stream."""
+        self._check_open()
+        lock = self._send_lock
+        if lock.locked():
+            # The active writer drains the queue before it releases the lock.
+            await self._wait_batch(self._batch if self._pending else self._inflight)
+            return
+        lock.acquire_nowait()
+        try:
+            await self._drain()
+        except BaseException as exc:
+            self._fail_waiters(exc)
+            raise
+        finally:
+            lock.release()
+        await trio.lowlevel.checkpoint()
+
+    async def _drain(self) -> None:
+        # Called with the send lock held: write queued messages until none are left.
+        while self._pending:
+            batch, self._pending, self._pending_bytes = self._pending, [], 0
+            record, self._batch = self._batch, _Batch()
+            self._inflight = record
+            try:
+                await self._write(self._codec.encode_many(batch), len(batch))
+            except BaseException as exc:
+                record.error = exc
+                raise
+            finally:
+                record.done.set()
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        # A write failed: messages still queued will never be written.
+        record, self._batch = self._batch, _Batch()
+        self._pending, self._pending_bytes = [], 0
+        record.error = exc
+        record.done.set()
+
+    async def _wait_batch(self, record: _Batch) -> None:
+        await record.done.wait()
+        if record.error is not None:
+            raise SecureChannelError(
+                ErrorCode.CHANNEL_CLOSED, "the write carrying this message failed"
+            ) from record.error
 
     async def _write(self, data: bytes | bytearray, count: int) -> None:
         try:

@@ -42,6 +42,8 @@ FRAME_HEADER = 2
 
 _u32 = struct.Struct(">I")
 _nonce = struct.Struct("<4xQ").pack  # 32 zero bits || 64-bit little-endian counter
+_FRAME_SLOT = bytes(FRAME_HEADER)  # filled in by seal_in_place
+_TAG_SLOT = bytes(TAGLEN)
 
 
 class CodecState(enum.Enum):
@@ -162,6 +164,17 @@ class TransportCodec:
             total += RECORD_HEADER + len(message)
         if not total:
             return b""
+        pack = _u32.pack
+        if total <= MAX_PLAINTEXT_LEN:
+            # One frame: let bytearray.join lay it out in C.
+            parts = [_FRAME_SLOT]
+            for message in messages:
+                parts.append(pack(len(message)))
+                parts.append(message)
+            parts.append(_TAG_SLOT)
+            out = bytearray().join(parts)
+            seal_in_place(self._send_key, _nonce(self._nonces(1)), out, 0, total)
+            return out
         frames = -(-total // MAX_PLAINTEXT_LEN)
         out = bytearray(total + frames * (FRAME_HEADER + TAGLEN))
         # Lay the record stream out in the frame bodies, skipping each frame's
@@ -169,12 +182,21 @@ class TransportCodec:
         stride = FRAME_HEADER + MAX_PLAINTEXT_LEN + TAGLEN
         pos = FRAME_HEADER
         room = MAX_PLAINTEXT_LEN
-        header = bytearray(RECORD_HEADER)
         for message in messages:
-            _u32.pack_into(header, 0, len(message))
-            for piece in (header, message):
+            # Small records as one piece; large ones without copying the body twice.
+            pieces = (
+                (pack(len(message)) + message,)
+                if len(message) < 4096
+                else (pack(len(message)), message)
+            )
+            for piece in pieces:
+                length = len(piece)
+                if length <= room:
+                    out[pos : pos + length] = piece
+                    pos += length
+                    room -= length
+                    continue
                 view = memoryview(piece)
-                length = len(view)
                 offset = 0
                 while offset < length:
                     if not room:
