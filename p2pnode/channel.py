@@ -40,6 +40,16 @@ from p2pnode.secure import (
     SecureIdentity,
 )
 
+__all__ = [
+    "DEFAULT_CONFIG",
+    "ChannelConfig",
+    "ChannelState",
+    "ChannelStatistics",
+    "SecureChannel",
+    "accept_secure",
+    "connect_secure",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class ChannelConfig:

@@ -36,6 +36,14 @@ from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.noise import MAX_NONCE, MAX_PLAINTEXT_LEN, TAGLEN, NoiseTransport
 from p2pnode.secure import SecureChannelError
 
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "FRAME_HEADER",
+    "RECORD_HEADER",
+    "CodecState",
+    "TransportCodec",
+]
+
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 RECORD_HEADER = 4
 FRAME_HEADER = 2

@@ -48,6 +48,35 @@ from nacl.bindings import (
 
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 
+__all__ = [
+    "BLOCKLEN",
+    "DHLEN",
+    "HASHLEN",
+    "IK",
+    "KEYLEN",
+    "MAX_MESSAGE_LEN",
+    "MAX_NONCE",
+    "MAX_PLAINTEXT_LEN",
+    "NN",
+    "PATTERNS",
+    "SUITE",
+    "TAGLEN",
+    "XX",
+    "CipherState",
+    "HandshakePattern",
+    "HandshakeState",
+    "HandshakeStatus",
+    "KeyPair",
+    "NoiseError",
+    "NoiseTransport",
+    "SymmetricState",
+    "Token",
+    "dh",
+    "hash_bytes",
+    "hkdf",
+    "hmac_hash",
+]
+
 DHLEN = 32
 HASHLEN = 64
 BLOCKLEN = 128

@@ -52,6 +52,24 @@ from p2pnode.noise import (
 )
 from p2pnode.wire import WireError, WireLimits, canonical_pack, unpack_untrusted
 
+__all__ = [
+    "BINDING_CONTEXT",
+    "MAX_HANDSHAKE_FRAME",
+    "PATTERN_TAGS",
+    "PREAMBLE_LEN",
+    "PROLOGUE",
+    "PROTOCOL_VERSION",
+    "REJECT_PREFIX",
+    "HandshakeResult",
+    "HandshakeStage",
+    "RemoteIdentity",
+    "SecureChannelError",
+    "SecureHandshake",
+    "SecureIdentity",
+    "binding_message",
+    "derive_static_keypair",
+]
+
 PROTOCOL_VERSION = 1
 #: Mixed into the handshake hash by both sides (Noise §6).
 PROLOGUE = b"p2pnode/noise/1"
