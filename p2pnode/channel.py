@@ -424,9 +424,15 @@ async def _handshake(
                 data = await stream.receive_some(config.receive_size)
                 try:
                     handshake.receive_data_untrusted(data, trio.current_time())
-                finally:
-                    # Also after a failure: a reject record tells the peer why.
-                    await flush_output()
+                except RemoteError:
+                    # Best effort: a reject record tells the peer why; the
+                    # protocol error, not a failed write, is what we report.
+                    try:
+                        await flush_output()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+                    raise
+                await flush_output()
         if scope.cancelled_caught:
             handshake.handle_timer(trio.current_time())
             raise SecureChannelError(ErrorCode.TIMEOUT, "handshake did not complete in time")
