@@ -6,13 +6,15 @@ inside one cancel scope at the handshake deadline, then wrap the stream in a
 :class:`SecureChannel` that moves application messages through a
 :class:`~p2pnode.framing.TransportCodec`.
 
-Sending: one task writes at a time (a FIFO lock). A message sent while
-another write is in flight is queued and goes out with the next write,
-coalesced with whatever else queued meanwhile into as few Noise frames as
-fit; :meth:`SecureChannel.send_message_nowait` queues without writing and
-:meth:`SecureChannel.flush` writes the queue. Receiving: one task at a time
-(:class:`trio.BusyResourceError` otherwise); the codec's deadlines become
-``trio.move_on_at`` scopes. Any peer fault closes the stream and raises a
+Sending: one task writes at a time (a FIFO lock), so frames are never
+interleaved. A message sent while another task is writing is queued; the
+writing task, before releasing the lock, writes everything queued meanwhile
+as one coalesced batch (few Noise frames, one ``send_all``) and wakes the
+senders it carried. :meth:`SecureChannel.send_message_nowait` queues without
+writing and :meth:`SecureChannel.flush` writes the queue. Receiving: one
+task at a time (:class:`trio.BusyResourceError` otherwise); the codec's
+deadlines become ``trio.move_on_at`` scopes, entered only while a timer is
+armed. Any peer fault closes the stream and raises a
 :class:`~p2pnode.errors.RemoteError` subclass; every later call raises
 CHANNEL_CLOSED. Cancelling a send leaves the channel broken (trio's rule for
 ``send_all``); cancelling a receive loses nothing.
@@ -57,7 +59,8 @@ class ChannelConfig:
 
     #: The whole handshake must finish within this time.
     handshake_timeout: float = 10.0
-    #: ``receive_message`` fails when no byte arrives for this long (None: wait forever).
+    #: ``receive_message`` fails when no byte arrives for this long (None: wait
+    #: forever). Arming it costs one trio cancel scope per blocking receive.
     idle_timeout: float | None = 300.0
     #: A frame whose first byte arrived must be complete within this time.
     frame_timeout: float = 30.0
@@ -378,6 +381,10 @@ class SecureChannel:
         except trio.BrokenResourceError as exc:
             await self._break(exc)
             raise SecureChannelError(ErrorCode.CHANNEL_CLOSED, "connection lost") from exc
+        except trio.ClosedResourceError as exc:
+            if self._state is ChannelState.BROKEN:  # a failed send closed the stream
+                raise SecureChannelError(ErrorCode.CHANNEL_CLOSED, "connection lost") from exc
+            raise
 
     # --- closing -------------------------------------------------------------
 
