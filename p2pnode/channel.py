@@ -133,6 +133,7 @@ class SecureChannel:
             idle_timeout=config.idle_timeout,
             frame_timeout=config.frame_timeout,
         )
+        self._inbox = self._codec.messages
         #: The peer's proven identity.
         self.remote_peer_id: PeerId = result.remote.peer_id
         #: The peer's Ed25519 public key.
@@ -333,15 +334,15 @@ class SecureChannel:
         """
         if self._receiving:
             raise trio.BusyResourceError("another task is receiving on this channel")
-        self._check_open()
-        codec = self._codec
-        message = codec.next_message()
-        if message is not None:
+        if self._state is not ChannelState.OPEN:
+            self._check_open()
+        inbox = self._inbox
+        if inbox:  # already decrypted: no I/O, but still honour cancellation
             await trio.lowlevel.checkpoint_if_cancelled()
-            return message
+            return inbox.popleft()
         self._receiving = True
         try:
-            return await self._receive_slow(codec)
+            return await self._receive_slow(self._codec)
         finally:
             self._receiving = False
 

@@ -78,12 +78,12 @@ class TransportCodec:
         "_idle_from",
         "_idle_timeout",
         "_max",
-        "_messages",
         "_msg",
         "_recv_key",
         "_recv_n",
         "_send_key",
         "_send_n",
+        "messages",
         "state",
     )
 
@@ -120,7 +120,8 @@ class TransportCodec:
         self._hdr = bytearray()  # first bytes of a record header cut by a frame boundary
         self._msg: bytearray | None = None  # body of an incomplete record, allocated at size
         self._filled = 0  # bytes of _msg received so far
-        self._messages: deque[bytes] = deque()
+        #: Complete messages in arrival order (consumers ``popleft``).
+        self.messages: deque[bytes] = deque()
         self._frame_since: float | None = None
         self._idle_from = now
         self.state = CodecState.OPEN
@@ -227,12 +228,12 @@ class TransportCodec:
 
     def next_message(self) -> bytes | None:
         """The next complete application message, or None."""
-        messages = self._messages
+        messages = self.messages
         return messages.popleft() if messages else None
 
     def pending_messages(self) -> int:
         """How many complete messages wait in the receive queue."""
-        return len(self._messages)
+        return len(self.messages)
 
     def start_wait(self, now: float) -> None:
         """The application starts waiting for a message: the idle clock restarts."""
@@ -338,7 +339,7 @@ class TransportCodec:
                 raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
             self._filled += length
             if self._filled == len(msg):
-                self._messages.append(bytes(msg))
+                self.messages.append(bytes(msg))
                 self._msg = None
             return
         plaintext = bytearray(length)
@@ -354,7 +355,7 @@ class TransportCodec:
         if msg is not None:  # finish the message being assembled
             off = len(msg) - self._filled
             msg[self._filled :] = view[:off]
-            self._messages.append(bytes(msg))
+            self.messages.append(bytes(msg))
             self._msg = None
         hdr = self._hdr
         if hdr:  # complete a record header cut by the previous frame
@@ -370,7 +371,7 @@ class TransportCodec:
             hdr.clear()
         limit = self._max
         unpack = _u32.unpack_from
-        append = self._messages.append
+        append = self.messages.append
         while end - off >= RECORD_HEADER:
             size = unpack(plaintext, off)[0]
             off += RECORD_HEADER
@@ -393,7 +394,7 @@ class TransportCodec:
                 limit=self._max,
             )
         if off + size <= end:
-            self._messages.append(bytes(view[off : off + size]))
+            self.messages.append(bytes(view[off : off + size]))
             return False
         msg = bytearray(size)
         have = end - off
