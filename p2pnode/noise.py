@@ -520,7 +520,7 @@ class HandshakeState:
         """
         self._require(HandshakeStatus.READ_MESSAGE, "read a message")
         try:
-            payload = self._read(bytes(message))
+            payload = self._read_untrusted(bytes(message))
         except NoiseError as exc:
             self._status = HandshakeStatus.ERROR
             raise NoiseError(ErrorCode.HANDSHAKE_FAILED, exc.message) from None
@@ -530,7 +530,7 @@ class HandshakeState:
         self._advance()
         return payload
 
-    def _read(self, message: bytes) -> bytes:
+    def _read_untrusted(self, message: bytes) -> bytes:
         if len(message) > MAX_MESSAGE_LEN:
             raise NoiseError(ErrorCode.HANDSHAKE_FAILED, "handshake message over 65535 bytes")
         ss = self._ss

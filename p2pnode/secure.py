@@ -355,7 +355,7 @@ class SecureHandshake:
             )
         self._buffer += data
         try:
-            self._process()
+            self._process_untrusted()
         except RemoteError as exc:
             self._fail(exc)
 
@@ -375,7 +375,7 @@ class SecureHandshake:
         message = self._noise.write_message(payload)
         self._out.append(len(message).to_bytes(2, "big") + message)
 
-    def _process(self) -> None:
+    def _process_untrusted(self) -> None:
         buf = self._buffer
         if self._stage is HandshakeStage.EXPECT_PREAMBLE:
             if len(buf) < PREAMBLE_LEN:
