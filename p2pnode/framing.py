@@ -288,19 +288,18 @@ class TransportCodec:
         if not data:
             return
         self._idle_from = now
-        buf = self._buf
-        had_partial = bool(buf)
-        if had_partial:
-            buf += data
-            src: bytes | bytearray = buf
-        else:
-            src = data  # decrypt straight from the caller's bytes
-        end = len(src)
-        pos = 0
         key = self._recv_key
+        pos = 0
         try:
+            if self._buf:
+                # Complete the pending frame with only the bytes it still needs,
+                # so the rest of ``data`` is decrypted in place, never copied.
+                pos = self._complete_partial_untrusted(data)
+                if self._buf:
+                    return  # still incomplete: its deadline keeps running
+            end = len(data)
             while end - pos >= FRAME_HEADER:
-                size = (src[pos] << 8) | src[pos + 1]
+                size = (data[pos] << 8) | data[pos + 1]
                 if size < TAGLEN:
                     raise SecureChannelError(
                         ErrorCode.MALFORMED_MESSAGE, f"frame of {size} bytes is shorter than a tag"
@@ -308,25 +307,54 @@ class TransportCodec:
                 stop = pos + FRAME_HEADER + size
                 if stop > end:
                     break
-                n = self._recv_n
-                if n >= MAX_NONCE:
-                    raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "nonce space exhausted")
-                self._open_frame_untrusted(key, _nonce(n), src, pos + FRAME_HEADER, size)
-                self._recv_n = n + 1
+                self._open_frame_untrusted(
+                    key, self._next_recv_nonce(), data, pos + FRAME_HEADER, size
+                )
                 pos = stop
         except RemoteError as exc:
             self._fail(exc)
-        if pos == end:
-            if had_partial:
-                self._buf = bytearray()
+        if pos == len(data):
             self._frame_since = None
-            return
-        if had_partial:
-            del buf[:pos]
         else:
             self._buf = bytearray(memoryview(data)[pos:])
-        if pos or not had_partial:
             self._frame_since = now
+
+    def _next_recv_nonce(self) -> bytes:
+        n = self._recv_n
+        if n >= MAX_NONCE:
+            raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "nonce space exhausted")
+        self._recv_n = n + 1
+        return _nonce(n)
+
+    def _complete_partial_untrusted(self, data: bytes | bytearray) -> int:
+        """Move bytes of ``data`` into the partial frame; returns how many were used."""
+        buf = self._buf
+        pos = 0
+        if len(buf) < FRAME_HEADER:
+            pos = FRAME_HEADER - len(buf)
+            buf += data[:pos]
+            if len(buf) < FRAME_HEADER:
+                return len(data)
+        size = (buf[0] << 8) | buf[1]
+        if size < TAGLEN:
+            raise SecureChannelError(
+                ErrorCode.MALFORMED_MESSAGE, f"frame of {size} bytes is shorter than a tag"
+            )
+        take = FRAME_HEADER + size - len(buf)
+        view = memoryview(data)
+        buf += view[pos : pos + take]
+        view.release()
+        pos = min(len(data), pos + take)
+        if len(buf) == FRAME_HEADER + size:
+            self._buf = bytearray()
+            self._open_frame_untrusted(
+                key=self._recv_key,
+                nonce=self._next_recv_nonce(),
+                src=buf,
+                start=FRAME_HEADER,
+                size=size,
+            )
+        return pos
 
     def _open_frame_untrusted(
         self, key: bytes, nonce: bytes, src: bytes | bytearray, start: int, size: int
