@@ -383,3 +383,46 @@ async def test_terminating_man_in_the_middle_over_tcp() -> None:
         assert info.value.details["actual"] == str(MALLORY.peer_id)
     await bob_listener.aclose()
     await mallory_listener.aclose()
+
+
+async def test_queued_senders_all_fail_when_the_write_fails(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client, server = await open_pair(trio.testing.lockstep_stream_pair)
+    outcomes: list[str] = []
+
+    async def send(i: int) -> None:
+        try:
+            await client.send_message(bytes([i]) * 1000)
+            outcomes.append("sent")
+        except SecureChannelError as exc:
+            assert exc.code is ErrorCode.CHANNEL_CLOSED
+            outcomes.append("failed")
+
+    with trio.fail_after(5):  # nobody may hang
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(send, i)
+            await trio.testing.wait_all_tasks_blocked()  # one writes, five are queued
+            await server.aclose()
+    assert outcomes == ["failed"] * 6
+    assert client.state is ChannelState.BROKEN
+
+
+async def test_flush_waits_for_the_batch_in_flight() -> None:
+    client, server = await open_pair(trio.testing.lockstep_stream_pair)
+    received: list[bytes] = []
+
+    async def reader() -> None:
+        for _ in range(3):
+            received.append(await server.receive_message())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.send_message, b"first")
+        await trio.testing.wait_all_tasks_blocked()  # "first" is being written
+        client.send_message_nowait(b"second")
+        client.send_message_nowait(b"third")
+        nursery.start_soon(reader)
+        await client.flush()
+        assert client.statistics().pending_send_bytes == 0
+    assert received == [b"first", b"second", b"third"]
