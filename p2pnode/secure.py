@@ -313,6 +313,11 @@ class SecureHandshake:
         """What the handshake waits for."""
         return self._stage
 
+    @property
+    def failure(self) -> RemoteError | None:
+        """Why the handshake FAILED, else None."""
+        return self._failure
+
     def next_deadline(self) -> float:
         """The time by which the handshake must be DONE."""
         return self._deadline
@@ -344,7 +349,11 @@ class SecureHandshake:
         DONE or FAILED.
         """
         if self._stage in (HandshakeStage.DONE, HandshakeStage.FAILED):
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"handshake is {self._stage.value}")
+            raise LocalError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"handshake is {self._stage.value}"
+                + (f" ({self._failure.message})" if self._failure else ""),
+            )
         if now >= self._deadline:
             self.handle_timer(now)
         if not data:

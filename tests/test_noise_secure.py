@@ -248,6 +248,9 @@ def test_timer_and_eof() -> None:
         server.handle_timer(10.0)
     assert info.value.code is ErrorCode.TIMEOUT
     assert server.stage is HandshakeStage.FAILED
+    assert server.failure is info.value
+    with pytest.raises(LocalError, match="did not complete in time"):
+        server.receive_data_untrusted(b"late", 11.0)
     with pytest.raises(SecureChannelError) as info:
         client.receive_data_untrusted(b"", 1.0)
     assert info.value.code is ErrorCode.HANDSHAKE_FAILED
