@@ -304,6 +304,8 @@ class SecureChannel:
     async def _wait_batch(self, record: _Batch) -> None:
         await record.done.wait()
         if record.error is not None:
+            if self._state is ChannelState.CLOSED:
+                raise trio.ClosedResourceError("the channel was closed") from record.error
             raise SecureChannelError(
                 ErrorCode.CHANNEL_CLOSED, "the write carrying this message failed"
             ) from record.error

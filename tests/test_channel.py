@@ -426,3 +426,24 @@ async def test_flush_waits_for_the_batch_in_flight() -> None:
         await client.flush()
         assert client.statistics().pending_send_bytes == 0
     assert received == [b"first", b"second", b"third"]
+
+
+async def test_local_close_wakes_queued_senders_with_closed_resource(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client, _server = await open_pair(trio.testing.lockstep_stream_pair)
+    outcomes: list[type[BaseException]] = []
+
+    async def send() -> None:
+        try:
+            await client.send_message(b"x" * 1000)
+        except (trio.ClosedResourceError, SecureChannelError) as exc:
+            outcomes.append(type(exc))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(send)
+            await trio.testing.wait_all_tasks_blocked()
+            await client.aclose()
+    assert outcomes == [trio.ClosedResourceError] * 3
