@@ -243,10 +243,12 @@ class SecureChannel:
         """Send several messages coalesced into as few frames and writes as possible."""
         self._check_open()
         batch = list(messages)
-        for message in batch:
-            self._check_size(message)
+        sizes = list(map(len, batch))
+        if sizes and max(sizes) > self._max_message_size:
+            for message in batch:
+                self._check_size(message)
         self._pending.extend(batch)
-        self._pending_bytes += sum(len(m) for m in batch)
+        self._pending_bytes += sum(sizes)
         await self.flush()
 
     def send_message_nowait(self, message: bytes) -> None:
