@@ -110,6 +110,7 @@ async def test_channel_both_patterns(ik: bool, make: StreamPair) -> None:
     assert server.state is ChannelState.BROKEN
 
 
+@pytest.mark.slow
 async def test_real_tcp() -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
@@ -351,6 +352,7 @@ async def test_on_path_relay_sees_nothing_and_cannot_tamper(
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.slow
 async def test_terminating_man_in_the_middle_over_tcp() -> None:
     # Mallory terminates Alice's connection with her own identity and dials Bob herself.
     bob_listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
