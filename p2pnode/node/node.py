@@ -406,8 +406,10 @@ class Node:
     ) -> Envelope:
         """A new envelope from a local agent, its metadata filled from the agent's card."""
         card = self.local_agent(sender)
-        meta = metadata or Metadata()
-        meta = dataclasses.replace(meta, tier=int(card.tier), sandbox_id=card.sandbox_id)
+        if metadata is None:
+            meta = Metadata(int(card.tier), card.sandbox_id)
+        else:
+            meta = dataclasses.replace(metadata, tier=int(card.tier), sandbox_id=card.sandbox_id)
         return self._factory.create(
             sender, recipient, type, payload, correlation_id=correlation_id, metadata=meta
         )
