@@ -454,10 +454,10 @@ class DhtNode:
         """Verified, merged records under ``key`` (local ones included).
 
         Stops once ``quorum`` nodes (default ``config.value_quorum``) returned
-        records.
+        records; ``quorum=0`` reads until the k closest nodes answered.
         """
         q = self.config.value_quorum if quorum is None else quorum
-        _, recs = await self._lookup(key, want_value=True, quorum=q)
+        _, recs = await self._lookup(key, want_value=True, quorum=q or None)
         merged = {(r.public_key, r.kind.value): r for r in recs}
         for r in self.records.get(key, self._wall_ms()):
             slot = (r.public_key, r.kind.value)
@@ -577,7 +577,9 @@ class DhtNode:
 
     async def find_providers(self, capability: str, *, limit: int = 20) -> list[AgentCard]:
         """Verified cards of agents that provide ``capability`` (at most ``limit``)."""
-        recs = await self.get_records(capability_key(capability))
+        # Provider sets are merged from many publishers, and a far node may hold
+        # only some of them: read until the k closest answered, not to a quorum.
+        recs = await self.get_records(capability_key(capability), quorum=0)
         publishers: list[PeerId] = []
         for r in recs:
             if r.kind is RecordKind.PROVIDER and r.publisher not in publishers:
