@@ -78,6 +78,7 @@ class DhtConfig:
     maintenance_interval: float = 60.0
     record_ttl_ms: int = 2 * 3600 * 1000
     value_quorum: int = 3
+    card_quorum: int = 1
     max_pending: int = 1024
 
 
@@ -555,7 +556,7 @@ class DhtNode:
 
     async def find_card(self, peer_id: PeerId) -> AgentCard | None:
         """The newest verified card of ``peer_id`` in the DHT, or None."""
-        recs = await self.get_records(card_key(peer_id), quorum=2)
+        recs = await self.get_records(card_key(peer_id), quorum=self.config.card_quorum)
         return self._card_from(recs, peer_id)
 
     def _card_from(self, recs: list[SignedRecord], peer_id: PeerId) -> AgentCard | None:
