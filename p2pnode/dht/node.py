@@ -78,6 +78,7 @@ class DhtConfig:
     maintenance_interval: float = 60.0
     record_ttl_ms: int = 2 * 3600 * 1000
     value_quorum: int = 3
+    replacement_size: int = 8
     card_quorum: int = 1
     max_pending: int = 1024
 
@@ -143,7 +144,9 @@ class DhtNode:
         self._bind_address = address
         self._rng = rng if rng is not None else random.Random()
         self._wall_ms = wall_clock_ms
-        self.table = RoutingTable(node_id, k=config.k, now=trio.current_time())
+        self.table = RoutingTable(
+            node_id, k=config.k, replacement_size=config.replacement_size, now=trio.current_time()
+        )
         self.records = store if store is not None else RecordStore()
         self.rtt = RttEstimator(
             initial=config.rto_initial, floor=config.rto_floor, ceiling=config.rto_ceiling
@@ -155,13 +158,8 @@ class DhtNode:
         self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._published: dict[tuple[bytes, RecordKind], Callable[[], SignedRecord]] = {}
         self._last_republish = 0.0
-        self._handlers: dict[str, Callable[[Address, list[Any]], Any]] = {
-            "ping": self._rpc_ping,
-            "store": self._rpc_store,
-            "find_node": self._rpc_find_node,
-            "find_value": self._rpc_find_value,
-            "stun": self._rpc_stun,
-        }
+        self._next_maintenance = 0.0
+        self._maintaining = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,8 +168,11 @@ class DhtNode:
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
         self._last_republish = trio.current_time()
+        # Spread maintenance so a thousand nodes started together do not refresh in step.
+        self._next_maintenance = trio.current_time() + self.config.maintenance_interval * (
+            0.5 + self._rng.random()
+        )
         self._nursery.start_soon(self._receive_loop)
-        self._nursery.start_soon(self._maintenance_loop)
         return self
 
     async def __aexit__(
@@ -208,7 +209,17 @@ class DhtNode:
     async def _receive_loop(self) -> None:
         assert self._endpoint is not None
         while True:
-            data, source = await self._endpoint.recvfrom()
+            # One task per node: the receive loop also wakes for maintenance,
+            # which runs in its own short-lived task so receiving never stops.
+            got: tuple[bytes, Address] | None = None
+            with trio.move_on_at(self._next_maintenance):
+                got = await self._endpoint.recvfrom()
+            if got is None:
+                self._next_maintenance = trio.current_time() + self.config.maintenance_interval
+                if not self._maintaining and self._nursery is not None:
+                    self._nursery.start_soon(self._maintenance_task)
+                continue
+            data, source = got
             try:
                 msg = rpcwire.decode_datagram_untrusted(data)
             except rpcwire.RpcError as exc:
@@ -231,7 +242,7 @@ class DhtNode:
 
     async def _handle_request(self, req: rpcwire.Request, source: Address) -> None:
         try:
-            reply = self._handlers[req.method](source, req.args)
+            reply = _HANDLERS[req.method](self, source, req.args)
             out = rpcwire.encode_response(req.msg_id, reply)
         except RemoteError as exc:
             self._drop(source, f"{req.method}: {exc.message}")
@@ -601,10 +612,12 @@ class DhtNode:
 
     # ------------------------------------------------------------------ maintenance
 
-    async def _maintenance_loop(self) -> None:
-        while True:
-            await trio.sleep(self.config.maintenance_interval)
+    async def _maintenance_task(self) -> None:
+        self._maintaining = True
+        try:
             await self.maintain()
+        finally:
+            self._maintaining = False
 
     async def maintain(self) -> None:
         """One maintenance pass: expire, refresh stale buckets, republish when due."""
@@ -649,5 +662,14 @@ def _split_address(text: str) -> tuple[str, int] | None:
         return None
     return (host, int(port))
 
+
+# RPC dispatch table (shared by all nodes: no per-node dict of bound methods).
+_HANDLERS: dict[str, Callable[[DhtNode, Address, list[Any]], Any]] = {
+    "ping": DhtNode._rpc_ping,
+    "store": DhtNode._rpc_store,
+    "find_node": DhtNode._rpc_find_node,
+    "find_value": DhtNode._rpc_find_value,
+    "stun": DhtNode._rpc_stun,
+}
 
 __all__ = ["DhtConfig", "DhtNode", "DhtStatistics"]
