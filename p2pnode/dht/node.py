@@ -25,6 +25,7 @@ tasks in its own nursery: the receive loop and the maintenance loop.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -144,9 +145,7 @@ class DhtNode:
         self._bind_address = address
         self._rng = rng if rng is not None else random.Random()
         self._wall_ms = wall_clock_ms
-        self.table = RoutingTable(
-            node_id, k=config.k, replacement_size=config.replacement_size, now=trio.current_time()
-        )
+        self.table = RoutingTable(node_id, k=config.k, replacement_size=config.replacement_size)
         self.records = store if store is not None else RecordStore()
         self.rtt = RttEstimator(
             initial=config.rto_initial, floor=config.rto_floor, ceiling=config.rto_ceiling
@@ -165,6 +164,9 @@ class DhtNode:
 
     async def __aenter__(self) -> DhtNode:
         self._endpoint = await self._network.bind_datagram(self._bind_address)
+        # The table was built before the clock was known: it is fresh as of now.
+        for lo, _ in self.table.stale_buckets(trio.current_time(), 0.0):
+            self.table.touch_range(lo.to_bytes(20, "big"), trio.current_time())
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
         self._last_republish = trio.current_time()
@@ -198,6 +200,10 @@ class DhtNode:
         if self._endpoint is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
         return self._endpoint.local_address
+
+    def statistics(self) -> DhtStatistics:
+        """A copy of the node's counters."""
+        return dataclasses.replace(self.stats)
 
     @property
     def contact(self) -> Contact:
