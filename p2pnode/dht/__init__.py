@@ -5,6 +5,7 @@ Wire-compatible with the PyPI ``kademlia`` package (see docs/protocol/dht.md).
 
 from p2pnode.dht.lookup import Lookup, PeerState, RttEstimator
 from p2pnode.dht.node import DhtConfig, DhtNode, DhtStatistics
+from p2pnode.dht.peer import DhtPeer
 from p2pnode.dht.records import (
     ProviderInfo,
     RecordError,
@@ -23,6 +24,7 @@ __all__ = [
     "Contact",
     "DhtConfig",
     "DhtNode",
+    "DhtPeer",
     "DhtStatistics",
     "Lookup",
     "PeerState",
