@@ -245,10 +245,12 @@ class _SimDatagramEndpoint(DatagramEndpoint):
             if self._heap:
                 due = self._heap[0][0]
                 if due <= trio.current_time():
+                    await trio.lowlevel.checkpoint_if_cancelled()
                     _, _, data, src = heapq.heappop(self._heap)
                     # Re-check at delivery: the host may have been killed in flight.
                     if self._sim.reachable(src[0], self._address[0]):
-                        await trio.lowlevel.checkpoint()
+                        # Shielded: a cancel here must not lose the datagram just taken.
+                        await trio.lowlevel.cancel_shielded_checkpoint()
                         return data, src
                     continue
                 with trio.move_on_at(due):
@@ -416,6 +418,7 @@ class _SimStream(trio.abc.HalfCloseableStream):
                 if pipe.chunks:
                     due, chunk = pipe.chunks[0]
                     if due <= trio.current_time():
+                        await trio.lowlevel.checkpoint_if_cancelled()
                         if not chunk:
                             pipe.chunks.popleft()
                             pipe.eof = True
@@ -427,7 +430,7 @@ class _SimStream(trio.abc.HalfCloseableStream):
                             pipe.chunks.popleft()
                         pipe.buffered -= n
                         pipe.lot.unpark_all()  # a blocked sender may proceed
-                        await trio.lowlevel.checkpoint()
+                        await trio.lowlevel.cancel_shielded_checkpoint()
                         return chunk[:n]
                     with trio.move_on_at(due):
                         await pipe.lot.park()

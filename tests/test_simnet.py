@@ -195,3 +195,19 @@ async def test_thousand_hosts_exchange(autojump_clock: trio.testing.MockClock) -
             dst: Address = eps[(i + 1) % 1000].local_address
             await eps[i].sendto(b"ping", dst)
     assert received == 1000
+
+
+async def test_cancelled_receives_never_lose_data(autojump_clock: trio.testing.MockClock) -> None:
+    sim = _net(latency=0.1, jitter=0.05)
+    a, b = sim.add_host(), sim.add_host()
+    ea, eb = await a.bind_datagram(("", 0)), await b.bind_datagram(("", 0))
+    for i in range(50):
+        await ea.sendto(bytes([i]), eb.local_address)
+    got: list[bytes] = []
+    timeouts = [0.0, 0.001, 0.01, 0.03]
+    for i in range(10_000):
+        if len(got) == 50:
+            break
+        with trio.move_on_after(timeouts[i % 4]):
+            got.append((await eb.recvfrom())[0])
+    assert sorted(got) == [bytes([i]) for i in range(50)]

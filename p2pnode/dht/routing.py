@@ -31,7 +31,6 @@ takes ``now``.
 from __future__ import annotations
 
 import bisect
-import heapq
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -142,10 +141,26 @@ class RoutingTable:
         _check_id(target)
         t = id_int(target)
         n = self.k if count is None else count
-        pool: Iterable[Contact] = (c for b in self._buckets for c in b.contacts.values())
-        if exclude is not None:
-            pool = (c for c in pool if not exclude(c))
-        return heapq.nsmallest(n, pool, key=lambda c: id_int(c.node_id) ^ t)
+        # Every bucket is an id prefix, so the nearest any of its ids can be is
+        # the XOR of the prefixes: visit buckets by that bound and stop once the
+        # next bound is beyond the n-th best distance found (exact, not heuristic).
+        order = sorted(
+            (((b.lo ^ t) >> s) << s, i)
+            for i, b in enumerate(self._buckets)
+            for s in ((b.hi - b.lo).bit_length() - 1,)
+            if b.contacts
+        )
+        best: list[tuple[int, Contact]] = []
+        for bound, i in order:
+            if len(best) >= n and bound > best[n - 1][0]:
+                break
+            pool: Iterable[Contact] = self._buckets[i].contacts.values()
+            if exclude is not None:
+                pool = (c for c in pool if not exclude(c))
+            best.extend((id_int(c.node_id) ^ t, c) for c in pool)
+            best.sort(key=lambda dc: dc[0])
+            del best[n:]
+        return [c for _, c in best]
 
     def stale_buckets(self, now: float, interval: float) -> list[tuple[int, int]]:
         """``[lo, hi)`` ranges of buckets untouched for ``interval`` (Kademlia §2.3)."""

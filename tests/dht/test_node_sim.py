@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import trio
 import trio.testing
 
+from p2pnode.dht.node import DhtNode
 from p2pnode.dht.records import capability_key
-from tests.dht.helpers import make_card, swarm
+from p2pnode.errors import LocalError
+from p2pnode.wire import pack
+from tests.dht.helpers import make_card, swarm, virtual_ms
 
 
 async def test_small_swarm_provide_and_find(autojump_clock: trio.testing.MockClock) -> None:
@@ -40,3 +44,37 @@ async def test_find_node_returns_k_closest(autojump_clock: trio.testing.MockCloc
                 key=lambda n: int.from_bytes(n.node_id, "big") ^ int.from_bytes(target, "big"),
             )
             assert [c.node_id for c in got] == [n.node_id for n in truth[:20]]
+
+
+async def test_snapshot_restore_rejoins_without_bootstrap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with swarm(30, seed=6) as (sim, nodes):
+        owner = nodes[4]
+        assert owner.identity is not None
+        card = make_card(owner.identity, ["ocr"])
+        await owner.provide(card)
+        snap = nodes[9].snapshot()
+        host = sim.add_host()
+        fresh = DhtNode(
+            host,
+            node_id=b"\x42" * 20,
+            address=(host.host, 4000),
+            wall_clock_ms=virtual_ms,
+            rng=random.Random(1),
+        )
+        async with fresh:
+            assert fresh.restore(snap) == len(nodes[9].table)
+            assert [c.peer_id for c in await fresh.find_providers("ocr")] == [card.peer_id]
+            with pytest.raises(LocalError):
+                fresh.restore(b"\x93\x01")
+            with pytest.raises(LocalError):
+                fresh.restore(pack([[b"short", "h", 1]]))
+
+
+async def test_provide_refuses_foreign_card(autojump_clock: trio.testing.MockClock) -> None:
+    async with swarm(3, seed=7) as (_, nodes):
+        other = nodes[1].identity
+        assert other is not None
+        with pytest.raises(LocalError):
+            await nodes[0].provide(make_card(other, ["x"]))

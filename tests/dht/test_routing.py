@@ -131,3 +131,11 @@ def test_bad_ids_are_caller_errors() -> None:
     with pytest.raises(LocalError):
         table.closest(b"x")
     assert b"x" not in table
+
+
+def test_package_exports() -> None:
+    import p2pnode.dht as dht
+
+    for name in dht.__all__:
+        assert getattr(dht, name) is not None
+    assert "DhtNode" in dht.__all__

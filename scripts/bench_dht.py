@@ -1,0 +1,375 @@
+"""Benchmark: p2pnode DHT vs the stock ``kademlia`` package, same scenario, same run.
+
+Scenario (both sides, N nodes on 127.0.0.1 UDP, all in one process per side):
+
+1. join: node 0 listens; the others bootstrap off a random joined node, 10 at a time;
+2. publish: every 10th node publishes one value (ours: its signed card via ``provide``;
+   stock: ``set`` of bytes of similar size under the same key name);
+3. lookups: ``--lookups`` gets of random published keys from random nodes, 10 in flight
+   (ours: ``find_card`` returning a verified card; stock: ``get``);
+4. stop 20% of the nodes (never node 0, never publishers' data holders on purpose:
+   victims are random), then the same lookups for values of live publishers.
+
+The stock side runs in a separate OS process (this script with ``--stock-worker``) so
+the two event loops never share a core's time slice unfairly. Reported: join time,
+lookup latency p50/p95/p99, success rate, RPCs sent per lookup, memory per node (RSS
+growth / N), before and after the stop.
+
+``--simulate 10000`` instead runs our nodes on the in-memory network in virtual time
+and reports wall time and memory per node.
+
+Usage: python scripts/bench_dht.py [--nodes 300] [--lookups 200] [--simulate N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from p2pnode.card import AgentCard, Capability
+from p2pnode.dht.node import DhtConfig, DhtNode
+from p2pnode.identity import Identity
+from p2pnode.net import Network, TrioNetwork
+from p2pnode.simnet import LinkConditions, SimNetwork
+
+JOIN_PARALLEL = 10
+IN_FLIGHT = 10
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def summary(lat: list[float], ok: int, total: int, rpcs: int) -> dict[str, float]:
+    return {
+        "p50": pct(lat, 0.50),
+        "p95": pct(lat, 0.95),
+        "p99": pct(lat, 0.99),
+        "success": ok / total if total else float("nan"),
+        "rpcs": rpcs / total if total else float("nan"),
+    }
+
+
+def make_card(owner: Identity, now_ms: int, i: int) -> AgentCard:
+    card = AgentCard(
+        id=f"agent-{i}",
+        name=f"agent {i}",
+        version="1.0.0",
+        public_key=owner.public_key,
+        capabilities=(Capability(id=f"cap-{i % 10}", name="cap"),),
+        revision=1,
+        addresses=(f"127.0.0.1:{7000 + i % 1000}",),
+        issued_at=now_ms,
+        expires_at=now_ms + 3 * 3600 * 1000,
+    )
+    return card.signed(owner)
+
+
+# ---------------------------------------------------------------------------- ours
+
+
+async def run_ours(
+    n: int, lookups: int, net_factory: Any, wall_ms: Any, seed: int = 1
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    config = DhtConfig(rto_floor=0.05, rto_ceiling=1.0, rpc_hard_timeout=2.0)
+    gc.collect()
+    rss0 = rss_bytes()
+    nodes: list[DhtNode] = []
+    results: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        stops: dict[int, trio.Event] = {}
+        host_of: dict[int, int] = {}
+
+        async def host(i: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            net: Network = net_factory(i)
+            ident = Identity(rng.randbytes(32)) if i % 10 == 0 else None
+            node = DhtNode(
+                net,
+                identity=ident,
+                node_id=None if ident else rng.randbytes(20),
+                address=net_address(net, i),
+                config=config,
+                rng=random.Random(rng.random()),
+                wall_clock_ms=wall_ms,
+            )
+            stops[i] = trio.Event()
+            host_of[id(node)] = i
+            async with node:
+                task_status.started(node)
+                await stops[i].wait()
+
+        t0 = trio.current_time()
+        nodes.append(await nursery.start(host, 0))
+        limiter = trio.CapacityLimiter(JOIN_PARALLEL)
+
+        async def join(i: int) -> None:
+            async with limiter:
+                node = await nursery.start(host, i)
+                peer = nodes[rng.randrange(len(nodes))]
+                await node.bootstrap([peer.address])
+                nodes.append(node)
+
+        async with trio.open_nursery() as joins:
+            for i in range(1, n):
+                joins.start_soon(join, i)
+        join_s = trio.current_time() - t0
+        gc.collect()
+        mem = (rss_bytes() - rss0) / n
+        publishers = [x for x in nodes if x.identity is not None]
+        cards = {}
+        async with trio.open_nursery() as pubs:
+            for k, p in enumerate(publishers):
+                assert p.identity is not None
+                card = make_card(p.identity, wall_ms(), k)
+                cards[id(p)] = card
+                pubs.start_soon(p.provide, card)
+
+        async def measure(alive: list[DhtNode], targets: list[DhtNode]) -> dict[str, float]:
+            lat: list[float] = []
+            ok = 0
+            before = sum(x.stats.rpcs_sent for x in nodes)
+            lim = trio.CapacityLimiter(IN_FLIGHT)
+
+            async def one() -> None:
+                nonlocal ok
+                asker = rng.choice(alive)
+                target = rng.choice(targets)
+                async with lim:
+                    t = trio.current_time()
+                    card = await asker.find_card(cards[id(target)].peer_id)
+                    lat.append(trio.current_time() - t)
+                if card == cards[id(target)]:
+                    ok += 1
+
+            async with trio.open_nursery() as ns:
+                for _ in range(lookups):
+                    ns.start_soon(one)
+            return summary(lat, ok, lookups, sum(x.stats.rpcs_sent for x in nodes) - before)
+
+        results["join_s"] = join_s
+        results["mem_per_node"] = mem
+        results["before"] = await measure(nodes, publishers)
+        victims = set(rng.sample(range(1, len(nodes)), len(nodes) // 5))
+        for v in victims:
+            stops[host_of[id(nodes[v])]].set()
+        await trio.sleep(0.1)
+        alive = [x for k, x in enumerate(nodes) if k not in victims]
+        live_pubs = [x for x in publishers if x in alive]
+        results["after"] = await measure(alive, live_pubs)
+        for ev in stops.values():
+            ev.set()
+    return results
+
+
+def net_address(net: Network, i: int) -> tuple[str, int]:
+    if isinstance(net, TrioNetwork):
+        return ("127.0.0.1", 0)
+    return (getattr(net, "host", "127.0.0.1"), 4000)
+
+
+# ---------------------------------------------------------------------------- stock
+
+
+async def stock_worker(n: int, lookups: int, seed: int) -> dict[str, Any]:
+    import logging
+
+    from kademlia.network import Server
+
+    logging.getLogger("kademlia").setLevel(logging.CRITICAL)
+    logging.getLogger("rpcudp").setLevel(logging.CRITICAL)
+    rng = random.Random(seed)
+    sent = [0]
+    gc.collect()
+    rss0 = rss_bytes()
+    servers: list[Any] = []
+
+    async def start() -> Any:
+        s = Server()
+        await s.listen(0, interface="127.0.0.1")
+        orig = s.transport.sendto
+
+        def counting(data: bytes, addr: Any = None) -> None:
+            if data[:1] == b"\x00":
+                sent[0] += 1
+            orig(data, addr)
+
+        s.transport.sendto = counting
+        return s
+
+    t0 = time.perf_counter()
+    servers.append(await start())
+    sem = asyncio.Semaphore(JOIN_PARALLEL)
+
+    async def join() -> None:
+        async with sem:
+            s = await start()
+            peer = servers[rng.randrange(len(servers))]
+            addr = peer.transport.get_extra_info("sockname")[:2]
+            await s.bootstrap([tuple(addr)])
+            servers.append(s)
+
+    await asyncio.gather(*(join() for _ in range(n - 1)))
+    join_s = time.perf_counter() - t0
+    gc.collect()
+    mem = (rss_bytes() - rss0) / n
+    publishers = servers[::10]
+    values = {id(p): f"card-{k}".encode() + rng.randbytes(700) for k, p in enumerate(publishers)}
+    keys = {id(p): f"p2pnode:card:{k}" for k, p in enumerate(publishers)}
+    await asyncio.gather(*(p.set(keys[id(p)], values[id(p)]) for p in publishers))
+
+    async def measure(alive: list[Any], targets: list[Any]) -> dict[str, float]:
+        lat: list[float] = []
+        ok = 0
+        before = sent[0]
+        lim = asyncio.Semaphore(IN_FLIGHT)
+
+        async def one() -> None:
+            nonlocal ok
+            asker = rng.choice(alive)
+            target = rng.choice(targets)
+            async with lim:
+                t = time.perf_counter()
+                got = await asker.get(keys[id(target)])
+                lat.append(time.perf_counter() - t)
+            if got == values[id(target)]:
+                ok += 1
+
+        await asyncio.gather(*(one() for _ in range(lookups)))
+        return summary(lat, ok, lookups, sent[0] - before)
+
+    out: dict[str, Any] = {"join_s": join_s, "mem_per_node": mem}
+    out["before"] = await measure(servers, publishers)
+    victims = set(rng.sample(range(1, len(servers)), len(servers) // 5))
+    for v in victims:
+        servers[v].stop()
+    alive = [s for k, s in enumerate(servers) if k not in victims]
+    out["after"] = await measure(alive, [p for p in publishers if p in alive])
+    for s in alive:
+        s.stop()
+    return out
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def table(ours: dict[str, Any], stock: dict[str, Any], n: int) -> str:
+    rows = [("join time (s, all nodes)", ours["join_s"], stock["join_s"], "{:.2f}")]
+    rows.append(
+        (
+            "memory per node (KB)",
+            ours["mem_per_node"] / 1024,
+            stock["mem_per_node"] / 1024,
+            "{:.1f}",
+        )
+    )
+    for phase in ("before", "after"):
+        label = "" if phase == "before" else " [20% stopped]"
+        o, s = ours[phase], stock[phase]
+        for key, name, fmt in (
+            ("p50", "get latency p50 (ms)", "{:.1f}"),
+            ("p95", "get latency p95 (ms)", "{:.1f}"),
+            ("p99", "get latency p99 (ms)", "{:.1f}"),
+            ("success", "success rate", "{:.3f}"),
+            ("rpcs", "RPCs per lookup", "{:.1f}"),
+        ):
+            scale = 1000.0 if key.startswith("p") else 1.0
+            rows.append((name + label, o[key] * scale, s[key] * scale, fmt))
+    lines = [
+        f"DHT benchmark, N={n} UDP nodes on 127.0.0.1, {IN_FLIGHT} lookups in flight",
+        f"{'metric':<42} {'p2pnode':>12} {'kademlia':>12} {'ratio':>8}",
+    ]
+    for name, a, b, fmt in rows:
+        ratio = a / b if b else float("nan")
+        lines.append(f"{name:<42} {fmt.format(a):>12} {fmt.format(b):>12} {ratio:>8.3f}")
+    return "\n".join(lines)
+
+
+async def simulate(n: int, lookups: int) -> None:
+    sim = SimNetwork(random.Random(5), default=LinkConditions(latency=0.02, jitter=0.01))
+    epoch = 1_800_000_000_000
+    t0 = time.perf_counter()
+    res = await run_ours(
+        n,
+        lookups,
+        lambda i: sim.add_host(),
+        lambda: epoch + int(trio.current_time() * 1000),
+    )
+    wall = time.perf_counter() - t0
+    print(f"simulated DHT, N={n} nodes in virtual time")
+    print(f"{'wall time (s)':<40} {wall:>10.1f}")
+    print(f"{'virtual join time (s)':<40} {res['join_s']:>10.1f}")
+    print(f"{'memory per node (KB)':<40} {res['mem_per_node'] / 1024:>10.1f}")
+    for phase in ("before", "after"):
+        r = res[phase]
+        tag = "" if phase == "before" else " [20% killed]"
+        print(
+            f"lookups{tag}: success {r['success']:.3f}, p50 {r['p50'] * 1000:.0f} ms, "
+            f"p99 {r['p99'] * 1000:.0f} ms (virtual), {r['rpcs']:.1f} RPCs/lookup"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=300)
+    ap.add_argument("--lookups", type=int, default=200)
+    ap.add_argument("--simulate", type=int, default=0)
+    ap.add_argument("--stock-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.stock_worker:
+        print(json.dumps(asyncio.run(stock_worker(args.nodes, args.lookups, 2))))
+        return
+    if args.simulate:
+        trio.run(
+            simulate,
+            args.simulate,
+            args.lookups,
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )
+        return
+    net = TrioNetwork()
+    ours = trio.run(
+        run_ours, args.nodes, args.lookups, lambda i: net, lambda: time.time_ns() // 1_000_000
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--stock-worker",
+            "--nodes",
+            str(args.nodes),
+            "--lookups",
+            str(args.lookups),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    stock = json.loads(out.stdout.strip().splitlines()[-1])
+    print(table(ours, stock, args.nodes))
+
+
+if __name__ == "__main__":
+    main()
