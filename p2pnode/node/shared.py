@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import random
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -63,51 +62,22 @@ from p2pnode.crdt.replica import Delta, Replica
 from p2pnode.crdt.store import AsyncCRDTStore
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError
+from p2pnode.node.docops import (
+    CAPABILITY_PREFIX,
+    GOSSIP_MARKER,
+    decode_gossip_payload_untrusted,
+    doc_capability,
+    gossip_payload,
+)
 
 if TYPE_CHECKING:
     from p2pnode.node.node import Node
 
 logger = logging.getLogger("p2pnode.shared")
 
-#: Payload key that marks a gossip envelope (its value is the document name).
-GOSSIP_MARKER = "crdt"
-#: Capability prefix advertising interest in a document.
-CAPABILITY_PREFIX = "crdt:"
 STORE_FILE_NAME = "crdt.sqlite3"
 SUBSCRIPTIONS_FILE_NAME = "crdt-subscriptions.json"
-# A capability id is at most 128 characters of [A-Za-z0-9._:/-] (card.py).
-_DOC_PATTERN = re.compile(r"^[A-Za-z0-9._:/-]{1,123}$")
 _MAX_SUBSCRIPTIONS = 1024
-
-
-def check_doc_name(doc: object) -> str:
-    """A document name usable in a capability id. Raises LocalError(INVALID_ARGUMENT)."""
-    if not isinstance(doc, str) or not _DOC_PATTERN.match(doc):
-        raise LocalError(
-            ErrorCode.INVALID_ARGUMENT,
-            f"document name {doc!r:.80} must be 1-123 characters of A-Z a-z 0-9 . _ : / -",
-        )
-    return doc
-
-
-def doc_capability(doc: str) -> str:
-    """The capability id that advertises interest in ``doc``."""
-    return CAPABILITY_PREFIX + check_doc_name(doc)
-
-
-def gossip_payload(doc: str, frame: bytes) -> dict[str, Any]:
-    """The ``stream-data`` payload carrying one gossip frame of ``doc``."""
-    return {GOSSIP_MARKER: doc, "frame": frame}
-
-
-def decode_gossip_payload_untrusted(payload: object) -> tuple[str, bytes]:
-    """``(doc, frame bytes)`` of a gossip payload. Raises GossipError(MALFORMED_MESSAGE)."""
-    if not isinstance(payload, dict) or set(payload) != {GOSSIP_MARKER, "frame"}:
-        raise GossipError(ErrorCode.MALFORMED_MESSAGE, "gossip payload is not {crdt, frame}")
-    doc, frame = payload[GOSSIP_MARKER], payload["frame"]
-    if not isinstance(doc, str) or not _DOC_PATTERN.match(doc) or not isinstance(frame, bytes):
-        raise GossipError(ErrorCode.MALFORMED_MESSAGE, "gossip payload has a bad doc or frame")
-    return doc, frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,14 +599,4 @@ def _write_durably(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-__all__ = [
-    "CAPABILITY_PREFIX",
-    "GOSSIP_MARKER",
-    "SharedConfig",
-    "SharedState",
-    "Watch",
-    "check_doc_name",
-    "decode_gossip_payload_untrusted",
-    "doc_capability",
-    "gossip_payload",
-]
+__all__ = ["STORE_FILE_NAME", "SUBSCRIPTIONS_FILE_NAME", "SharedConfig", "SharedState", "Watch"]
