@@ -330,9 +330,14 @@ class Node:
         """Send inbound ``stream-data`` envelopes whose payload is a map holding the key
         ``marker`` to ``interceptor`` instead of the recipient's handler (``None``
         removes it). It runs after sender authentication and ingress policy, once per
-        allowed local recipient, on the channel's reader task: it must not block."""
+        allowed local recipient, on the channel's reader task: it must not block.
+
+        Raises LocalError(INVALID_ARGUMENT) when ``marker`` is already intercepted.
+        """
         if interceptor is None:
             self._stream_interceptors.pop(marker, None)
+        elif marker in self._stream_interceptors:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"stream marker {marker!r} is taken")
         else:
             self._stream_interceptors[marker] = interceptor
 

@@ -199,17 +199,21 @@ class SharedState:
         return self.node.config.data_dir
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Load the replica, restore saved subscriptions and serve until cancelled."""
-        if self.data_dir is not None:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            self._store = await AsyncCRDTStore.open(
-                self.data_dir / STORE_FILE_NAME, synchronous=self.config.synchronous
-            )
-            self._replica = await self._store.load(self.replica_id, max_log=self.config.max_log)
-        else:
-            self._replica = Replica(self.replica_id, max_log=self.config.max_log)
+        """Load the replica, restore saved subscriptions and serve until cancelled.
+
+        Raises LocalError(INVALID_ARGUMENT) when the node already runs one, and
+        LocalError(CONFIG_ERROR) when the store cannot be opened.
+        """
         self.node.intercept_stream(GOSSIP_MARKER, self._on_gossip)
         try:
+            if self.data_dir is not None:
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                self._store = await AsyncCRDTStore.open(
+                    self.data_dir / STORE_FILE_NAME, synchronous=self.config.synchronous
+                )
+                self._replica = await self._store.load(self.replica_id, max_log=self.config.max_log)
+            else:
+                self._replica = Replica(self.replica_id, max_log=self.config.max_log)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._refresh_loop)
@@ -233,9 +237,9 @@ class SharedState:
         self._own_nursery = await self._own.__aenter__()
         try:
             await self._own_nursery.start(self.run)
-        except BaseException as exc:
+        except BaseException:
             self._own_nursery.cancel_scope.cancel()
-            await self._own.__aexit__(type(exc), exc, exc.__traceback__)
+            await self._own.__aexit__(None, None, None)  # the failed start left no task
             raise
         return self
 
