@@ -21,6 +21,8 @@ DOC = "ledger"
 READY_TIMEOUT = 30.0
 CALL_TIMEOUT = 20.0
 CONVERGE_TIMEOUT = 40.0
+# The processes import this checkout whatever the working directory.
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
 
 
 class Daemon:
@@ -41,10 +43,9 @@ class Daemon:
                 "--listen", "127.0.0.1:0", "--log-level", "WARNING"]  # fmt: skip
         if bootstrap:
             argv += ["--bootstrap", bootstrap]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.address = ""
         self.process = await trio.lowlevel.open_process(
-            argv, stdout=-1, stderr=-1, stdin=-3, env=env
+            argv, stdout=-1, stderr=-1, stdin=-3, env=ENV
         )
         ready = trio.Event()
         nursery.start_soon(self._read, self.process, ready)
@@ -131,6 +132,15 @@ async def test_kill_9_loses_no_acknowledged_update(tmp_path: Path) -> None:
                         break
                     await trio.sleep(0.2)
             assert [s["value"] for s in states] == [expected] * 3, [d.log[-5:] for d in daemons]
+            # The same through the command line.
+            cli = [sys.executable, "-m", "p2pnode", "--data-dir", str(reader.data_dir), "doc"]
+            update = json.dumps({"op": "register.set", "path": ["by"], "value": "cli"})
+            done = await trio.run_process(
+                [*cli, "update", DOC, update], capture_stdout=True, env=ENV
+            )
+            assert json.loads(done.stdout)["durable"] is True
+            done = await trio.run_process([*cli, "read", DOC], capture_stdout=True, env=ENV)
+            assert json.loads(done.stdout)["value"] == {**expected, "by": "cli"}
             nursery.cancel_scope.cancel()
     finally:
         for d in daemons:
