@@ -888,6 +888,7 @@ class Node:
                 }
                 for p, link in self._links.items()
             ],
+            "documents": self._shared.subscriptions() if self._shared is not None else {},
             "metrics": metrics.to_dict(),
         }
 

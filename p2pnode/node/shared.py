@@ -186,6 +186,7 @@ class SharedState:
         self._own: Any = None
         self._own_nursery: trio.Nursery | None = None
         self._dirty = trio.Event()
+        self._save_lock = trio.Lock()
         self._local_gen = 0
         self._durable_gen = 0
         self._durable_changed = trio.Event()
@@ -228,6 +229,9 @@ class SharedState:
             self.node.intercept_stream(GOSSIP_MARKER, None)
             for queue in self._queues.values():
                 queue.close()
+            for d in self._docs.values():
+                for w in list(d.watchers):
+                    w.close()
             if self._store is not None:
                 # Synchronous on purpose: no commit is running once the nursery is done.
                 self._store.store.close()
@@ -365,6 +369,8 @@ class SharedState:
 
     async def refresh(self, doc: str | None = None) -> None:
         """Look peers up through discovery now and rescan the registry."""
+        if doc is not None and doc not in self._docs:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {doc!r}")
         for d in [self._docs[doc]] if doc is not None else list(self._docs.values()):
             await self._discover(d)
 
@@ -591,7 +597,9 @@ class SharedState:
         pairs = {(a, doc) for doc, d in self._docs.items() for a in d.members}
         pairs |= set(self._saved_subscriptions())  # keep those of agents not hosted now
         text = json.dumps({"subscriptions": sorted([list(p) for p in pairs])}, indent=1)
-        await trio.to_thread.run_sync(_write_durably, self.data_dir / SUBSCRIPTIONS_FILE_NAME, text)
+        async with self._save_lock:
+            path = self.data_dir / SUBSCRIPTIONS_FILE_NAME
+            await trio.to_thread.run_sync(_write_durably, path, text)
 
 
 def _write_durably(path: Path, text: str) -> None:
