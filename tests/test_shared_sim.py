@@ -324,8 +324,14 @@ async def test_watch_update_membership_and_async_with(autojump_clock: Any) -> No
         assert info.value.code is ErrorCode.INVALID_ARGUMENT
         with pytest.raises(LocalError):
             await a.shared.subscribe(a.agent, "bad name!")
-        assert a.node is not None
-        assert a.node.local_agent(a.agent).has_capability("crdt:" + DOC)
+        assert a.node is not None and b.node is not None
+        # Interest is advertised: the card's new revision reached the peer and discovery.
+        card = a.node.local_agent(a.agent)
+        assert card.has_capability("crdt:" + DOC) and card.revision == 1
+        assert b.node.registry.get(a.agent).revision == 1
+        assert sw.directory.cards[a.agent].has_capability("crdt:" + DOC)
+        assert a.node.status()["documents"] == {DOC: [a.agent]}
+        assert await a.node.add_capability(a.agent, card.capabilities[0]) == card  # no-op
         with pytest.raises(LocalError):  # one service per node
             async with SharedState(a.node):
                 pass
@@ -355,6 +361,14 @@ def test_gossip_payload_decoder_raises_only_gossip_errors(obj: Any) -> None:
         assert exc.code is ErrorCode.MALFORMED_MESSAGE
     else:
         assert gossip_payload(doc, frame) == obj
+
+
+def test_shared_config_is_validated() -> None:
+    with pytest.raises(LocalError) as info:
+        SharedConfig(refresh_interval=0)
+    assert info.value.code is ErrorCode.CONFIG_ERROR
+    with pytest.raises(LocalError):
+        SharedConfig(send_queue=0)
 
 
 def test_json_operations() -> None:
