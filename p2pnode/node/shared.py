@@ -514,6 +514,7 @@ class SharedState:
         if peer not in d.routes or d.routes[peer] not in d.members:
             d.routes[peer] = target
         if peer not in d.core.peers and self._mutual(self.node.local_agent(target), source):
+            self._suspended.pop(peer, None)  # it reached us: worth trying again
             d.core.add_peer(peer)
         errors = d.core.statistics().errors
         result = d.core.receive(peer, msg)
