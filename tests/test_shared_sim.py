@@ -86,6 +86,11 @@ class Member:
     node: Node | None = None
     scope: trio.CancelScope | None = None
     stopped: trio.Event = dataclasses.field(default_factory=trio.Event)
+    #: Envelopes the agent's handler got (gossip must never land here).
+    inbox: list[Envelope] = dataclasses.field(default_factory=list)
+
+    async def handle(self, envelope: Envelope) -> Any:
+        self.inbox.append(envelope)
 
     @property
     def shared(self) -> SharedState:
@@ -123,7 +128,7 @@ class Swarm:
                 host = self.sim._hosts[member.host]
                 identity = Identity(bytes([member.index + 1]) * 32)
                 async with Node(identity, host, member.config, discovery=self.directory) as node:
-                    await node.add_agent(member.agent, ignore, tier=3, sandbox_id=member.sandbox)
+                    await node.add_agent(member.agent, member.handle, sandbox_id=member.sandbox)
                     await node.open_shared(SHARED, rng=random.Random(member.index))
                     task_status.started(node)
                     await trio.sleep_forever()
@@ -221,6 +226,7 @@ async def test_swarm_converges_through_partition_kills_and_restarts(
         assert value["members"] == frozenset(expected_members)
         clock = members[0].shared.clock(DOC)
         assert {m.agent: clock.get(m.shared.replica_id) for m in members} == ops
+        assert all(m.inbox == [] for m in members)
 
 
 # -- policy ---------------------------------------------------------------------------------------
@@ -300,6 +306,7 @@ async def test_garbage_gossip_does_not_stop_sync(autojump_clock: Any) -> None:
         await honest.shared.update(honest.agent, DOC, RegisterSet(("status",), "green", 5))
         assert await wait_converged([victim, honest], within=10.0)
         assert victim.shared.read(DOC)["status"] == "green"
+        assert victim.inbox == [] and honest.inbox == []  # gossip never reaches handlers
 
 
 # -- API ------------------------------------------------------------------------------------------
