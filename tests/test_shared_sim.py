@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,7 +39,7 @@ from p2pnode.node.docops import (
 from p2pnode.node.frames import encode_envelope
 from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
-from p2pnode.node.shared import SharedConfig, SharedState
+from p2pnode.node.shared import STORE_FILE_NAME, SharedConfig, SharedState
 from p2pnode.simnet import SimNetwork
 from p2pnode.wire import pack
 
@@ -227,6 +228,35 @@ async def test_swarm_converges_through_partition_kills_and_restarts(
         clock = members[0].shared.clock(DOC)
         assert {m.agent: clock.get(m.shared.replica_id) for m in members} == ops
         assert all(m.inbox == [] for m in members)
+
+
+async def test_no_frame_carries_an_update_before_it_is_durable(
+    autojump_clock: Any, tmp_path: Path
+) -> None:
+    async with swarm(tmp_path) as sw:
+        writer, peer = await sw.add(durable=True), await sw.add()
+        await trio.sleep(3)
+        await writer.shared.update(writer.agent, DOC, CounterAdd(("n",), 1))
+        assert await wait_converged([writer, peer], within=10.0)
+        assert writer.config.data_dir is not None
+        # Another connection holds the database's write lock: commits fail (after
+        # SQLite's busy timeout), so the next update is not acknowledged...
+        blocker = sqlite3.connect(writer.config.data_dir / STORE_FILE_NAME, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(LocalError) as info:
+                await writer.shared.update(writer.agent, DOC, CounterAdd(("n",), 10))
+            assert info.value.code is ErrorCode.INTERNAL
+            assert writer.shared.read(DOC) == {"n": 11}  # applied in memory only
+            await trio.sleep(10)  # anti-entropy rounds run meanwhile
+            # ... and no frame showed it to a peer.
+            assert peer.shared.read(DOC) == {"n": 1}
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        # Once a retried commit succeeds, it is durable and spreads.
+        assert await wait_converged([writer, peer], within=30.0)
+        assert peer.shared.read(DOC) == {"n": 11}
 
 
 # -- policy ---------------------------------------------------------------------------------------

@@ -221,8 +221,13 @@ class SharedState:
                 if self._store is not None:
                     nursery.start_soon(self._commit_loop)
                 for agent_id, doc in self._saved_subscriptions():
-                    if self.node.registry.find(agent_id) is not None:
+                    card = self.node.registry.find(agent_id)
+                    if card is None or card.origin is not Origin.LOCAL:
+                        continue  # kept on disk for when the agent is hosted again
+                    try:
                         await self.subscribe(agent_id, doc)
+                    except LocalError as exc:
+                        logger.warning("cannot restore %s in %s: %s", agent_id, doc, exc)
                 task_status.started()
         finally:
             self._nursery = None
@@ -326,8 +331,8 @@ class SharedState:
         if self._store is not None:
             try:
                 await self._store.commit(self.replica)
-            except LocalError:
-                self._dirty.set()
+            except BaseException:
+                self._dirty.set()  # the commit loop makes it durable (and lets frames go) later
                 raise
         self._mark_durable(gen)
         d.core.publish(delta)
