@@ -202,6 +202,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"peers      {len(status['peers'])}")
     for channel in status["channels"]:
         print(f"  channel  {channel['peer']}  {channel['state']}")
+    for doc, agents in status.get("documents", {}).items():
+        print(f"document   {doc}  ({', '.join(agents)})")
     metrics = status["metrics"]
     print(f"messages   sent {metrics['totalMessagesSent']}  "
           f"received {metrics['totalMessagesReceived']}  errors {metrics['errorCount']}  "
