@@ -331,6 +331,7 @@ class Node:
         ``marker`` to ``interceptor`` instead of the recipient's handler (``None``
         removes it). It runs after sender authentication and ingress policy, once per
         allowed local recipient, on the channel's reader task: it must not block.
+        Envelopes between two agents of this node are not intercepted.
 
         Raises LocalError(INVALID_ARGUMENT) when ``marker`` is already intercepted.
         """
