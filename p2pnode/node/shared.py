@@ -1,6 +1,6 @@
 """Shared state on a running node: the trio driver of the CRDT gossip core.
 
-Theory of operation (seed R9; docs/protocol/gossip.md §8):
+Theory of operation (seed R9; docs/protocol/gossip.md §8 and §9):
 
 * One :class:`~p2pnode.crdt.replica.Replica` per node, its id the node's
   peer id text, loaded from ``data_dir/crdt.sqlite3`` when the node has a
