@@ -1,4 +1,4 @@
-"""``p2pnode run | status | find | send``: the daemon and its control clients."""
+"""``p2pnode run | status | find | send | doc``: the daemon and its control clients."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from p2pnode.node.control import (
     control_call,
     parse_message_type,
 )
+from p2pnode.node.docops import op_from_json, value_to_json
 from p2pnode.node.node import Node
 from p2pnode.node.observability import configure_logging
 from p2pnode.node.policy import PolicyConfig
@@ -87,7 +88,41 @@ def _node_ops(node: Node) -> dict[str, Any]:
         result = await node.send(envelope)
         return {"id": result.envelope_id, "path": result.path, "targets": list(result.targets)}
 
-    return {"status": status, "find": find, "send": send}
+    ops = {"status": status, "find": find, "send": send}
+    ops.update(_doc_ops(node))
+    return ops
+
+
+def _doc_ops(node: Node) -> dict[str, Any]:
+    """``doc.subscribe``, ``doc.update``, ``doc.read`` (docs/protocol/node.md)."""
+
+    def member(request: dict[str, Any]) -> str:
+        return str(request.get("agent") or node.default_agent())
+
+    def doc_state(doc: str) -> dict[str, Any]:
+        shared = node.shared
+        return {
+            "doc": doc,
+            "value": value_to_json(shared.read(doc)),
+            "clock": shared.clock(doc).to_wire(),
+            "peers": list(shared.peers(doc)),
+        }
+
+    async def subscribe(request: dict[str, Any]) -> Any:
+        doc, agent = str(request["doc"]), member(request)
+        await node.shared.subscribe(agent, doc)
+        return {"doc": doc, "agent": agent, "subscriptions": node.shared.subscriptions()}
+
+    async def update(request: dict[str, Any]) -> Any:
+        doc = str(request["doc"])
+        op = op_from_json(request.get("update"), now_ms=wall_clock_ms())
+        delta = await node.shared.update(member(request), doc, op)
+        return {"doc": doc, "origin": delta.origin, "seq": delta.seq, "durable": True}
+
+    async def read(request: dict[str, Any]) -> Any:
+        return doc_state(str(request["doc"]))
+
+    return {"doc.subscribe": subscribe, "doc.update": update, "doc.read": read}
 
 
 async def run_daemon(args: argparse.Namespace) -> int:
@@ -123,6 +158,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
                 addresses=tuple(node.advertised_addresses()),
             )
             await node.add_agent_card(card, echo_handler, authority=endorser)
+        await node.open_shared()
         await node.join()
         server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
         await node.nursery.start(server.serve)
@@ -169,6 +205,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"peers      {len(status['peers'])}")
     for channel in status["channels"]:
         print(f"  channel  {channel['peer']}  {channel['state']}")
+    for doc, agents in status.get("documents", {}).items():
+        print(f"document   {doc}  ({', '.join(agents)})")
     metrics = status["metrics"]
     print(f"messages   sent {metrics['totalMessagesSent']}  "
           f"received {metrics['totalMessagesReceived']}  errors {metrics['errorCount']}  "
@@ -203,8 +241,38 @@ def cmd_send(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doc(args: argparse.Namespace) -> int:
+    request: dict[str, Any] = {"op": f"doc.{args.doc_command}", "doc": args.doc}
+    if args.agent:
+        request["agent"] = args.agent
+    if args.doc_command == "update":
+        try:
+            request["update"] = json.loads(args.update)
+        except json.JSONDecodeError as exc:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"UPDATE is not JSON: {exc}") from exc
+    print(json.dumps(_control(args, request), indent=2))
+    return 0
+
+
+def _add_doc_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    doc = sub.add_parser("doc", help="shared CRDT documents of a running node")
+    doc_sub = doc.add_subparsers(dest="doc_command", required=True)
+    for name, text in (("subscribe", "replicate a document"), ("read", "print a document"),
+                       ("update", "apply an operation; returns once it is durable")):  # fmt: skip
+        cmd = doc_sub.add_parser(name, help=text)
+        cmd.add_argument("doc", help="document name")
+        if name == "update":
+            cmd.add_argument(
+                "update",
+                help='operation as JSON, e.g. \'{"op": "counter.add", "path": ["n"]}\'; '
+                "ops: counter.add, register.set, set.add, set.remove, map.remove (see docs)",
+            )
+        cmd.add_argument("--agent", help="local member agent (default: the first)")
+        cmd.set_defaults(handler=cmd_doc)
+
+
 def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``run``, ``status``, ``find``, ``send`` and ``demo``."""
+    """Register ``run``, ``status``, ``find``, ``send``, ``doc`` and ``demo``."""
     run = sub.add_parser("run", help="run a node until interrupted")
     run.add_argument("--listen", default="127.0.0.1:0", help="TCP and UDP address (host:port)")
     run.add_argument("--advertise-host", help="host to publish in cards (for 0.0.0.0 listeners)")
@@ -234,4 +302,5 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     send.add_argument("--capability", action="store_true", help="TARGET is a capability id")
     send.set_defaults(handler=cmd_send)
 
+    _add_doc_command(sub)
     add_demo_command(sub)

@@ -3,7 +3,8 @@
 It starts N ``p2pnode run`` processes, each with its own identity and an
 agent card with different capabilities and tiers, joins them through the
 first one, then shows discovery by capability, a request/response across
-processes, a broadcast, and a cross-tier message refused by policy. It exits
+processes, a broadcast, a cross-tier message refused by policy, and a shared
+CRDT document every node writes to and that converges by gossip. It exits
 0 when all of that worked, and always stops every process it started.
 """
 
@@ -189,6 +190,29 @@ class Demo:
             f"{first.agent} reached {len(result['targets'])} agents: {result['targets']}",
         )
         await self._refused_cross_tier()
+        await self._shared_document()
+
+    async def _shared_document(self) -> None:
+        doc = "demo.board"
+        for node in self.nodes:
+            await self.call(node, {"op": "doc.subscribe", "doc": doc})
+        for node in self.nodes:
+            update = {"op": "set.add", "path": ["agents"], "element": node.agent}
+            await self.call(node, {"op": "doc.update", "doc": doc, "update": update})
+        everyone = sorted(n.agent for n in self.nodes)
+        values: list[Any] = []
+        with trio.move_on_after(DISCOVERY_TIMEOUT):
+            while True:
+                values = [(await self.call(n, {"op": "doc.read", "doc": doc}))["value"]
+                          for n in self.nodes]  # fmt: skip
+                if all(v.get("agents") == everyone for v in values):
+                    break
+                await trio.sleep(0.2)
+        self.check(
+            "shared document converged",
+            all(v.get("agents") == everyone for v in values),
+            f"every node's {doc!r} lists {len(everyone)} agents (CRDT set, gossip)",
+        )
 
     async def _refused_cross_tier(self) -> None:
         l1 = next((n for n in self.nodes if n.tier == 1), None)

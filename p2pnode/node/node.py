@@ -21,12 +21,18 @@ Theory of operation:
 * Replies (response, error, task-accept, task-reject) answering a request
   the node allowed are not tier-checked again, so an L1 agent may answer an
   L3 agent's permitted request.
+* Protocols carried in ``stream-data`` envelopes (CRDT gossip) register an
+  interceptor for a payload marker (:meth:`Node.intercept_stream`): a
+  matching envelope goes to it *after* sender authentication and ingress
+  policy, instead of to the agent's handler. :meth:`Node.open_shared` starts
+  the node's shared-state service (:mod:`p2pnode.node.shared`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,12 +60,15 @@ from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.frames import Hello, decode_frame_untrusted, encode_envelope, encode_hello
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
+from p2pnode.node.shared import SharedConfig, SharedState
 from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
 
 Handler = Callable[[Envelope], Awaitable[Any]]
+#: ``(authenticated source card, local recipient agent id, envelope)``.
+StreamInterceptor = Callable[[AgentCard, str, Envelope], Awaitable[None]]
 REPLY_TYPES = frozenset(
     {MessageType.RESPONSE, MessageType.ERROR, MessageType.TASK_ACCEPT, MessageType.TASK_REJECT}
 )
@@ -172,6 +181,8 @@ class Node:
         self._pending: dict[str, _Pending] = {}
         self._seen = _BoundedSet(self.config.dedup_window)
         self._allowed_requests = _BoundedSet(self.config.dedup_window)
+        self._stream_interceptors: dict[str, StreamInterceptor] = {}
+        self._shared: SharedState | None = None
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
         self._listen_address: Address | None = None
@@ -299,6 +310,61 @@ class Node:
             existing.card, existing.handler = stored, handler
         self.nursery.start_soon(self._announce, stored)
         return stored
+
+    async def add_capability(self, agent_id: str, capability: Capability) -> AgentCard:
+        """Re-publish local agent ``agent_id``'s card with ``capability`` added: the revision
+        bumps, connected peers get a HELLO and discovery a ``provide``. Returns the card
+        (unchanged when it already offers that capability id).
+
+        Raises LocalError(AGENT_NOT_FOUND) or LocalError(INVALID_CARD) (too many capabilities).
+        """
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
+        if agent.card.has_capability(capability.id):
+            return agent.card
+        card = dataclasses.replace(agent.card, capabilities=(*agent.card.capabilities, capability))
+        return await self.add_agent_card(card, agent.handler)
+
+    def intercept_stream(self, marker: str, interceptor: StreamInterceptor | None) -> None:
+        """Send inbound ``stream-data`` envelopes whose payload is a map holding the key
+        ``marker`` to ``interceptor`` instead of the recipient's handler (``None``
+        removes it). It runs after sender authentication and ingress policy, once per
+        allowed local recipient, on the channel's reader task: it must not block.
+        Envelopes between two agents of this node are not intercepted.
+
+        Raises LocalError(INVALID_ARGUMENT) when ``marker`` is already intercepted.
+        """
+        if interceptor is None:
+            self._stream_interceptors.pop(marker, None)
+        elif marker in self._stream_interceptors:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"stream marker {marker!r} is taken")
+        else:
+            self._stream_interceptors[marker] = interceptor
+
+    async def open_shared(
+        self, config: SharedConfig | None = None, *, rng: random.Random | None = None
+    ) -> SharedState:
+        """Start the node's shared-state service (CRDT documents replicated by gossip,
+        durable in ``data_dir/crdt.sqlite3`` when the node has a data directory) in the
+        node's nursery; returns it (the running one if already started). Call after
+        adding the node's agents so saved subscriptions are restored."""
+        if self._shared is None:
+            shared = SharedState(self, config, rng=rng)
+            self._shared = shared
+            try:
+                await self.nursery.start(shared.run)
+            except BaseException:
+                self._shared = None
+                raise
+        return self._shared
+
+    @property
+    def shared(self) -> SharedState:
+        """The service started by :meth:`open_shared`. Raises LocalError(INVALID_ARGUMENT)."""
+        if self._shared is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "shared state is not open; open_shared()")
+        return self._shared
 
     def default_agent(self) -> str:
         """The first local agent's id. Raises LocalError(AGENT_NOT_FOUND) when there is none."""
@@ -795,7 +861,20 @@ class Node:
             elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
                 error = verdict.to_remote_error().to_dict()
                 await self._reply(target.id, envelope, MessageType.ERROR, error)
+        interceptor = self._interceptor_for(envelope)
+        if interceptor is not None:
+            for agent_id in allowed:
+                await interceptor(source, agent_id, envelope)
+            return
         await self._deliver_local(envelope, allowed)
+
+    def _interceptor_for(self, envelope: Envelope) -> StreamInterceptor | None:
+        if envelope.type is not MessageType.STREAM_DATA or not isinstance(envelope.payload, dict):
+            return None
+        for marker, interceptor in self._stream_interceptors.items():
+            if marker in envelope.payload:
+                return interceptor
+        return None
 
     # -- status -----------------------------------------------------------------------------
 
@@ -818,6 +897,7 @@ class Node:
                 }
                 for p, link in self._links.items()
             ],
+            "documents": self._shared.subscriptions() if self._shared is not None else {},
             "metrics": metrics.to_dict(),
         }
 

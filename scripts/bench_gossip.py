@@ -1,0 +1,266 @@
+"""Benchmark: CRDT gossip, in the simulator at scale and on real nodes on 127.0.0.1.
+
+Part 1 (core, simulator): one update spreading through N = 100 and 1000 gossip
+cores on a virtual network (latency 10-30 ms), via scripts/bench_gossip_sim.py:
+rounds (anti-entropy periods of 0.2 s, and "hop rounds" of one maximal link
+latency) and virtual time until every node has it, frames and bytes sent per
+node, redundant deliveries per node; baselines in the same run: push-only (no
+anti-entropy) and flooding (every node forwards to all).
+
+Part 2 (real nodes): N = 20 real :class:`~p2pnode.node.node.Node` objects in one
+trio process on 127.0.0.1 (TrioNetwork: TCP + Noise), each hosting one agent
+subscribed to one document through ``node.open_shared()``. Measured: wall time
+from ``shared.update()`` until every other node applied the update (each node
+watches the document), over ``--updates`` updates by rotating writers.
+Baseline in the same run, over the same channels: the writer sends the encoded
+delta directly to all N-1 peer agents (``stream-data`` envelopes, concurrently)
+and each receiving agent's handler decodes and applies it to a replica.
+
+The update reaches most nodes by rumor pushes within milliseconds; a node the
+pushes missed (about a quarter of the updates miss one node of 20 with
+fanout 4) gets it at its next anti-entropy exchange, which sets the tail.
+Part 2 therefore runs with the default period (1 s) and a shorter one.
+
+Usage: python scripts/bench_gossip.py [--nodes 20] [--updates 20] [--durable]
+       [--ae 1.0 0.25] [--sizes 100 1000] [--seeds 1 2 3 4 5] [--skip-sim]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from bench_gossip_sim import aggregate, run
+
+from p2pnode.card import AgentCard
+from p2pnode.crdt.gossip import GossipConfig
+from p2pnode.crdt.ops import CounterAdd
+from p2pnode.crdt.replica import Delta, Replica
+from p2pnode.envelope import Envelope, MessageType
+from p2pnode.identity import Identity
+from p2pnode.net import Address, TrioNetwork
+from p2pnode.node.config import NodeConfig
+from p2pnode.node.node import Node
+from p2pnode.node.shared import SharedConfig
+
+DOC = "bench"
+FANOUT = 4
+
+# -- part 1: the core in the simulator ------------------------------------------------------------
+
+
+def part_one(sizes: list[int], seeds: list[int], interval: float) -> None:
+    print(f"== part 1: one update through N simulated gossip cores (fanout {FANOUT}, "
+          f"anti-entropy round {interval}s, hop round 30 ms, seeds {seeds}) ==")  # fmt: skip
+    print(f"{'N':>5} {'variant':<9} {'reached%':>8} {'rounds':>6} {'hop-rnds':>8} {'hops':>4} "
+          f"{'t_all(s)':>8} {'msgs/node':>9} {'bytes/node':>10} {'redund/node':>11}")  # fmt: skip
+    for n in sizes:
+        rows = {}
+        for variant in ("gossip", "push-only", "flood"):
+            use = seeds[:1] if variant == "flood" else seeds
+            rows[variant] = aggregate([run(n, variant, FANOUT, interval, s) for s in use])
+        for r in rows.values():
+            print(f"{r.n:>5} {r.variant:<9} {r.reached:>8.1f} {r.rounds:>6} {r.hop_rounds:>8} "
+                  f"{r.hops:>4} {r.t_all:>8.3f} {r.frames_per_node:>9.1f} "
+                  f"{r.bytes_per_node:>10.0f} {r.redundant_per_node:>11.2f}")  # fmt: skip
+        g, f = rows["gossip"], rows["flood"]
+        bound = 2 * math.log2(n)
+        worst = max(g.rounds, g.hop_rounds)
+        print(f"  N={n}: gossip vs flood: msgs x{g.frames_per_node / f.frames_per_node:.3f}, "
+              f"bytes x{g.bytes_per_node / f.bytes_per_node:.3f}, redundant "
+              f"x{g.redundant_per_node / f.redundant_per_node:.3f}; "
+              f"rounds {worst} <= 2*log2(N) = {bound:.1f}: "
+              f"{'met' if worst <= bound else 'MISSED'}; "
+              f"redundant/node {g.redundant_per_node:.2f} <= fanout {FANOUT}: "
+              f"{'met' if g.redundant_per_node <= FANOUT else 'MISSED'}")  # fmt: skip
+
+
+# -- part 2: real nodes on 127.0.0.1 --------------------------------------------------------------
+
+
+class Directory:
+    """Stand-in for the DHT: cards ``provide``d by agents, found by capability."""
+
+    def __init__(self) -> None:
+        self.cards: dict[str, AgentCard] = {}
+
+    async def bootstrap(self, addresses: list[Address]) -> None:
+        return None
+
+    async def provide(self, card: AgentCard) -> None:
+        self.cards[card.id] = card
+
+    async def find_providers(self, capability: str) -> list[AgentCard]:
+        return [c for c in self.cards.values() if c.has_capability(capability)]
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]:
+        return [c for c in self.cards.values() if c.id == agent_id]
+
+
+class Arrivals:
+    """Who has the operation being measured, and when the last one got it."""
+
+    def __init__(self) -> None:
+        self.target: tuple[str, int] | None = None
+        self.have: set[int] = set()
+        self.needed = 0
+        self.done = trio.Event()
+
+    def expect(self, target: tuple[str, int], needed: int) -> None:
+        self.target, self.have, self.needed, self.done = target, set(), needed, trio.Event()
+
+    def arrived(self, index: int) -> None:
+        self.have.add(index)
+        if len(self.have) >= self.needed:
+            self.done.set()
+
+
+async def watch_node(node: Node, index: int, arrivals: Arrivals) -> None:
+    shared = node.shared
+    with shared.watch(DOC) as watch:
+        async for _ in watch:
+            target = arrivals.target
+            if (
+                target is not None
+                and index not in arrivals.have
+                and shared.replica.has_applied(DOC, *target)
+            ):
+                arrivals.arrived(index)
+
+
+def baseline_handler(index: int, replica: Replica, arrivals: Arrivals) -> Any:
+    async def handle(envelope: Envelope) -> Any:
+        delta = Delta.decode_untrusted(envelope.payload["delta"])
+        replica.apply_delta(delta)
+        if arrivals.target == (delta.origin, delta.seq):
+            arrivals.arrived(index)
+        return None
+
+    return handle
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def part_two(count: int, updates: int, durable: bool, interval: float) -> None:
+    network = TrioNetwork()
+    directory = Directory()
+    arrivals = Arrivals()
+    gossip_config = GossipConfig(fanout=FANOUT, interval=interval)
+    shared_config = SharedConfig(gossip=gossip_config, refresh_interval=0.5)
+    with tempfile.TemporaryDirectory(prefix="bench-gossip-") as tmp:
+        async with trio.open_nursery() as nursery:
+            nodes: list[Node] = []
+            for i in range(count):
+                data_dir = Path(tmp) / f"n{i}" if durable else None
+                config = NodeConfig(listen=("127.0.0.1", 0), data_dir=data_dir)
+                node = Node(Identity.generate(), network, config, discovery=directory)
+                await nursery.start(_serve, node)
+                nodes.append(node)
+                base_replica = Replica(f"baseline{i}")
+                await node.add_agent(f"a{i}", baseline_handler(i, base_replica, arrivals))
+                await node.open_shared(shared_config, rng=random.Random(i))
+                await node.shared.subscribe(f"a{i}", DOC)
+            for node in nodes:
+                await node.shared.refresh()
+            for i, node in enumerate(nodes):
+                nursery.start_soon(watch_node, node, i, arrivals)
+            # Warm up: every link open, peers known.
+            for k in range(count):
+                await measure_gossip(nodes, k % count, arrivals)
+                await measure_baseline(nodes, k % count, arrivals)
+            gossip, base = [], []
+            for k in range(updates):
+                gossip.append(await measure_gossip(nodes, k % count, arrivals))
+                base.append(await measure_baseline(nodes, k % count, arrivals))
+            stats = [n.shared.statistics(DOC) for n in nodes]
+            nursery.cancel_scope.cancel()
+    print(f"\n== part 2: {count} real nodes on 127.0.0.1 (TCP + Noise, one trio process), one "
+          f"document, {updates} updates by rotating writers, fanout {FANOUT}, anti-entropy "
+          f"{interval}s, {'durable (SQLite FULL)' if durable else 'in-memory'} ==")  # fmt: skip
+    print(f"{'variant':<34} {'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8} {'max ms':>8}")
+    for name, s in (("gossip (update -> all have it)", gossip),
+                    (f"baseline (direct send to {count - 1})", base)):  # fmt: skip
+        print(f"{name:<34} {pct(s, 0.5):>8.2f} {pct(s, 0.95):>8.2f} "
+              f"{statistics.mean(s):>8.2f} {max(s):>8.2f}")  # fmt: skip
+    p50, p95 = pct(gossip, 0.5), pct(gossip, 0.95)
+    print(f"gossip/baseline: p50 x{p50 / pct(base, 0.5):.2f}, p95 x{p95 / pct(base, 0.95):.2f}; "
+          f"target p50 <= 26 ms: {'met' if p50 <= 26 else 'MISSED'}")  # fmt: skip
+    pushes = sum(s.received_by_type.get("DeltaPush", 0) for s in stats)
+    dups = sum(s.duplicates for s in stats)
+    total = count + updates  # warm-up and measured gossip updates
+    print(f"per node and update: {pushes / count / total:.2f} pushes received, "
+          f"{dups / count / total:.2f} redundant; {sum(s.digests_sent for s in stats) / count:.1f} "
+          f"digests sent per node in the run ({total} gossip updates)")  # fmt: skip
+
+
+async def _serve(node: Node, *, task_status: trio.TaskStatus[None]) -> None:
+    async with node:
+        task_status.started()
+        await trio.sleep_forever()
+
+
+async def measure_gossip(nodes: list[Node], writer: int, arrivals: Arrivals) -> float:
+    shared = nodes[writer].shared
+    seq = shared.replica.clock(DOC).get(shared.replica_id) + 1
+    arrivals.expect((shared.replica_id, seq), len(nodes) - 1)
+    arrivals.have.add(writer)
+    arrivals.needed = len(nodes)
+    start = time.perf_counter()
+    delta = await shared.update(f"a{writer}", DOC, CounterAdd(("n",), 1))
+    assert delta.seq == seq
+    with trio.fail_after(30):
+        await arrivals.done.wait()
+    elapsed = (time.perf_counter() - start) * 1000
+    await trio.sleep(0.05)  # let forwarded copies die down
+    return elapsed
+
+
+async def measure_baseline(nodes: list[Node], writer: int, arrivals: Arrivals) -> float:
+    node = nodes[writer]
+    replica = Replica(f"direct{writer}")
+    delta = replica.update(DOC, CounterAdd(("n",), 1))
+    arrivals.expect((delta.origin, delta.seq), len(nodes) - 1)
+    start = time.perf_counter()
+    payload = {"delta": delta.encode()}
+    async with trio.open_nursery() as nursery:
+        for i in range(len(nodes)):
+            if i != writer:
+                env = node.envelope(f"a{writer}", f"a{i}", MessageType.STREAM_DATA, payload)
+                nursery.start_soon(node.send, env)
+    with trio.fail_after(30):
+        await arrivals.done.wait()
+    elapsed = (time.perf_counter() - start) * 1000
+    await trio.sleep(0.05)
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=20)
+    ap.add_argument("--updates", type=int, default=20)
+    ap.add_argument("--durable", action="store_true", help="nodes commit to SQLite")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--interval", type=float, default=0.2, help="simulated anti-entropy period")
+    ap.add_argument("--ae", type=float, nargs="+", default=[1.0, 0.25],
+                    help="anti-entropy periods of the real-node runs, s")  # fmt: skip
+    ap.add_argument("--skip-sim", action="store_true")
+    args = ap.parse_args()
+    if not args.skip_sim:
+        part_one(args.sizes, args.seeds, args.interval)
+    for interval in args.ae:
+        trio.run(part_two, args.nodes, args.updates, args.durable, interval)
+
+
+if __name__ == "__main__":
+    main()
