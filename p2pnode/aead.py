@@ -23,6 +23,16 @@ from nacl.bindings import (
     crypto_aead_chacha20poly1305_ietf_encrypt,
 )
 
+__all__ = [
+    "FAST",
+    "FRAME_HEADER",
+    "TAGLEN",
+    "open_into",
+    "open_into_portable",
+    "seal_in_place",
+    "seal_in_place_portable",
+]
+
 TAGLEN = 16
 FRAME_HEADER = 2
 

@@ -6,13 +6,15 @@ inside one cancel scope at the handshake deadline, then wrap the stream in a
 :class:`SecureChannel` that moves application messages through a
 :class:`~p2pnode.framing.TransportCodec`.
 
-Sending: one task writes at a time (a FIFO lock). A message sent while
-another write is in flight is queued and goes out with the next write,
-coalesced with whatever else queued meanwhile into as few Noise frames as
-fit; :meth:`SecureChannel.send_message_nowait` queues without writing and
-:meth:`SecureChannel.flush` writes the queue. Receiving: one task at a time
-(:class:`trio.BusyResourceError` otherwise); the codec's deadlines become
-``trio.move_on_at`` scopes. Any peer fault closes the stream and raises a
+Sending: one task writes at a time (a FIFO lock), so frames are never
+interleaved. A message sent while another task is writing is queued; the
+writing task, before releasing the lock, writes everything queued meanwhile
+as one coalesced batch (few Noise frames, one ``send_all``) and wakes the
+senders it carried. :meth:`SecureChannel.send_message_nowait` queues without
+writing and :meth:`SecureChannel.flush` writes the queue. Receiving: one
+task at a time (:class:`trio.BusyResourceError` otherwise); the codec's
+deadlines become ``trio.move_on_at`` scopes, entered only while a timer is
+armed. Any peer fault closes the stream and raises a
 :class:`~p2pnode.errors.RemoteError` subclass; every later call raises
 CHANNEL_CLOSED. Cancelling a send leaves the channel broken (trio's rule for
 ``send_all``); cancelling a receive loses nothing.
@@ -40,6 +42,16 @@ from p2pnode.secure import (
     SecureIdentity,
 )
 
+__all__ = [
+    "DEFAULT_CONFIG",
+    "ChannelConfig",
+    "ChannelState",
+    "ChannelStatistics",
+    "SecureChannel",
+    "accept_secure",
+    "connect_secure",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class ChannelConfig:
@@ -47,7 +59,8 @@ class ChannelConfig:
 
     #: The whole handshake must finish within this time.
     handshake_timeout: float = 10.0
-    #: ``receive_message`` fails when no byte arrives for this long (None: wait forever).
+    #: ``receive_message`` fails when no byte arrives for this long (None: wait
+    #: forever). Arming it costs one trio cancel scope per blocking receive.
     idle_timeout: float | None = 300.0
     #: A frame whose first byte arrived must be complete within this time.
     frame_timeout: float = 30.0
@@ -90,6 +103,16 @@ class ChannelStatistics:
     writes: int
 
 
+class _Batch:
+    """Completion of one coalesced write, awaited by the senders whose messages it carries."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
 class SecureChannel:
     """An authenticated, encrypted, message-oriented channel over a trio stream.
 
@@ -110,6 +133,7 @@ class SecureChannel:
             idle_timeout=config.idle_timeout,
             frame_timeout=config.frame_timeout,
         )
+        self._inbox = self._codec.messages
         #: The peer's proven identity.
         self.remote_peer_id: PeerId = result.remote.peer_id
         #: The peer's Ed25519 public key.
@@ -123,6 +147,9 @@ class SecureChannel:
         self._state = ChannelState.OPEN
         self._failure: BaseException | None = None
         self._send_lock = trio.StrictFIFOLock()
+        self._batch = _Batch()  # completion of the messages now in _pending
+        self._inflight = _Batch()  # completion of the batch being written
+        self._inflight.done.set()
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._receiving = False
@@ -176,6 +203,12 @@ class SecureChannel:
     async def send_message(self, message: bytes) -> None:
         """Send one message; returns when it is handed to the stream.
 
+        If another task is writing, the message is queued and written by that
+        task right after its current write, together with everything else
+        queued meanwhile (one frame and one write for many messages). If the
+        caller is cancelled while its message is queued, the message may
+        still be sent.
+
         Raises LocalError(MESSAGE_TOO_LARGE) above ``max_message_size``,
         SecureChannelError(CHANNEL_CLOSED) if the stream breaks,
         trio.ClosedResourceError after :meth:`aclose`.
@@ -185,17 +218,24 @@ class SecureChannel:
         if len(message) > self._max_message_size:
             self._check_size(message)
         lock = self._send_lock
-        if self._pending or lock.locked():
-            # A write is in flight: ride along with the next one (coalescing).
+        if lock.locked():
             self._pending.append(message)
             self._pending_bytes += len(message)
-            await self.flush()
+            await self._wait_batch(self._batch)
             return
-        # Uncontended: take the lock without the extra scheduling round trip
-        # of ``async with lock`` (send_all checkpoints anyway).
+        # Uncontended: take the lock without the scheduling round trip of
+        # ``async with lock`` (send_all checkpoints anyway).
         lock.acquire_nowait()
         try:
-            await self._write(self._codec.encode(message), 1)
+            if self._pending:  # messages queued with send_message_nowait go first
+                self._pending.append(message)
+                self._pending_bytes += len(message)
+            else:
+                await self._write(self._codec.encode(message), 1)
+            await self._drain()
+        except BaseException as exc:
+            self._fail_waiters(exc)
+            raise
         finally:
             lock.release()
 
@@ -203,14 +243,16 @@ class SecureChannel:
         """Send several messages coalesced into as few frames and writes as possible."""
         self._check_open()
         batch = list(messages)
-        for message in batch:
-            self._check_size(message)
+        sizes = list(map(len, batch))
+        if sizes and max(sizes) > self._max_message_size:
+            for message in batch:
+                self._check_size(message)
         self._pending.extend(batch)
-        self._pending_bytes += sum(len(m) for m in batch)
+        self._pending_bytes += sum(sizes)
         await self.flush()
 
     def send_message_nowait(self, message: bytes) -> None:
-        """Queue a message for the next :meth:`flush` (or the next write).
+        """Queue a message for the next :meth:`flush` or write.
 
         Raises trio.WouldBlock when ``max_pending_bytes`` would be exceeded,
         LocalError(MESSAGE_TOO_LARGE) above ``max_message_size``.
@@ -223,15 +265,52 @@ class SecureChannel:
         self._pending_bytes += len(message)
 
     async def flush(self) -> None:
-        """Write every queued message (no-op when another writer already sent them)."""
-        async with self._send_lock:
-            self._check_open()
-            if not self._pending:
-                return
-            batch = self._pending
-            self._pending = []
-            self._pending_bytes = 0
-            await self._write(self._codec.encode_many(batch), len(batch))
+        """Return once every message queued so far has been handed to the stream."""
+        self._check_open()
+        lock = self._send_lock
+        if lock.locked():
+            # The active writer drains the queue before it releases the lock.
+            await self._wait_batch(self._batch if self._pending else self._inflight)
+            return
+        lock.acquire_nowait()
+        try:
+            await self._drain()
+        except BaseException as exc:
+            self._fail_waiters(exc)
+            raise
+        finally:
+            lock.release()
+        await trio.lowlevel.checkpoint()
+
+    async def _drain(self) -> None:
+        # Called with the send lock held: write queued messages until none are left.
+        while self._pending:
+            batch, self._pending, self._pending_bytes = self._pending, [], 0
+            record, self._batch = self._batch, _Batch()
+            self._inflight = record
+            try:
+                await self._write(self._codec.encode_many(batch), len(batch))
+            except BaseException as exc:
+                record.error = exc
+                raise
+            finally:
+                record.done.set()
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        # A write failed: messages still queued will never be written.
+        record, self._batch = self._batch, _Batch()
+        self._pending, self._pending_bytes = [], 0
+        record.error = exc
+        record.done.set()
+
+    async def _wait_batch(self, record: _Batch) -> None:
+        await record.done.wait()
+        if record.error is not None:
+            if self._state is ChannelState.CLOSED:
+                raise trio.ClosedResourceError("the channel was closed") from record.error
+            raise SecureChannelError(
+                ErrorCode.CHANNEL_CLOSED, "the write carrying this message failed"
+            ) from record.error
 
     async def _write(self, data: bytes | bytearray, count: int) -> None:
         try:
@@ -259,15 +338,15 @@ class SecureChannel:
         """
         if self._receiving:
             raise trio.BusyResourceError("another task is receiving on this channel")
-        self._check_open()
-        codec = self._codec
-        message = codec.next_message()
-        if message is not None:
+        if self._state is not ChannelState.OPEN:
+            self._check_open()
+        inbox = self._inbox
+        if inbox:  # already decrypted: no I/O, but still honour cancellation
             await trio.lowlevel.checkpoint_if_cancelled()
-            return message
+            return inbox.popleft()
         self._receiving = True
         try:
-            return await self._receive_slow(codec)
+            return await self._receive_slow(self._codec)
         finally:
             self._receiving = False
 
@@ -307,6 +386,10 @@ class SecureChannel:
         except trio.BrokenResourceError as exc:
             await self._break(exc)
             raise SecureChannelError(ErrorCode.CHANNEL_CLOSED, "connection lost") from exc
+        except trio.ClosedResourceError as exc:
+            if self._state is ChannelState.BROKEN:  # a failed send closed the stream
+                raise SecureChannelError(ErrorCode.CHANNEL_CLOSED, "connection lost") from exc
+            raise
 
     # --- closing -------------------------------------------------------------
 
@@ -353,9 +436,15 @@ async def _handshake(
                 data = await stream.receive_some(config.receive_size)
                 try:
                     handshake.receive_data_untrusted(data, trio.current_time())
-                finally:
-                    # Also after a failure: a reject record tells the peer why.
-                    await flush_output()
+                except RemoteError:
+                    # Best effort: a reject record tells the peer why; the
+                    # protocol error, not a failed write, is what we report.
+                    try:
+                        await flush_output()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+                    raise
+                await flush_output()
         if scope.cancelled_caught:
             handshake.handle_timer(trio.current_time())
             raise SecureChannelError(ErrorCode.TIMEOUT, "handshake did not complete in time")

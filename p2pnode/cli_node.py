@@ -112,10 +112,13 @@ async def run_daemon(args: argparse.Namespace) -> int:
     endorser = load_identity(Path(args.endorse_with)) if args.endorse_with else None
     async with open_node(identity, TrioNetwork(), config) as node:
         for template in templates:
+            now = wall_clock_ms()
             card = card_from_template(
                 template,
                 identity,
-                wall_clock_ms(),
+                now,
+                # A restarted node's cards must supersede the ones it published before.
+                revision=now,
                 noise_static_key=node.secure_identity.static_public,
                 addresses=tuple(node.advertised_addresses()),
             )

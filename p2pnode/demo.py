@@ -148,28 +148,34 @@ class Demo:
         with trio.fail_after(CALL_TIMEOUT):
             return await control_call(node.control, request)
 
-    async def run_scenario(self) -> None:
-        first, last = self.nodes[0], self.nodes[-1]
-        self.say(f"discovery: {first.agent} looks for capability {last.capability!r}")
+    async def find(self, node: DemoNode, capability: str) -> list[Any]:
+        """Ask ``node`` for providers of ``capability`` until the DHT has them."""
         found: list[Any] = []
         with trio.move_on_after(DISCOVERY_TIMEOUT):
             while not found:
-                found = await self.call(first, {"op": "find", "capability": last.capability})
+                found = await self.call(node, {"op": "find", "capability": capability})
                 if not found:
                     await trio.sleep(0.2)
+        return found
+
+    async def run_scenario(self) -> None:
+        first, asker = self.nodes[0], self.nodes[-1]
+        # The last node met only the bootstrap node; it finds the others through the DHT.
+        target = self.nodes[1] if len(self.nodes) > 2 else self.nodes[0]
+        self.say(f"discovery: {asker.agent} looks up capability {target.capability!r} in the DHT")
+        found = await self.find(asker, target.capability)
         self.check(
             "discovery by capability",
-            bool(found) and found[0]["id"] == last.agent,
-            f"found {[c['id'] for c in found]} for {last.capability!r}",
+            bool(found) and found[0]["id"] == target.agent,
+            f"found {[c['id'] for c in found]} for {target.capability!r}",
         )
-        asker = self.nodes[1 % len(self.nodes)]
         reply = await self.call(asker, {
-            "op": "send", "from": asker.agent, "to": last.capability, "capability": True,
+            "op": "send", "from": asker.agent, "to": target.capability, "capability": True,
             "type": "request", "payload": {"task": "hello from " + asker.agent},
         })  # fmt: skip
         self.check(
             "request/response across processes",
-            reply["type"] == "response" and reply["sender"] == last.agent,
+            reply["type"] == "response" and reply["sender"] == target.agent,
             f"{asker.agent} -> {reply['sender']}: {json.dumps(reply['payload'])}",
         )
         result = await self.call(first, {
@@ -190,6 +196,7 @@ class Demo:
         if l1 is None or low is None:
             self.check("refused cross-tier message", True, "skipped: needs L1 and L2/L3 agents")
             return
+        await self.find(l1, low.capability)  # learn the target's signed card
         try:
             await self.call(l1, {"op": "send", "from": l1.agent, "to": low.agent,
                                  "type": "request", "payload": {}})  # fmt: skip

@@ -36,12 +36,22 @@ from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.noise import MAX_NONCE, MAX_PLAINTEXT_LEN, TAGLEN, NoiseTransport
 from p2pnode.secure import SecureChannelError
 
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "FRAME_HEADER",
+    "RECORD_HEADER",
+    "CodecState",
+    "TransportCodec",
+]
+
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 RECORD_HEADER = 4
 FRAME_HEADER = 2
 
 _u32 = struct.Struct(">I")
 _nonce = struct.Struct("<4xQ").pack  # 32 zero bits || 64-bit little-endian counter
+_FRAME_SLOT = bytes(FRAME_HEADER)  # filled in by seal_in_place
+_TAG_SLOT = bytes(TAGLEN)
 
 
 class CodecState(enum.Enum):
@@ -68,12 +78,12 @@ class TransportCodec:
         "_idle_from",
         "_idle_timeout",
         "_max",
-        "_messages",
         "_msg",
         "_recv_key",
         "_recv_n",
         "_send_key",
         "_send_n",
+        "messages",
         "state",
     )
 
@@ -110,7 +120,8 @@ class TransportCodec:
         self._hdr = bytearray()  # first bytes of a record header cut by a frame boundary
         self._msg: bytearray | None = None  # body of an incomplete record, allocated at size
         self._filled = 0  # bytes of _msg received so far
-        self._messages: deque[bytes] = deque()
+        #: Complete messages in arrival order (consumers ``popleft``).
+        self.messages: deque[bytes] = deque()
         self._frame_since: float | None = None
         self._idle_from = now
         self.state = CodecState.OPEN
@@ -162,6 +173,17 @@ class TransportCodec:
             total += RECORD_HEADER + len(message)
         if not total:
             return b""
+        pack = _u32.pack
+        if total <= MAX_PLAINTEXT_LEN:
+            # One frame: let bytearray.join lay it out in C.
+            parts = [_FRAME_SLOT]
+            for message in messages:
+                parts.append(pack(len(message)))
+                parts.append(message)
+            parts.append(_TAG_SLOT)
+            out = bytearray().join(parts)
+            seal_in_place(self._send_key, _nonce(self._nonces(1)), out, 0, total)
+            return out
         frames = -(-total // MAX_PLAINTEXT_LEN)
         out = bytearray(total + frames * (FRAME_HEADER + TAGLEN))
         # Lay the record stream out in the frame bodies, skipping each frame's
@@ -169,12 +191,21 @@ class TransportCodec:
         stride = FRAME_HEADER + MAX_PLAINTEXT_LEN + TAGLEN
         pos = FRAME_HEADER
         room = MAX_PLAINTEXT_LEN
-        header = bytearray(RECORD_HEADER)
         for message in messages:
-            _u32.pack_into(header, 0, len(message))
-            for piece in (header, message):
+            # Small records as one piece; large ones without copying the body twice.
+            pieces = (
+                (pack(len(message)) + message,)
+                if len(message) < 4096
+                else (pack(len(message)), message)
+            )
+            for piece in pieces:
+                length = len(piece)
+                if length <= room:
+                    out[pos : pos + length] = piece
+                    pos += length
+                    room -= length
+                    continue
                 view = memoryview(piece)
-                length = len(view)
                 offset = 0
                 while offset < length:
                     if not room:
@@ -197,12 +228,12 @@ class TransportCodec:
 
     def next_message(self) -> bytes | None:
         """The next complete application message, or None."""
-        messages = self._messages
+        messages = self.messages
         return messages.popleft() if messages else None
 
     def pending_messages(self) -> int:
         """How many complete messages wait in the receive queue."""
-        return len(self._messages)
+        return len(self.messages)
 
     def start_wait(self, now: float) -> None:
         """The application starts waiting for a message: the idle clock restarts."""
@@ -257,19 +288,18 @@ class TransportCodec:
         if not data:
             return
         self._idle_from = now
-        buf = self._buf
-        had_partial = bool(buf)
-        if had_partial:
-            buf += data
-            src: bytes | bytearray = buf
-        else:
-            src = data  # decrypt straight from the caller's bytes
-        end = len(src)
-        pos = 0
         key = self._recv_key
+        pos = 0
         try:
+            if self._buf:
+                # Complete the pending frame with only the bytes it still needs,
+                # so the rest of ``data`` is decrypted in place, never copied.
+                pos = self._complete_partial_untrusted(data)
+                if self._buf:
+                    return  # still incomplete: its deadline keeps running
+            end = len(data)
             while end - pos >= FRAME_HEADER:
-                size = (src[pos] << 8) | src[pos + 1]
+                size = (data[pos] << 8) | data[pos + 1]
                 if size < TAGLEN:
                     raise SecureChannelError(
                         ErrorCode.MALFORMED_MESSAGE, f"frame of {size} bytes is shorter than a tag"
@@ -277,25 +307,54 @@ class TransportCodec:
                 stop = pos + FRAME_HEADER + size
                 if stop > end:
                     break
-                n = self._recv_n
-                if n >= MAX_NONCE:
-                    raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "nonce space exhausted")
-                self._open_frame_untrusted(key, _nonce(n), src, pos + FRAME_HEADER, size)
-                self._recv_n = n + 1
+                self._open_frame_untrusted(
+                    key, self._next_recv_nonce(), data, pos + FRAME_HEADER, size
+                )
                 pos = stop
         except RemoteError as exc:
             self._fail(exc)
-        if pos == end:
-            if had_partial:
-                self._buf = bytearray()
+        if pos == len(data):
             self._frame_since = None
-            return
-        if had_partial:
-            del buf[:pos]
         else:
             self._buf = bytearray(memoryview(data)[pos:])
-        if pos or not had_partial:
             self._frame_since = now
+
+    def _next_recv_nonce(self) -> bytes:
+        n = self._recv_n
+        if n >= MAX_NONCE:
+            raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "nonce space exhausted")
+        self._recv_n = n + 1
+        return _nonce(n)
+
+    def _complete_partial_untrusted(self, data: bytes | bytearray) -> int:
+        """Move bytes of ``data`` into the partial frame; returns how many were used."""
+        buf = self._buf
+        pos = 0
+        if len(buf) < FRAME_HEADER:
+            pos = FRAME_HEADER - len(buf)
+            buf += data[:pos]
+            if len(buf) < FRAME_HEADER:
+                return len(data)
+        size = (buf[0] << 8) | buf[1]
+        if size < TAGLEN:
+            raise SecureChannelError(
+                ErrorCode.MALFORMED_MESSAGE, f"frame of {size} bytes is shorter than a tag"
+            )
+        take = FRAME_HEADER + size - len(buf)
+        view = memoryview(data)
+        buf += view[pos : pos + take]
+        view.release()
+        pos = min(len(data), pos + take)
+        if len(buf) == FRAME_HEADER + size:
+            self._buf = bytearray()
+            self._open_frame_untrusted(
+                key=self._recv_key,
+                nonce=self._next_recv_nonce(),
+                src=buf,
+                start=FRAME_HEADER,
+                size=size,
+            )
+        return pos
 
     def _open_frame_untrusted(
         self, key: bytes, nonce: bytes, src: bytes | bytearray, start: int, size: int
@@ -308,7 +367,7 @@ class TransportCodec:
                 raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
             self._filled += length
             if self._filled == len(msg):
-                self._messages.append(bytes(msg))
+                self.messages.append(bytes(msg))
                 self._msg = None
             return
         plaintext = bytearray(length)
@@ -324,7 +383,7 @@ class TransportCodec:
         if msg is not None:  # finish the message being assembled
             off = len(msg) - self._filled
             msg[self._filled :] = view[:off]
-            self._messages.append(bytes(msg))
+            self.messages.append(bytes(msg))
             self._msg = None
         hdr = self._hdr
         if hdr:  # complete a record header cut by the previous frame
@@ -340,7 +399,7 @@ class TransportCodec:
             hdr.clear()
         limit = self._max
         unpack = _u32.unpack_from
-        append = self._messages.append
+        append = self.messages.append
         while end - off >= RECORD_HEADER:
             size = unpack(plaintext, off)[0]
             off += RECORD_HEADER
@@ -363,7 +422,7 @@ class TransportCodec:
                 limit=self._max,
             )
         if off + size <= end:
-            self._messages.append(bytes(view[off : off + size]))
+            self.messages.append(bytes(view[off : off + size]))
             return False
         msg = bytearray(size)
         have = end - off

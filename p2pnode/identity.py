@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import stat
 from collections.abc import Callable
@@ -84,7 +85,7 @@ class PeerId:
             raise RemoteError(exc.code, exc.message) from None
 
     def __str__(self) -> str:
-        return base64.b32encode(self.raw).decode("ascii").lower()
+        return _peer_id_text(self.raw)
 
     def __repr__(self) -> str:
         return f"PeerId({self})"
@@ -97,6 +98,12 @@ class PeerId:
         """Kademlia XOR distance to another id."""
         other_raw = other.raw if isinstance(other, PeerId) else other
         return self.as_int() ^ int.from_bytes(other_raw, "big")
+
+
+@functools.lru_cache(maxsize=4096)
+def _peer_id_text(raw: bytes) -> str:
+    # Peer ids are printed on every routing event: cache the base32 form.
+    return base64.b32encode(raw).decode("ascii").lower()
 
 
 def verify_signature(public_key: bytes, message: bytes, signature: bytes) -> bool:

@@ -48,6 +48,35 @@ from nacl.bindings import (
 
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 
+__all__ = [
+    "BLOCKLEN",
+    "DHLEN",
+    "HASHLEN",
+    "IK",
+    "KEYLEN",
+    "MAX_MESSAGE_LEN",
+    "MAX_NONCE",
+    "MAX_PLAINTEXT_LEN",
+    "NN",
+    "PATTERNS",
+    "SUITE",
+    "TAGLEN",
+    "XX",
+    "CipherState",
+    "HandshakePattern",
+    "HandshakeState",
+    "HandshakeStatus",
+    "KeyPair",
+    "NoiseError",
+    "NoiseTransport",
+    "SymmetricState",
+    "Token",
+    "dh",
+    "hash_bytes",
+    "hkdf",
+    "hmac_hash",
+]
+
 DHLEN = 32
 HASHLEN = 64
 BLOCKLEN = 128
@@ -304,6 +333,17 @@ class HandshakeStatus(enum.Enum):
     ERROR = "error"  # aborted; every later call raises
 
 
+_S = HandshakeStatus
+#: Legal transitions; every other one is a bug (§5.3: messages alternate, the
+#: last one completes the handshake, any failure aborts it).
+_TRANSITIONS: dict[HandshakeStatus, frozenset[HandshakeStatus]] = {
+    _S.WRITE_MESSAGE: frozenset({_S.READ_MESSAGE, _S.WRITE_MESSAGE, _S.COMPLETE, _S.ERROR}),
+    _S.READ_MESSAGE: frozenset({_S.WRITE_MESSAGE, _S.READ_MESSAGE, _S.COMPLETE, _S.ERROR}),
+    _S.COMPLETE: frozenset(),
+    _S.ERROR: frozenset(),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class NoiseTransport:
     """The result of a completed handshake (§5.3 ``Split``).
@@ -423,6 +463,11 @@ class HandshakeState:
                 f"cannot {op} while the handshake is {self._status.value}",
             )
 
+    def _set_status(self, status: HandshakeStatus) -> None:
+        if status not in _TRANSITIONS[self._status]:
+            raise LocalError(ErrorCode.INTERNAL, f"illegal transition {self._status} -> {status}")
+        self._status = status
+
     def _advance(self) -> None:
         # Transition table: messages alternate; the last one completes (§5.3).
         self._index += 1
@@ -431,11 +476,11 @@ class HandshakeState:
             if not self._initiator:
                 send, receive = receive, send
             self._transport = NoiseTransport(send, receive, self._ss.handshake_hash, self._rs)
-            self._status = HandshakeStatus.COMPLETE
+            self._set_status(HandshakeStatus.COMPLETE)
         elif (self._index % 2 == 0) == self._initiator:
-            self._status = HandshakeStatus.WRITE_MESSAGE
+            self._set_status(HandshakeStatus.WRITE_MESSAGE)
         else:
-            self._status = HandshakeStatus.READ_MESSAGE
+            self._set_status(HandshakeStatus.READ_MESSAGE)
 
     def _dh_token(self, token: Token) -> bytes:
         # es: initiator's e with responder's s; se: initiator's s with responder's e.
@@ -477,7 +522,7 @@ class HandshakeState:
                     ss.mix_key(self._dh_token(token))
             out.append(ss.encrypt_and_hash(payload))
         except Exception:
-            self._status = HandshakeStatus.ERROR
+            self._set_status(HandshakeStatus.ERROR)
             raise
         self._advance()
         return b"".join(out)
@@ -491,17 +536,17 @@ class HandshakeState:
         """
         self._require(HandshakeStatus.READ_MESSAGE, "read a message")
         try:
-            payload = self._read(bytes(message))
+            payload = self._read_untrusted(bytes(message))
         except NoiseError as exc:
-            self._status = HandshakeStatus.ERROR
+            self._set_status(HandshakeStatus.ERROR)
             raise NoiseError(ErrorCode.HANDSHAKE_FAILED, exc.message) from None
         except Exception:
-            self._status = HandshakeStatus.ERROR
+            self._set_status(HandshakeStatus.ERROR)
             raise
         self._advance()
         return payload
 
-    def _read(self, message: bytes) -> bytes:
+    def _read_untrusted(self, message: bytes) -> bytes:
         if len(message) > MAX_MESSAGE_LEN:
             raise NoiseError(ErrorCode.HANDSHAKE_FAILED, "handshake message over 65535 bytes")
         ss = self._ss

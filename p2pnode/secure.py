@@ -52,6 +52,24 @@ from p2pnode.noise import (
 )
 from p2pnode.wire import WireError, WireLimits, canonical_pack, unpack_untrusted
 
+__all__ = [
+    "BINDING_CONTEXT",
+    "MAX_HANDSHAKE_FRAME",
+    "PATTERN_TAGS",
+    "PREAMBLE_LEN",
+    "PROLOGUE",
+    "PROTOCOL_VERSION",
+    "REJECT_PREFIX",
+    "HandshakeResult",
+    "HandshakeStage",
+    "RemoteIdentity",
+    "SecureChannelError",
+    "SecureHandshake",
+    "SecureIdentity",
+    "binding_message",
+    "derive_static_keypair",
+]
+
 PROTOCOL_VERSION = 1
 #: Mixed into the handshake hash by both sides (Noise §6).
 PROLOGUE = b"p2pnode/noise/1"
@@ -295,6 +313,11 @@ class SecureHandshake:
         """What the handshake waits for."""
         return self._stage
 
+    @property
+    def failure(self) -> RemoteError | None:
+        """Why the handshake FAILED, else None."""
+        return self._failure
+
     def next_deadline(self) -> float:
         """The time by which the handshake must be DONE."""
         return self._deadline
@@ -326,7 +349,11 @@ class SecureHandshake:
         DONE or FAILED.
         """
         if self._stage in (HandshakeStage.DONE, HandshakeStage.FAILED):
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"handshake is {self._stage.value}")
+            raise LocalError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"handshake is {self._stage.value}"
+                + (f" ({self._failure.message})" if self._failure else ""),
+            )
         if now >= self._deadline:
             self.handle_timer(now)
         if not data:
@@ -337,7 +364,7 @@ class SecureHandshake:
             )
         self._buffer += data
         try:
-            self._process()
+            self._process_untrusted()
         except RemoteError as exc:
             self._fail(exc)
 
@@ -357,7 +384,7 @@ class SecureHandshake:
         message = self._noise.write_message(payload)
         self._out.append(len(message).to_bytes(2, "big") + message)
 
-    def _process(self) -> None:
+    def _process_untrusted(self) -> None:
         buf = self._buffer
         if self._stage is HandshakeStage.EXPECT_PREAMBLE:
             if len(buf) < PREAMBLE_LEN:

@@ -185,7 +185,10 @@ def test_truncated_and_oversized_encodings(card: AgentCard) -> None:
 @given(
     cards(),
     st.sampled_from(["tier", "name", "capabilities", "publicKey", "expiresAt"]),
-    st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=5) | st.lists(st.integers(0, 9)),
+    st.none()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.text(max_size=5)
+    | st.lists(st.integers(0, 9)),
 )
 def test_wrongly_typed_fields_raise_only_remote_errors(
     card: AgentCard, key: str, value: object

@@ -110,6 +110,7 @@ async def test_channel_both_patterns(ik: bool, make: StreamPair) -> None:
     assert server.state is ChannelState.BROKEN
 
 
+@pytest.mark.slow
 async def test_real_tcp() -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
@@ -302,3 +303,149 @@ def test_repr_names_the_peer() -> None:
         return repr(client)
 
     assert str(BOB.peer_id) in trio.run(main)
+
+
+async def _relay(src: trio.abc.Stream, dst: trio.abc.Stream, flip_at: int | None) -> None:
+    """Forward bytes, optionally flipping one bit at absolute offset ``flip_at``."""
+    seen = 0
+    try:
+        while data := await src.receive_some(65536):
+            if flip_at is not None and seen <= flip_at < seen + len(data):
+                tampered = bytearray(data)
+                tampered[flip_at - seen] ^= 0x01
+                data = bytes(tampered)
+            seen += len(data)
+            await dst.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        await dst.aclose()
+
+
+@pytest.mark.parametrize("flip_at", [None, 1, 3, 40, 100])
+async def test_on_path_relay_sees_nothing_and_cannot_tamper(
+    flip_at: int | None, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Alice <-> relay <-> Bob. A transparent relay changes nothing (and sees
+    # only ciphertext); a relay flipping any bit of Alice's side breaks the handshake.
+    alice, relay_a = trio.testing.memory_stream_pair()
+    relay_b, bob = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_relay, relay_a, relay_b, flip_at)
+        nursery.start_soon(_relay, relay_b, relay_a, None)
+        try:
+            client, server = await handshake_over(alice, bob)
+        except RemoteError as exc:
+            assert flip_at is not None
+            assert exc.code in {
+                ErrorCode.HANDSHAKE_FAILED,
+                ErrorCode.PROTOCOL_VERSION_MISMATCH,
+                ErrorCode.MESSAGE_TOO_LARGE,
+                ErrorCode.TIMEOUT,  # a longer length byte: waiting for bytes never sent
+            }
+        else:
+            assert flip_at is None
+            assert client.remote_peer_id == BOB.peer_id
+            assert server.remote_peer_id == ALICE.peer_id
+            await client.aclose()
+            await server.aclose()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_terminating_man_in_the_middle_over_tcp() -> None:
+    # Mallory terminates Alice's connection with her own identity and dials Bob herself.
+    bob_listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    mallory_listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    bob_port = bob_listener.socket.getsockname()[1]
+    mallory_port = mallory_listener.socket.getsockname()[1]
+
+    async def bob_serves() -> None:
+        with trio.move_on_after(5):
+            channel = await accept_secure(await bob_listener.accept(), BOB)
+            await channel.aclose()
+
+    async def mallory_intercepts() -> None:
+        stream = await mallory_listener.accept()
+        upstream = await connect_secure(await trio.open_tcp_stream("127.0.0.1", bob_port), MALLORY)
+        assert upstream.remote_peer_id == BOB.peer_id
+        try:
+            await accept_secure(stream, MALLORY)
+        except RemoteError:
+            pass  # Alice hangs up on her
+        await upstream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bob_serves)
+        nursery.start_soon(mallory_intercepts)
+        stream = await trio.open_tcp_stream("127.0.0.1", mallory_port)  # Alice was misrouted
+        with pytest.raises(SecureChannelError) as info:
+            await connect_secure(stream, ALICE, expected_peer_id=BOB.peer_id)
+        assert info.value.code is ErrorCode.PEER_ID_MISMATCH
+        assert info.value.details["actual"] == str(MALLORY.peer_id)
+    await bob_listener.aclose()
+    await mallory_listener.aclose()
+
+
+async def test_queued_senders_all_fail_when_the_write_fails(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client, server = await open_pair(trio.testing.lockstep_stream_pair)
+    outcomes: list[str] = []
+
+    async def send(i: int) -> None:
+        try:
+            await client.send_message(bytes([i]) * 1000)
+            outcomes.append("sent")
+        except SecureChannelError as exc:
+            assert exc.code is ErrorCode.CHANNEL_CLOSED
+            outcomes.append("failed")
+
+    with trio.fail_after(5):  # nobody may hang
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(send, i)
+            await trio.testing.wait_all_tasks_blocked()  # one writes, five are queued
+            await server.aclose()
+    assert outcomes == ["failed"] * 6
+    assert client.state is ChannelState.BROKEN
+
+
+async def test_flush_waits_for_the_batch_in_flight() -> None:
+    client, server = await open_pair(trio.testing.lockstep_stream_pair)
+    received: list[bytes] = []
+
+    async def reader() -> None:
+        for _ in range(3):
+            received.append(await server.receive_message())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.send_message, b"first")
+        await trio.testing.wait_all_tasks_blocked()  # "first" is being written
+        client.send_message_nowait(b"second")
+        client.send_message_nowait(b"third")
+        nursery.start_soon(reader)
+        await client.flush()
+        assert client.statistics().pending_send_bytes == 0
+    assert received == [b"first", b"second", b"third"]
+
+
+async def test_local_close_wakes_queued_senders_with_closed_resource(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client, _server = await open_pair(trio.testing.lockstep_stream_pair)
+    outcomes: list[type[BaseException]] = []
+
+    async def send() -> None:
+        try:
+            await client.send_message(b"x" * 1000)
+        except (trio.ClosedResourceError, SecureChannelError) as exc:
+            outcomes.append(type(exc))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(send)
+            await trio.testing.wait_all_tasks_blocked()
+            await client.aclose()
+    assert outcomes == [trio.ClosedResourceError] * 3

@@ -319,3 +319,15 @@ def test_silent_peer_after_handshake_hits_idle_timeout() -> None:
         assert exc.code is ErrorCode.TIMEOUT
 
     run_virtual(scenario)
+
+
+def test_reject_record_to_a_peer_that_already_left() -> None:
+    async def scenario() -> None:
+        async def script(stream: trio.abc.Stream) -> None:
+            await stream.send_all(b"\x07X")
+            await stream.aclose()
+
+        exc = await accept_expecting_failure(script)
+        assert exc.code is ErrorCode.PROTOCOL_VERSION_MISMATCH
+
+    run_virtual(scenario)

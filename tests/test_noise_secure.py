@@ -248,6 +248,9 @@ def test_timer_and_eof() -> None:
         server.handle_timer(10.0)
     assert info.value.code is ErrorCode.TIMEOUT
     assert server.stage is HandshakeStage.FAILED
+    assert server.failure is info.value
+    with pytest.raises(LocalError, match="did not complete in time"):
+        server.receive_data_untrusted(b"late", 11.0)
     with pytest.raises(SecureChannelError) as info:
         client.receive_data_untrusted(b"", 1.0)
     assert info.value.code is ErrorCode.HANDSHAKE_FAILED
@@ -330,3 +333,20 @@ def test_documented_wire_sizes(ik: bool, sizes: list[int]) -> None:
     assert len(ALICE.payload) == 111
     assert ALICE.payload[:9] == bytes.fromhex("83a17601a26964c420")
     assert BINDING_CONTEXT.hex() == "7032706e6f64652f6e6f6973652f31207374617469632d6b657900"
+
+
+def test_replayed_ik_first_message_never_yields_a_usable_channel() -> None:
+    """docs §4.2: a replayed IK message 1 completes the responder but nothing decrypts."""
+    from p2pnode.framing import TransportCodec
+
+    client, _ = pair(ik=True)
+    recorded = client.data_to_send()
+    replay_target = SecureHandshake(BOB, initiator=False, now=0.0, timeout=10.0)
+    replay_target.receive_data_untrusted(recorded, 0.0)
+    assert replay_target.stage is HandshakeStage.DONE
+    assert replay_target.result().remote.peer_id == ALICE.peer_id
+    # The replayer has no ephemeral private key: any frame it makes is rejected.
+    codec = TransportCodec(replay_target.result().transport, now=0.0)
+    with pytest.raises(SecureChannelError) as info:
+        codec.receive_data_untrusted(b"\x00\x14" + b"\x00" * 20, 0.0)
+    assert info.value.code is ErrorCode.DECRYPT_FAILED

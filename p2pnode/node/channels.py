@@ -11,10 +11,14 @@ Theory of operation (seed R3, Properties 10-12):
   task per channel it holds. Senders share the channel: the secure channel
   serializes and coalesces concurrent writes, so per-link order is the order
   in which ``send`` calls start writing.
-* Delivery: ``send`` writes the frame; when the write fails the link goes
-  to RECONNECTING, and the frame is retried on a fresh channel up to
-  ``max_retries`` times with exponential backoff (each delay double the last).
-  Then ``send`` raises ``DELIVERY_FAILED``. A frame may thus arrive twice; the
+* Delivery: ``send`` queues the frame (a bounded queue: back-pressure) and
+  waits until one writer task has written it. The writer takes whatever
+  queued while it was busy, plus what the other runnable tasks queue during
+  one scheduler pass, and writes it as one coalesced batch, so concurrent
+  senders share AEAD calls and syscalls. When a write fails the link goes to
+  RECONNECTING and the batch is retried on a fresh channel up to
+  ``max_retries`` times with exponential backoff (each delay double the last);
+  then its senders get ``DELIVERY_FAILED``. A frame may thus arrive twice; the
   receiving node drops duplicate envelope ids.
 * Transport loss while idle: the link redials in the background (IK, since
   it knows the peer's static key) with the same backoff, and closes after
@@ -31,7 +35,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -95,6 +99,8 @@ class RetryPolicy:
     max_redials: int = 6
     dial_timeout: float = 5.0
     retire_grace: float = 10.0
+    queue_size: int = 1024
+    max_batch: int = 256
 
     def delays(self, count: int) -> list[float]:
         """The first ``count`` backoff delays: each ``factor`` times the previous."""
@@ -103,6 +109,13 @@ class RetryPolicy:
             out.append(min(delay, self.max_delay))
             delay *= self.factor
         return out
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    frame: bytes
+    done: trio.Event = field(default_factory=trio.Event)
+    error: LocalError | None = None
 
 
 Dialer = Callable[[], Awaitable[SecureChannel]]
@@ -142,8 +155,13 @@ class PeerLink:
         self._channel_dialed_by: PeerId | None = None
         self._connected = trio.Event()
         self._dialing = False
+        self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
+        self._queued = 0  # frames handed to the writer and not yet written
+        self._inline_busy = False
+        self._inline_done = trio.Event()
         self.frames_sent = 0
         self.frames_received = 0
+        nursery.start_soon(self._write_loop)
 
     @property
     def state(self) -> ChannelState:
@@ -258,34 +276,93 @@ class PeerLink:
 
     # -- sending ----------------------------------------------------------------------------
 
-    async def send(self, frame: bytes) -> int:
-        """Deliver one frame, retrying on transport failure. Returns the retries used.
+    async def send(self, frame: bytes) -> None:
+        """Deliver one frame, retrying on transport failure (see the module docstring).
 
         Raises LocalError(DELIVERY_FAILED) after ``max_retries`` retries or when
         the link closes meanwhile.
         """
+        if self.closed:
+            raise LocalError(ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed")
+        channel = self._channel
+        if (
+            self._queued == 0
+            and not self._inline_busy
+            and channel is not None
+            and self.state is ChannelState.OPEN
+        ):
+            # Nothing queued and no write in flight: write inline, saving the hop to the
+            # writer task. Later senders queue behind this one, so order is kept.
+            self._inline_busy = True
+            self._inline_done = trio.Event()
+            try:
+                await channel.send_message(frame)
+            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._channel_lost(channel)  # fall through to the retrying writer
+            else:
+                self.frames_sent += 1
+                return
+            finally:
+                self._inline_busy = False
+                self._inline_done.set()
+        item = _Outgoing(frame)
+        self._queued += 1
+        try:
+            await self._queue_in.send(item)
+        except trio.ClosedResourceError:
+            self._queued -= 1
+            raise LocalError(
+                ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed"
+            ) from None
+        await item.done.wait()
+        if item.error is not None:
+            raise item.error
+
+    async def _write_loop(self) -> None:
+        async with self._queue_out:
+            async for first in self._queue_out:
+                if self._inline_busy:  # the inline write started first: it goes first
+                    await self._inline_done.wait()
+                # One scheduler pass lets every runnable sender queue its frame too.
+                await trio.lowlevel.checkpoint()
+                batch = [first]
+                while len(batch) < self._retry.max_batch:
+                    try:
+                        batch.append(self._queue_out.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                error = await self._write_batch([item.frame for item in batch])
+                for item in batch:
+                    item.error = error
+                    item.done.set()
+                self._queued -= len(batch)
+
+    async def _write_batch(self, frames: list[bytes]) -> LocalError | None:
         delays = self._retry.delays(self._retry.max_retries)
         last_error: BaseException | None = None
         for attempt in range(self._retry.max_retries + 1):
             if attempt:
                 await trio.sleep(delays[attempt - 1])
-            if self.state is ChannelState.CLOSED:
+            if self.closed:
                 break
             try:
                 channel = await self.wait_open()
-                await channel.send_message(frame)
+                if len(frames) == 1:
+                    await channel.send_message(frames[0])
+                else:
+                    await channel.send_many(frames)
             except LocalError as exc:
                 if exc.code is not ErrorCode.CHANNEL_CLOSED:
-                    raise
+                    return exc
                 last_error = exc
             except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 last_error = exc
                 if self._channel is not None:
                     self._channel_lost(self._channel)
             else:
-                self.frames_sent += 1
-                return attempt
-        raise LocalError(
+                self.frames_sent += len(frames)
+                return None
+        return LocalError(
             ErrorCode.DELIVERY_FAILED,
             f"delivery to {self.peer_id} failed ({self.state.value}): {last_error}",
             peer=str(self.peer_id),
@@ -299,5 +376,6 @@ class PeerLink:
         self._set_state(ChannelState.CLOSED)
         channel, self._channel = self._channel, None
         self._connected.set()
+        self._queue_in.close()
         if channel is not None:
             await close_quietly(channel)

@@ -318,6 +318,12 @@ class Node:
             except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 self.events.error(ErrorCode.CHANNEL_CLOSED, f"bootstrap {address}: {exc}")
         await self.discovery.bootstrap(list(self.config.bootstrap))
+        # Cards published before the DHT had peers reached nobody: publish them again.
+        for agent in list(self._agents.values()):
+            try:
+                await self.discovery.provide(agent.card)
+            except P2PError as exc:
+                self.events.error(exc.code, f"publishing {agent.card.id}: {exc.message}")
         return reached
 
     async def find(self, capability: str) -> list[AgentCard]:
@@ -351,9 +357,17 @@ class Node:
         return encode_hello([a.card for a in self._agents.values()], self.advertised_addresses())
 
     async def _agent_loop(self, agent: _LocalAgent) -> None:
-        async with agent.inbox_receive:
-            async for envelope in agent.inbox_receive:
+        inbox = agent.inbox_receive
+        async with inbox:
+            async for envelope in inbox:
                 await self._run_handler(agent, envelope)
+                # Drain what is already queued without a scheduler pass per envelope.
+                while True:
+                    try:
+                        queued = inbox.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    await self._run_handler(agent, queued)
 
     async def _run_handler(self, agent: _LocalAgent, envelope: Envelope) -> None:
         try:
@@ -392,8 +406,10 @@ class Node:
     ) -> Envelope:
         """A new envelope from a local agent, its metadata filled from the agent's card."""
         card = self.local_agent(sender)
-        meta = metadata or Metadata()
-        meta = dataclasses.replace(meta, tier=int(card.tier), sandbox_id=card.sandbox_id)
+        if metadata is None:
+            meta = Metadata(int(card.tier), card.sandbox_id)
+        else:
+            meta = dataclasses.replace(metadata, tier=int(card.tier), sandbox_id=card.sandbox_id)
         return self._factory.create(
             sender, recipient, type, payload, correlation_id=correlation_id, metadata=meta
         )
@@ -584,7 +600,10 @@ class Node:
                 self._allowed_requests.add(envelope.correlation_id or envelope.id)
             if self._resolve_pending(envelope):
                 continue
-            await agent.inbox_send.send(envelope)
+            try:
+                agent.inbox_send.send_nowait(envelope)
+            except trio.WouldBlock:
+                await agent.inbox_send.send(envelope)  # back-pressure on a full inbox
 
     def _resolve_pending(self, envelope: Envelope) -> bool:
         if envelope.type not in REPLY_TYPES or envelope.correlation_id is None:

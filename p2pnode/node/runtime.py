@@ -1,14 +1,48 @@
-"""Open a complete node: network, DHT discovery and the node itself."""
+"""Open a complete node: secure-channel listener, DHT discovery and the node itself.
+
+The DHT binds UDP on the same port number as the TCP listener (unless
+``NodeConfig.dht_listen`` names a port), so one ``host:port`` in a bootstrap
+list or a card reaches both. With a data directory, the DHT routing table is
+restored from ``routing.snapshot`` at start and saved there on exit, so a
+restarted node rejoins without its bootstrap peers.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from p2pnode.identity import Identity
-from p2pnode.net import Network
+from p2pnode.card import AgentCard
+from p2pnode.dht.node import DhtNode
+from p2pnode.errors import LocalError
+from p2pnode.identity import Identity, write_private_file
+from p2pnode.net import Address, Network
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.node import Node
+
+SNAPSHOT_FILE = "routing.snapshot"
+logger = logging.getLogger("p2pnode.node")
+
+
+class DhtDiscovery:
+    """The node's view of the DHT (see :class:`p2pnode.node.node.Discovery`)."""
+
+    def __init__(self, dht: DhtNode) -> None:
+        self.dht = dht
+
+    async def bootstrap(self, addresses: list[Address]) -> None:
+        if addresses:
+            await self.dht.bootstrap(addresses)
+
+    async def provide(self, card: AgentCard) -> None:
+        await self.dht.provide(card)
+
+    async def find_providers(self, capability: str) -> list[AgentCard]:
+        return await self.dht.find_providers(capability)
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]:
+        return []
 
 
 @asynccontextmanager
@@ -17,4 +51,20 @@ async def open_node(
 ) -> AsyncIterator[Node]:
     """A running node with its DHT; everything is closed on exit."""
     async with Node(identity, network, config) as node:
-        yield node
+        host, port = config.dht_listen
+        if port == 0:
+            port = node.listen_address[1]
+        async with DhtNode(network, identity=identity, address=(host, port)) as dht:
+            node.discovery = DhtDiscovery(dht)
+            snapshot = config.data_dir / SNAPSHOT_FILE if config.data_dir else None
+            if snapshot is not None and snapshot.exists():
+                try:
+                    restored = dht.restore(snapshot.read_bytes())
+                    logger.info("restored %d DHT contacts from %s", restored, snapshot)
+                except (LocalError, OSError) as exc:
+                    logger.warning("ignoring DHT snapshot %s: %s", snapshot, exc)
+            try:
+                yield node
+            finally:
+                if snapshot is not None:
+                    write_private_file(snapshot, dht.snapshot())

@@ -1,0 +1,74 @@
+"""Shared state: vector clocks, delta-state CRDTs, replicas, gossip and durable storage."""
+
+from p2pnode.crdt.clock import CRDTError, Ordering, VectorClock
+from p2pnode.crdt.dots import Dot, DotContext
+from p2pnode.crdt.gossip import (
+    DeltaBatch,
+    DeltaPush,
+    Digest,
+    GossipConfig,
+    GossipError,
+    GossipMessage,
+    GossipNode,
+    GossipStats,
+    Received,
+    StatePush,
+)
+from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
+from p2pnode.crdt.replica import Changes, Delta, Document, FullState, Replica
+from p2pnode.crdt.simulate import GossipSimulation, NetConfig
+from p2pnode.crdt.store import AsyncCRDTStore, Batch, CRDTStore
+from p2pnode.crdt.types import (
+    CRDT,
+    DocState,
+    GCounter,
+    Kind,
+    LWWRegister,
+    MapEntry,
+    ORMap,
+    ORSet,
+    PNCounter,
+)
+
+__all__ = [
+    "CRDT",
+    "AsyncCRDTStore",
+    "Batch",
+    "CRDTError",
+    "CRDTStore",
+    "Changes",
+    "CounterAdd",
+    "Delta",
+    "DeltaBatch",
+    "DeltaPush",
+    "Digest",
+    "DocState",
+    "Document",
+    "Dot",
+    "DotContext",
+    "FullState",
+    "GCounter",
+    "GossipConfig",
+    "GossipError",
+    "GossipMessage",
+    "GossipNode",
+    "GossipSimulation",
+    "GossipStats",
+    "Kind",
+    "LWWRegister",
+    "MapEntry",
+    "MapRemove",
+    "NetConfig",
+    "ORMap",
+    "ORSet",
+    "Op",
+    "Ordering",
+    "PNCounter",
+    "Received",
+    "RegisterSet",
+    "Replica",
+    "SetAdd",
+    "SetRemove",
+    "StatePush",
+    "VectorClock",
+]

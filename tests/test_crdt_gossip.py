@@ -1,0 +1,283 @@
+"""The sans-IO gossip core: frames, push/forward, anti-entropy, bounded outboxes, R9.5."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.crdt.clock import VectorClock
+from p2pnode.crdt.gossip import (
+    DeltaBatch,
+    DeltaPush,
+    Digest,
+    GossipConfig,
+    GossipError,
+    GossipMessage,
+    GossipNode,
+    StatePush,
+    decode_untrusted,
+)
+from p2pnode.crdt.ops import CounterAdd, SetAdd
+from p2pnode.crdt.replica import Delta, Replica
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.wire import pack
+
+
+def node(rid: str, peers: list[str], seed: int = 0, **cfg: object) -> GossipNode:
+    return GossipNode(
+        Replica(rid, max_log=cfg.pop("max_log", 1024)),  # type: ignore[arg-type]
+        peers=peers,
+        docs=["doc"],
+        rng=random.Random(seed),
+        now=0.0,
+        config=GossipConfig(**cfg),  # type: ignore[arg-type]
+    )
+
+
+def deliver(nodes: dict[str, GossipNode], rounds: int = 50) -> int:
+    """Deliver every queued frame (encoded and decoded) until quiet; returns frames moved."""
+    moved = 0
+    for _ in range(rounds):
+        batch = [(src, dst, m) for src, n in nodes.items() for dst, m in n.take_outgoing()]
+        if not batch:
+            return moved
+        for src, dst, m in batch:
+            nodes[dst].receive_untrusted(src, m.encode())
+            moved += 1
+    raise AssertionError("did not quiesce")
+
+
+def a_delta() -> Delta:
+    return Replica("A").update("doc", SetAdd(("s",), "x"))
+
+
+messages = st.one_of(
+    st.builds(
+        DeltaPush,
+        st.just("doc"),
+        st.sampled_from(["A", "B"]),
+        st.integers(1, 2**63 - 1),
+        st.binary(max_size=40),
+        st.integers(0, 255),
+    ),
+    st.builds(
+        Digest,
+        st.text(min_size=1, max_size=10),
+        st.dictionaries(st.sampled_from(["a", "b"]), st.integers(1, 9)).map(VectorClock),
+        st.booleans(),
+    ),
+    st.builds(DeltaBatch, st.lists(st.binary(max_size=20), max_size=5).map(tuple)),
+    st.builds(StatePush, st.binary(max_size=40)),
+)
+
+
+@settings(max_examples=200)
+@given(messages)
+def test_frame_round_trip_and_truncation(msg: GossipMessage) -> None:
+    data = msg.encode()
+    assert decode_untrusted(data) == msg
+    for cut in range(len(data)):
+        with pytest.raises(GossipError):
+            decode_untrusted(data[:cut])
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=100))
+def test_random_bytes_raise_only_gossip_error(data: bytes) -> None:
+    try:
+        decode_untrusted(data)
+    except GossipError as exc:
+        assert isinstance(exc, RemoteError)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"v": 2, "t": 2, "doc": "d", "vc": {}, "r": False},
+        {"v": 1, "t": 9},
+        {"v": 1, "t": 2, "doc": "d", "vc": {}, "r": False, "x": 1},
+        {"v": 1, "t": 2, "doc": "", "vc": {}, "r": False},
+        {"v": 1, "t": 2, "doc": "d", "vc": {"a": 0}, "r": False},
+        {"v": 1, "t": 2, "doc": "d", "vc": {}, "r": 1},
+        {"v": 1, "t": 1, "doc": "d", "o": "A", "s": 0, "d": b"", "h": 0},
+        {"v": 1, "t": 1, "doc": "d", "o": "A", "s": 1, "d": "str", "h": 0},
+        {"v": 1, "t": 1, "doc": "d", "o": "A", "s": 1, "d": b"", "h": 256},
+        {"v": 1, "t": 3, "ds": [b"", 1]},
+        {"v": 1, "t": 3, "ds": [b""] * 1025},
+        {"v": 1, "t": 4, "s": None},
+        [1, 2],
+    ],
+)
+def test_tampered_frames_rejected(obj: object) -> None:
+    with pytest.raises(GossipError) as info:
+        decode_untrusted(pack(obj))
+    assert info.value.code in (ErrorCode.MALFORMED_MESSAGE, ErrorCode.PROTOCOL_VERSION_MISMATCH)
+
+
+def test_push_goes_to_fanout_random_peers_and_new_deltas_are_forwarded_once() -> None:
+    ids = [f"p{i}" for i in range(10)]
+    nodes = {rid: node(rid, ids, seed=i, fanout=3) for i, rid in enumerate(ids)}
+    _, targets = nodes["p0"].local_update("doc", CounterAdd(("n",), 1))
+    assert len(targets) == 3
+    assert "p0" not in targets
+    out = nodes["p0"].take_outgoing()
+    assert sorted(p for p, _ in out) == sorted(targets)
+    first = targets[0]
+    msg = out[0][1]
+    assert isinstance(msg, DeltaPush)
+    assert msg.hops == 0
+    res = nodes[first].receive_untrusted("p0", msg.encode())
+    assert res.new == 1
+    assert len(res.forwarded_to) == 3
+    assert "p0" not in res.forwarded_to
+    assert first not in res.forwarded_to
+    fwd = nodes[first].take_outgoing()
+    assert {p for p, _ in fwd} == set(res.forwarded_to)
+    assert all(isinstance(m, DeltaPush) and m.hops == 1 for _, m in fwd)
+    # The same delta again: a duplicate, not forwarded.
+    again = nodes[first].receive_untrusted("p5", msg.encode())
+    assert (again.new, again.duplicate, again.forwarded_to) == (0, 1, ())
+    assert nodes[first].take_outgoing() == []
+    assert nodes[first].replica.value("doc") == {"n": 1}
+
+
+def test_forward_disabled_is_push_only() -> None:
+    n = node("B", ["A", "C", "D"], forward=False)
+    res = n.receive_untrusted("A", DeltaPush.of(a_delta()).encode())
+    assert res.new == 1
+    assert res.forwarded_to == ()
+    assert n.take_outgoing() == []
+
+
+def test_anti_entropy_push_pull_repairs_both_sides() -> None:
+    a, b = node("A", ["B"], seed=1), node("B", ["A"], seed=2)
+    for i in range(5):
+        a.replica.update("doc", SetAdd(("s",), f"a{i}"))
+        b.replica.update("doc", SetAdd(("s",), f"b{i}"))
+    assert a.next_deadline() <= 1.5
+    assert a.handle_timer(a.next_deadline() - 1e-9) == []
+    sent = a.handle_timer(a.next_deadline())
+    assert sent == [("doc", "B")]
+    assert 0.5 <= a.next_deadline() - 0.5 <= 3.0
+    deliver({"A": a, "B": b})
+    assert a.replica.value("doc") == b.replica.value("doc")
+    assert len(a.replica.value("doc")["s"]) == 10
+    assert a.statistics().deltas_served == 5
+    assert b.statistics().deltas_served == 5
+
+
+def test_digest_reply_is_never_answered_with_a_digest() -> None:
+    a = node("A", ["B"])
+    b = Replica("B")
+    b.update("doc", SetAdd(("s",), "x"))
+    a.receive_untrusted("B", Digest("doc", b.clock("doc"), reply=True).encode())
+    assert a.take_outgoing() == []
+    a.receive_untrusted("B", Digest("doc", b.clock("doc"), reply=False).encode())
+    out = a.take_outgoing()
+    assert out == [("B", Digest("doc", VectorClock(), reply=True))]
+
+
+def test_compacted_log_is_served_as_full_state() -> None:
+    a, b = node("A", ["B"], max_log=4), node("B", ["A"])
+    for i in range(12):
+        a.replica.update("doc", SetAdd(("s",), i))
+    b.handle_timer(10.0)
+    deliver({"A": a, "B": b})
+    assert a.statistics().states_served == 1
+    assert b.replica.value("doc") == a.replica.value("doc")
+    assert b.replica.clock("doc") == a.replica.clock("doc")
+
+
+def test_replies_are_bounded_and_progress() -> None:
+    a, b = node("A", ["B"], max_reply_deltas=3), node("B", ["A"])
+    for i in range(10):
+        a.replica.update("doc", SetAdd(("s",), i))
+    for t in range(1, 6):
+        b.handle_timer(10.0 * t)
+        deliver({"A": a, "B": b})
+    assert b.replica.clock("doc") == VectorClock({"A": 10})
+
+
+def test_outbox_is_bounded_drop_oldest() -> None:
+    n = node("A", ["B"], max_outbox=3, fanout=1)
+    deltas = [n.local_update("doc", SetAdd(("s",), i))[0] for i in range(5)]
+    out = n.pop_outgoing("B")
+    assert [m.seq for m in out if isinstance(m, DeltaPush)] == [d.seq for d in deltas[2:]]
+    assert n.statistics().dropped == 2
+    assert n.pop_outgoing("B") == []
+
+
+def test_malformed_delta_inside_a_good_frame_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    """R9.5 at the gossip layer: one bad delta in a batch does not stop the others."""
+    n = node("B", ["A"])
+    src = Replica("A")
+    good = [src.update("doc", SetAdd(("s",), i)).encode() for i in range(3)]
+    batch = DeltaBatch((good[0], b"\xc1garbage", good[1][:-2], good[1], good[2]))
+    with caplog.at_level("WARNING", logger="p2pnode.crdt"):
+        res = n.receive_untrusted("agent-A", batch.encode())
+    assert res.new == 3
+    assert n.statistics().errors == 2
+    assert [e.code for e in n.replica.errors] == [ErrorCode.CRDT_DESERIALIZATION_FAILED] * 2
+    assert sum("agent-A" in r.getMessage() for r in caplog.records) == 2
+    # A push whose clear-text id disagrees with its payload is an error, not applied.
+    other = src.update("doc", SetAdd(("s",), 99))
+    forged = DeltaPush("doc", "A", 77, other.encode())
+    assert n.receive_untrusted("agent-A", forged.encode()).new == 0
+    assert n.statistics().errors == 3
+    bad_state = StatePush(b"\x00")
+    assert n.receive_untrusted("agent-A", bad_state.encode()).new == 0
+    assert n.statistics().errors == 4
+
+
+def test_unsubscribed_documents_are_ignored() -> None:
+    n = node("B", ["A"])
+    d = Replica("A").update("other", SetAdd(("s",), 1))
+    assert n.receive_untrusted("A", DeltaPush.of(d).encode()).new == 0
+    assert n.receive_untrusted("A", DeltaBatch((d.encode(),)).encode()).new == 0
+    n.receive_untrusted("A", Digest("other", VectorClock()).encode())
+    assert n.take_outgoing() == []
+    assert "other" not in n.replica.documents()
+    with pytest.raises(LocalError):
+        n.publish(d)
+
+
+def test_membership_and_config_validation() -> None:
+    n = node("A", ["A", "B", "B", "C"])
+    assert n.peers == ("B", "C")
+    n.remove_peer("B")
+    assert len(n.peers) == 1
+    n.unsubscribe("doc")
+    assert n.handle_timer(100.0) == []
+    with pytest.raises(LocalError):
+        GossipConfig(fanout=0)
+    with pytest.raises(LocalError):
+        GossipConfig(max_reply_deltas=0)
+    assert node("A", ["B"], anti_entropy=False).next_deadline() == float("inf")
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=100))
+def test_node_receive_untrusted_raises_only_gossip_error(data: bytes) -> None:
+    n = node("B", ["A"])
+    try:
+        n.receive_untrusted("A", data)
+    except GossipError:
+        pass
+
+
+@settings(max_examples=200)
+@given(messages)
+def test_well_formed_frames_with_garbage_payloads_never_raise(msg: GossipMessage) -> None:
+    n = node("B", ["A"])
+    n.receive_untrusted("A", msg.encode())
+    assert n.replica.value("doc") == {}
+
+
+def test_local_update_requires_subscription() -> None:
+    n = node("A", ["B"])
+    with pytest.raises(LocalError):
+        n.local_update("other", SetAdd(("s",), 1))
+    assert "other" not in n.replica.documents()
