@@ -313,7 +313,9 @@ class DhtPeer:
             return False
         now_ms = self._wall_ms()
         try:
-            recs, rejected = decode_value_untrusted(value, key, now_ms=now_ms)
+            recs, rejected = decode_value_untrusted(
+                value, key, now_ms=now_ms, known=self.records.known
+            )
         except RecordError as exc:
             self.stats.records_rejected += 1
             log.info("dht.store_rejected peer=%s:%s reason=%s", source[0], source[1], exc.message)
@@ -413,8 +415,14 @@ class DhtPeer:
     def _collect(
         self, key: bytes, raw: Any, c: Contact, found: dict[tuple[bytes, str], SignedRecord]
     ) -> int:
+        # Replies from different nodes mostly repeat the same records: verify once.
+        seen = {r.encoded: r for r in found.values()}
+
+        def known(encoded: bytes) -> SignedRecord | None:
+            return seen.get(encoded) or self.records.known(encoded)
+
         try:
-            recs, rejected = decode_value_untrusted(raw, key, now_ms=self._wall_ms())
+            recs, rejected = decode_value_untrusted(raw, key, now_ms=self._wall_ms(), known=known)
         except RecordError as exc:
             self._drop(c.address, f"find_value value: {exc.message}")
             return 0
