@@ -159,8 +159,12 @@ class SimNetwork:
         if endpoint is None or delay is None or len(endpoint._heap) >= _MAX_QUEUE:
             self.datagrams_dropped += 1
             return
-        heapq.heappush(endpoint._heap, (trio.current_time() + delay, next(self._seq), data, src))
-        endpoint._lot.unpark_all()
+        seq = next(self._seq)
+        heapq.heappush(endpoint._heap, (trio.current_time() + delay, seq, data, src))
+        if endpoint._heap[0][1] == seq:
+            # Only a new head changes when the receiver must wake; otherwise it is
+            # already sleeping until an earlier datagram is due.
+            endpoint._lot.unpark_all()
 
 
 class SimHost(Network):

@@ -214,30 +214,30 @@ class DhtPeer:
         while True:
             # One task per node: the receive loop also wakes for maintenance,
             # which runs in its own short-lived task so receiving never stops.
-            got: tuple[bytes, Address] | None = None
+            # One cancel scope per maintenance period, not one per datagram.
             with trio.move_on_at(self._next_maintenance):
-                got = await self._endpoint.recvfrom()
-            if got is None:
-                self._next_maintenance = trio.current_time() + self.config.maintenance_interval
-                if not self._maintaining and self._nursery is not None:
-                    self._nursery.start_soon(self._maintenance_task)
-                continue
-            data, source = got
-            try:
-                msg = rpcwire.decode_datagram_untrusted(data)
-            except rpcwire.RpcError as exc:
-                self._drop(source, exc.message)
-                continue
-            if isinstance(msg, rpcwire.Response):
-                pending = self._pending.get(msg.msg_id)
-                if pending is None or pending.address != source:
-                    self._drop(source, "unsolicited or misdirected response")
-                    continue
-                if pending.value is _NO_REPLY:
-                    pending.value = msg.value
-                    pending.event.set()
-                continue
-            await self._handle_request(msg, source)
+                while True:
+                    data, source = await self._endpoint.recvfrom()
+                    await self._handle_datagram(data, source)
+            self._next_maintenance = trio.current_time() + self.config.maintenance_interval
+            if not self._maintaining and self._nursery is not None:
+                self._nursery.start_soon(self._maintenance_task)
+
+    async def _handle_datagram(self, data: bytes, source: Address) -> None:
+        try:
+            msg = rpcwire.decode_datagram_untrusted(data)
+        except rpcwire.RpcError as exc:
+            self._drop(source, exc.message)
+            return
+        if isinstance(msg, rpcwire.Response):
+            pending = self._pending.get(msg.msg_id)
+            if pending is None or pending.address != source:
+                self._drop(source, "unsolicited or misdirected response")
+            elif pending.value is _NO_REPLY:
+                pending.value = msg.value
+                pending.event.set()
+            return
+        await self._handle_request(msg, source)
 
     def _drop(self, source: Address, reason: str) -> None:
         self.stats.datagrams_dropped += 1
@@ -313,7 +313,9 @@ class DhtPeer:
             return False
         now_ms = self._wall_ms()
         try:
-            recs, rejected = decode_value_untrusted(value, key, now_ms=now_ms)
+            recs, rejected = decode_value_untrusted(
+                value, key, now_ms=now_ms, known=self.records.known
+            )
         except RecordError as exc:
             self.stats.records_rejected += 1
             log.info("dht.store_rejected peer=%s:%s reason=%s", source[0], source[1], exc.message)
@@ -413,8 +415,14 @@ class DhtPeer:
     def _collect(
         self, key: bytes, raw: Any, c: Contact, found: dict[tuple[bytes, str], SignedRecord]
     ) -> int:
+        # Replies from different nodes mostly repeat the same records: verify once.
+        seen = {r.encoded: r for r in found.values()}
+
+        def known(encoded: bytes) -> SignedRecord | None:
+            return seen.get(encoded) or self.records.known(encoded)
+
         try:
-            recs, rejected = decode_value_untrusted(raw, key, now_ms=self._wall_ms())
+            recs, rejected = decode_value_untrusted(raw, key, now_ms=self._wall_ms(), known=known)
         except RecordError as exc:
             self._drop(c.address, f"find_value value: {exc.message}")
             return 0

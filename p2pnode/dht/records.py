@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,13 +271,19 @@ def encode_value(records: list[SignedRecord], limit: int = MAX_VALUE_BYTES) -> b
 
 
 def decode_value_untrusted(
-    value: Any, key: bytes, *, now_ms: int
+    value: Any,
+    key: bytes,
+    *,
+    now_ms: int,
+    known: Callable[[bytes], SignedRecord | None] | None = None,
 ) -> tuple[list[SignedRecord], int]:
     """Records in a DHT value for ``key``: (valid records, number rejected).
 
     Raises RecordError when the value as a whole is not a record list (for
     example a stock node's plain string). Individual bad records are counted
-    and skipped, so one forged record cannot hide valid ones.
+    and skipped, so one forged record cannot hide valid ones. ``known`` maps
+    exact record bytes verified earlier to their record, so a record seen
+    again is not verified again (its expiry still is checked).
     """
     if not isinstance(value, bytes):
         raise RecordError(ErrorCode.INVALID_RECORD, "value is not a signed-record list")
@@ -291,11 +298,15 @@ def decode_value_untrusted(
     good: dict[tuple[bytes, str], SignedRecord] = {}
     rejected = 0
     for item in items:
-        try:
-            rec = SignedRecord.from_bytes_untrusted(item, now_ms=now_ms)
-        except RecordError:
-            rejected += 1
-            continue
+        cached = known(item) if known is not None and isinstance(item, bytes) else None
+        if cached is not None and cached.expires_at > now_ms:
+            rec = cached
+        else:
+            try:
+                rec = SignedRecord.from_bytes_untrusted(item, now_ms=now_ms)
+            except RecordError:
+                rejected += 1
+                continue
         if rec.key != key:
             rejected += 1
             continue
@@ -332,6 +343,7 @@ class RecordStore:
         self.source_rate = source_rate
         self.max_sources = max_sources
         self._data: dict[bytes, dict[tuple[bytes, str], SignedRecord]] = {}
+        self._by_bytes: dict[bytes, SignedRecord] = {}  # verified records by their exact bytes
         self._bytes = 0
         self._sources: OrderedDict[str, _Bucket] = OrderedDict()
 
@@ -342,6 +354,10 @@ class RecordStore:
     def total_bytes(self) -> int:
         """Bytes of encoded records held."""
         return self._bytes
+
+    def known(self, encoded: bytes) -> SignedRecord | None:
+        """The held record whose bytes are exactly ``encoded`` (already verified)."""
+        return self._by_bytes.get(encoded)
 
     def keys(self) -> list[bytes]:
         """Keys with at least one record."""
@@ -389,10 +405,11 @@ class RecordStore:
                 if victim.expires_at >= rec.expires_at:
                     continue
                 del slots[victim_slot]
-                self._bytes -= len(victim.encoded)
+                self._forget(victim)
             if held is not None:
-                self._bytes -= len(held.encoded)
+                self._forget(held)
             slots[slot] = rec
+            self._by_bytes[rec.encoded] = rec
             self._bytes += len(rec.encoded)
             taken += 1
         if key in self._data and not self._data[key]:
@@ -416,11 +433,15 @@ class RecordStore:
             dropped += self._drop_expired(key, now_ms)
         return dropped
 
+    def _forget(self, rec: SignedRecord) -> None:
+        self._bytes -= len(rec.encoded)
+        self._by_bytes.pop(rec.encoded, None)
+
     def _drop_expired(self, key: bytes, now_ms: int) -> int:
         slots = self._data[key]
         dead = [s for s, r in slots.items() if r.expires_at <= now_ms]
         for s in dead:
-            self._bytes -= len(slots.pop(s).encoded)
+            self._forget(slots.pop(s))
         if not slots:
             del self._data[key]
         return len(dead)

@@ -208,3 +208,25 @@ def test_bit_flips_never_verify(pos: int, flip: int) -> None:
         return
     # A flip that still decodes must decode to the very same record (e.g. in msgpack padding).
     assert rec == provider()
+
+
+def test_verification_cache_keeps_expiry_and_follows_the_store() -> None:
+    store = RecordStore()
+    key = capability_key("translate")
+    v1 = provider(rev=1, exp=NOW + 1000)
+    store.put(key, [v1], NOW)
+    assert store.known(v1.encoded) == v1
+    recs, rejected = decode_value_untrusted(encode_value([v1]), key, now_ms=NOW, known=store.known)
+    assert (recs, rejected) == ([v1], 0)
+    # A cached record past its expiry is re-checked, and rejected.
+    recs, rejected = decode_value_untrusted(
+        encode_value([v1]), key, now_ms=NOW + 1000, known=store.known
+    )
+    assert (recs, rejected) == ([], 1)
+    # Replaced records leave the cache.
+    v2 = provider(rev=2, exp=NOW + 1000)
+    store.put(key, [v2], NOW)
+    assert store.known(v1.encoded) is None
+    assert store.known(v2.encoded) == v2
+    store.expire(NOW + 1000)
+    assert store.known(v2.encoded) is None
