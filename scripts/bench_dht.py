@@ -158,7 +158,7 @@ async def run_ours(
                 target = rng.choice(targets)
                 async with lim:
                     t = trio.current_time()
-                    card = await asker.find_card(cards[id(target)].peer_id)
+                    card = await asker.find_card(cards[id(target)].peer_id, cards[id(target)].id)
                     lat.append(trio.current_time() - t)
                 if card == cards[id(target)]:
                     ok += 1

@@ -2,10 +2,11 @@
 
 Theory of operation (docs/protocol/dht.md §4): :class:`DhtNode` is a
 :class:`~p2pnode.dht.peer.DhtPeer` that publishes an agent's signed card under
-``p2pnode:card:<peer id>`` and one provider record per capability under
-``p2pnode:cap:<capability>``, all signed by the agent's key and republished
-by the maintenance pass. Readers accept a provider only when the publisher's
-own card, fetched and verified, lists the capability.
+``p2pnode:card:<peer id>/<agent id>``, one provider record per capability
+under ``p2pnode:cap:<capability>`` and one under ``p2pnode:cap:agent:<agent
+id>`` (lookup by id), all signed by the agent's key and republished by the
+maintenance pass. Readers accept a provider only when the publisher's own
+card for that agent, fetched and verified, lists the capability.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from p2pnode.dht.records import (
     ProviderInfo,
     RecordKind,
     SignedRecord,
+    agent_capability,
     capability_key,
     card_key,
 )
@@ -67,9 +69,9 @@ class DhtNode(DhtPeer):
 
             return make
 
-        ck = card_key(card.peer_id)
+        ck = card_key(card.peer_id, card.id)
         makers = [(ck, RecordKind.CARD, maker(RecordKind.CARD, ck, card_bytes))]
-        for cap in sorted(card.capability_ids()):
+        for cap in [agent_capability(card.id), *sorted(card.capability_ids())]:
             key = capability_key(cap)
             info = ProviderInfo(cap, card.id, addresses).to_bytes()
             makers.append((key, RecordKind.PROVIDER, maker(RecordKind.PROVIDER, key, info)))
@@ -80,10 +82,12 @@ class DhtNode(DhtPeer):
             self._published[(key, kind)] = make
         return await self._publish(makers)
 
-    async def find_card(self, peer_id: PeerId) -> AgentCard | None:
-        """The newest verified card of ``peer_id`` in the DHT, or None."""
-        recs = await self.get_records(card_key(peer_id), quorum=self.config.card_quorum)
-        return self._card_from(recs, peer_id)
+    async def find_card(self, peer_id: PeerId, agent_id: str) -> AgentCard | None:
+        """The newest verified card of agent ``agent_id`` owned by ``peer_id``, or None."""
+        key = card_key(peer_id, agent_id)
+        recs = await self.get_records(key, quorum=self.config.card_quorum)
+        card = self._card_from(recs, peer_id)
+        return card if card is not None and card.id == agent_id else None
 
     def _card_from(self, recs: list[SignedRecord], peer_id: PeerId) -> AgentCard | None:
         best: AgentCard | None = None
@@ -107,23 +111,33 @@ class DhtNode(DhtPeer):
         # Provider sets are merged from many publishers, and a far node may hold
         # only some of them: read until the k closest answered, not to a quorum.
         recs = await self.get_records(capability_key(capability), quorum=0)
-        publishers: list[PeerId] = []
+        providers: list[tuple[PeerId, str]] = []
         for r in recs:
-            if r.kind is RecordKind.PROVIDER and r.publisher not in publishers:
-                publishers.append(r.publisher)
-        publishers = publishers[:limit]
+            if r.kind is not RecordKind.PROVIDER:
+                continue
+            agent_id = ProviderInfo.from_bytes_untrusted(r.payload).agent_id
+            if (r.publisher, agent_id) not in providers:
+                providers.append((r.publisher, agent_id))
+        providers = providers[:limit]
         cards: list[AgentCard] = []
 
-        async def fetch(p: PeerId) -> None:
-            card = await self.find_card(p)
-            if card is not None and card.has_capability(capability):
+        async def fetch(peer_id: PeerId, agent_id: str) -> None:
+            card = await self.find_card(peer_id, agent_id)
+            if card is None:
+                return
+            if card.has_capability(capability) or capability == agent_capability(card.id):
                 cards.append(card)
 
         async with trio.open_nursery() as nursery:
-            for p in publishers:
-                nursery.start_soon(fetch, p)
-        cards.sort(key=lambda c: c.peer_id.raw)
+            for peer_id, agent_id in providers:
+                nursery.start_soon(fetch, peer_id, agent_id)
+        cards.sort(key=lambda c: (c.peer_id.raw, c.id))
         return cards
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]:
+        """Verified cards of agents named ``agent_id`` (ids are names: several owners may
+        use one; the node's registry keeps the first owner it met)."""
+        return await self.find_providers(agent_capability(agent_id))
 
 
 def _split_address(text: str) -> tuple[str, int] | None:

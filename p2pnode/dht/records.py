@@ -65,6 +65,7 @@ _RECORD_LIMITS = WireLimits(
     max_map_len=0,
     max_depth=2,
 )
+_CARD_PAYLOAD_LIMITS = WireLimits(max_size=MAX_RECORD_BYTES)
 _PAYLOAD_LIMITS = WireLimits(
     max_size=MAX_RECORD_BYTES,
     max_str_len=MAX_CAPABILITY_CHARS,
@@ -91,9 +92,37 @@ def capability_key(capability: str) -> bytes:
     return hashlib.sha1((CAPABILITY_PREFIX + capability).encode("utf-8")).digest()
 
 
-def card_key(peer_id: PeerId) -> bytes:
-    """DHT key of an agent's card: ``sha1("p2pnode:card:" + str(peer_id))``."""
-    return hashlib.sha1((CARD_PREFIX + str(peer_id)).encode("utf-8")).digest()
+def card_key(peer_id: PeerId, agent_id: str) -> bytes:
+    """DHT key of an agent's card: ``sha1("p2pnode:card:" + str(peer_id) + "/" + agent_id)``.
+
+    One key per (owner, agent), so a node hosting several agents publishes
+    each card without one displacing another.
+    """
+    return hashlib.sha1(f"{CARD_PREFIX}{peer_id}/{agent_id}".encode()).digest()
+
+
+AGENT_CAPABILITY_PREFIX = "agent:"
+
+
+def agent_capability(agent_id: str) -> str:
+    """The pseudo-capability under which an agent is findable by its id."""
+    return AGENT_CAPABILITY_PREFIX + agent_id
+
+
+def card_agent_id_untrusted(payload: bytes) -> str:
+    """The ``id`` field of a card record's payload (the card's msgpack plain form).
+
+    Raises RecordError; the full card is verified by readers, this only lets
+    the record's key be checked.
+    """
+    try:
+        plain = unpack_untrusted(payload, _CARD_PAYLOAD_LIMITS)
+    except WireError as exc:
+        raise RecordError(ErrorCode.INVALID_RECORD, f"card payload: {exc.message}") from None
+    agent_id = plain.get("id") if isinstance(plain, dict) else None
+    if not isinstance(agent_id, str) or not 0 < len(agent_id) <= MAX_AGENT_ID_CHARS:
+        raise RecordError(ErrorCode.INVALID_RECORD, "card payload has no agent id")
+    return agent_id
 
 
 def signing_input(
@@ -238,7 +267,7 @@ class SignedRecord:
             raise RecordError(ErrorCode.INVALID_RECORD, "record expiry too far ahead")
         rec = cls(RecordKind(kind), key, pk, rev, exp, payload, sig, bytes(data))
         if rec.kind is RecordKind.CARD:
-            if key != card_key(rec.publisher):
+            if key != card_key(rec.publisher, card_agent_id_untrusted(payload)):
                 raise RecordError(ErrorCode.INVALID_RECORD, "card record under a foreign key")
         elif key != capability_key(ProviderInfo.from_bytes_untrusted(payload).capability):
             raise RecordError(ErrorCode.INVALID_RECORD, "provider record key does not match")

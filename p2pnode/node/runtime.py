@@ -42,7 +42,7 @@ class DhtDiscovery:
         return await self.dht.find_providers(capability)
 
     async def find_agent(self, agent_id: str) -> list[AgentCard]:
-        return []
+        return await self.dht.find_agent(agent_id)
 
 
 @asynccontextmanager

@@ -99,7 +99,7 @@ async def test_mixed_network_with_stock_nodes() -> None:
             reply = await stock.command(op="get", node=3, key="p2pnode:cap:translate")
             assert reply["value_hex"] == encode_value(stored).hex()
             # Our lookups route through stock nodes: c finds a's card and providers.
-            assert await c.find_card(card.peer_id) == card
+            assert await c.find_card(card.peer_id, card.id) == card
             assert [x.peer_id for x in await c.find_providers("translate")] == [card.peer_id]
             # The stock table learned our nodes.
             table = await stock.command(op="table", node=0)

@@ -26,7 +26,7 @@ async def test_small_swarm_provide_and_find(autojump_clock: trio.testing.MockClo
         for asker in (nodes[0], nodes[7], nodes[11]):
             found = await asker.find_providers("translate")
             assert [c.peer_id for c in found] == [card.peer_id]
-            assert await asker.find_card(card.peer_id) == card
+            assert await asker.find_card(card.peer_id, card.id) == card
         assert await nodes[5].find_providers("nothing") == []
         recs = await nodes[9].get_records(capability_key("summarise"))
         assert [r.publisher for r in recs] == [card.peer_id]

@@ -43,9 +43,8 @@ def provider(
 def test_keys_match_stock_digest() -> None:
     # kademlia.utils.digest(s) == sha1(str(s).encode("utf8")).digest()
     assert capability_key("translate") == hashlib.sha1(b"p2pnode:cap:translate").digest()
-    assert (
-        card_key(ALICE.peer_id) == hashlib.sha1(f"p2pnode:card:{ALICE.peer_id}".encode()).digest()
-    )
+    name = f"p2pnode:card:{ALICE.peer_id}/venus"
+    assert card_key(ALICE.peer_id, "venus") == hashlib.sha1(name.encode()).digest()
 
 
 def test_round_trip_and_value() -> None:
@@ -91,11 +90,20 @@ def test_key_binding() -> None:
     )
     with pytest.raises(RecordError, match="key does not match"):
         SignedRecord.from_bytes_untrusted(wrong_key.to_bytes(), now_ms=NOW)
-    foreign_card = SignedRecord.create(
-        ALICE, RecordKind.CARD, card_key(BOB.peer_id), 1, NOW + 1000, b"card"
+    payload = pack({"id": "venus"})
+    for key in (card_key(BOB.peer_id, "venus"), card_key(ALICE.peer_id, "mars")):
+        foreign_card = SignedRecord.create(ALICE, RecordKind.CARD, key, 1, NOW + 1000, payload)
+        with pytest.raises(RecordError, match="foreign key"):
+            SignedRecord.from_bytes_untrusted(foreign_card.to_bytes(), now_ms=NOW)
+    own = SignedRecord.create(
+        ALICE, RecordKind.CARD, card_key(ALICE.peer_id, "venus"), 1, NOW + 1000, payload
     )
-    with pytest.raises(RecordError, match="foreign key"):
-        SignedRecord.from_bytes_untrusted(foreign_card.to_bytes(), now_ms=NOW)
+    assert SignedRecord.from_bytes_untrusted(own.to_bytes(), now_ms=NOW).key == own.key
+    no_id = SignedRecord.create(
+        ALICE, RecordKind.CARD, card_key(ALICE.peer_id, "venus"), 1, NOW + 1000, b"card"
+    )
+    with pytest.raises(RecordError, match="card payload"):
+        SignedRecord.from_bytes_untrusted(no_id.to_bytes(), now_ms=NOW)
 
 
 def test_expired_and_far_future_rejected() -> None:
@@ -110,7 +118,7 @@ def test_oversized_value_and_record_rejected() -> None:
     with pytest.raises(RecordError):
         decode_value_untrusted(b"\x90" + b"\x00" * MAX_VALUE_BYTES, capability_key("x"), now_ms=NOW)
     big = SignedRecord.create(
-        ALICE, RecordKind.CARD, card_key(ALICE.peer_id), 1, NOW + 1000, b"x" * 9000
+        ALICE, RecordKind.CARD, card_key(ALICE.peer_id, "a"), 1, NOW + 1000, b"x" * 9000
     )
     with pytest.raises(RecordError):
         SignedRecord.from_bytes_untrusted(big.to_bytes(), now_ms=NOW)

@@ -1,0 +1,61 @@
+"""Nodes with their DHT in the simulator: discovery by capability and by agent id
+reaches agents the asking node never met (seed R1.7, R4.3-4.4)."""
+
+from __future__ import annotations
+
+import random
+from contextlib import AsyncExitStack
+from typing import Any
+
+import pytest
+import trio
+
+from p2pnode.card import Capability
+from p2pnode.envelope import Envelope
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.identity import Identity
+from p2pnode.node.config import NodeConfig
+from p2pnode.node.node import Node
+from p2pnode.node.runtime import open_node
+from p2pnode.simnet import SimNetwork
+
+
+async def echo(envelope: Envelope) -> Any:
+    return {"from": envelope.recipient}
+
+
+async def test_discovery_through_the_dht(autojump_clock: Any) -> None:
+    sim = SimNetwork(random.Random(7))
+    async with AsyncExitStack() as stack:
+        nodes: list[Node] = []
+        for i in range(12):
+            host = sim.add_host()
+            bootstrap = (nodes[0].listen_address,) if nodes else ()
+            config = NodeConfig(listen=(host.host, 7000), dht_listen=(host.host, 0),
+                                bootstrap=bootstrap)  # fmt: skip
+            node = await stack.enter_async_context(
+                open_node(Identity(bytes([i + 1]) * 32), host, config)
+            )
+            nodes.append(node)
+        # The last node hosts two agents: both must be findable, neither hides the other.
+        await nodes[-1].add_agent("io", echo, tier=3, capabilities=(Capability("test.unit", "T"),))
+        await nodes[-1].add_agent(
+            "europa", echo, tier=3, capabilities=(Capability("docs.write", "D"),)
+        )
+        await nodes[1].add_agent("callisto", echo, tier=3)
+        for node in nodes:
+            await node.join()
+        await trio.sleep(5)
+        asker = nodes[1]
+        assert "io" not in asker.registry  # never met: only the bootstrap node
+        found = await asker.find("docs.write")
+        assert [c.id for c in found] == ["europa"]
+        reply = await asker.request("callisto", "test.unit", None, capability=True)
+        assert reply.sender == "io"
+        # By agent id, through the DHT's agent record.
+        other = nodes[2]
+        await other.add_agent("ganymede", echo, tier=3)
+        assert (await other.request("ganymede", "europa", None)).payload == {"from": "europa"}
+        with pytest.raises(LocalError) as info:
+            await other.request("ganymede", "no-such-agent", None)
+        assert info.value.code is ErrorCode.AGENT_NOT_FOUND
