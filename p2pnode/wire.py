@@ -73,18 +73,18 @@ def _reject_ext(code: int, data: bytes) -> Any:
 
 
 def _depth_exceeds(obj: Any, max_depth: int) -> bool:
-    # Iterative so a hostile nesting cannot exhaust the Python stack.
+    # Iterative so a hostile nesting cannot exhaust the Python stack; only containers
+    # are pushed, which keeps the common flat message cheap.
+    if not isinstance(obj, list | dict):
+        return False
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, list):
-            if depth > max_depth:
-                return True
-            stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, dict):
-            if depth > max_depth:
-                return True
-            stack.extend((child, depth + 1) for child in item.values())
+        if depth > max_depth:
+            return True
+        for child in item if isinstance(item, list) else item.values():
+            if isinstance(child, list | dict):
+                stack.append((child, depth + 1))
     return False
 
 
