@@ -183,7 +183,7 @@ async def test_reconnects_after_transport_loss(autojump_clock: Any) -> None:
         await a.add_agent("sun", Inbox(), tier=0)
         await b.add_agent("io", Inbox(), tier=3)
         await connect_all([a, b])
-        link = a._links[b.peer_id]
+        link = a.links.link(b.peer_id)
         sim.kill(b.listen_address[0])
         await trio.sleep(0.01)
         assert link.state is ChannelState.RECONNECTING
@@ -274,10 +274,10 @@ async def test_spoofed_sender_is_rejected_and_reported(autojump_clock: Any) -> N
         await evil.connect(victim.listen_address)
         await trio.sleep(1)
         forged = evil._factory.create("sun", "io", MessageType.REQUEST, "from sun, honest")
-        await evil._link(victim.peer_id).send(encode_envelope(forged))
+        await evil.links.link(victim.peer_id).send(encode_envelope(forged))
         # A HELLO carrying another peer's card is refused as well.
         sun_card = honest.local_agent("sun")
-        await evil._link(victim.peer_id).send(encode_hello([sun_card], []))
+        await evil.links.link(victim.peer_id).send(encode_hello([sun_card], []))
         await trio.sleep(1)
         assert inbox.received == []
         security = victim.events.recent(kind=EventKind.SECURITY)
@@ -294,7 +294,7 @@ async def test_ingress_policy_holds_when_a_peer_skips_egress_checks(autojump_clo
         await rogue.connect(victim.listen_address)
         await trio.sleep(1)
         envelope = rogue.envelope("mercury", "io", MessageType.REQUEST, None)
-        await rogue._link(victim.peer_id).send(encode_envelope(envelope))
+        await rogue.links.link(victim.peer_id).send(encode_envelope(envelope))
         await trio.sleep(1)
         assert inbox.received == []
         assert victim.events.recent(kind=EventKind.SECURITY)[-1].code is ErrorCode.TIER_VIOLATION
@@ -325,7 +325,7 @@ async def test_garbage_frames_do_not_break_the_node(autojump_clock: Any) -> None
         await evil.add_agent("triton", Inbox(), tier=3)
         await evil.connect(victim.listen_address)
         await trio.sleep(1)
-        link = evil._link(victim.peer_id)
+        link = evil.links.link(victim.peer_id)
         for junk in (b"", b"\x00", b"\x92\x07\x80", b"\xc1" * 10, b"\x92\x01\x81\xa1x\x01"):
             await link.send(junk)
         await trio.sleep(1)

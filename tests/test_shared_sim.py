@@ -284,7 +284,7 @@ async def test_gossip_obeys_sandboxes(autojump_clock: Any) -> None:
         envelope = outside.node.envelope(
             outside.agent, boxed.agent, MessageType.STREAM_DATA, payload
         )
-        await outside.node._link(boxed.node.peer_id).send(encode_envelope(envelope))
+        await outside.node.links.link(boxed.node.peer_id).send(encode_envelope(envelope))
         await trio.sleep(1)
         assert "intruder" not in boxed.shared.read(DOC)["who"]
         security = boxed.node.events.recent(kind=EventKind.SECURITY)
@@ -305,7 +305,7 @@ async def test_garbage_gossip_does_not_stop_sync(autojump_clock: Any) -> None:
         victim, honest, evil = await sw.add(), await sw.add(), await sw.add()
         await trio.sleep(3)
         assert victim.node is not None and evil.node is not None
-        link = evil.node._link(victim.node.peer_id)
+        link = evil.node.links.link(victim.node.peer_id)
         forged = Replica(evil.shared.replica_id)
         good = forged.update(DOC, CounterAdd(("evil",), 1))
         bad_delta = DeltaPush(DOC, good.origin, 2, b"\x81\xa1x\x01", 0)

@@ -42,7 +42,6 @@ from typing import Any, Protocol
 import trio
 
 from p2pnode.card import AgentCard, Capability, Endpoint, Origin
-from p2pnode.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.envelope import (
     ROUTING_HINT_CAPABILITY,
     Envelope,
@@ -55,9 +54,10 @@ from p2pnode.envelope import (
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity, PeerId
 from p2pnode.net import Address, Network
-from p2pnode.node.channels import ChannelState, PeerLink
+from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.frames import Hello, decode_frame_untrusted, encode_envelope, encode_hello
+from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
 from p2pnode.node.shared import SharedConfig, SharedState
@@ -175,9 +175,16 @@ class Node:
         self._clock_ms = clock_ms
         self._factory = EnvelopeFactory(clock_ms)
         self._agents: dict[str, _LocalAgent] = {}
-        self._links: dict[PeerId, PeerLink] = {}
-        self._peer_addresses: dict[PeerId, list[Address]] = {}
-        self._peer_static: dict[PeerId, bytes] = {}
+        self.links = LinkManager(
+            self.secure_identity,
+            network,
+            self.config,
+            self.registry,
+            self.events,
+            lambda: self.nursery,
+            self._on_frame,
+            self._hello_bytes,
+        )
         self._pending: dict[str, _Pending] = {}
         self._seen = _BoundedSet(self.config.dedup_window)
         self._allowed_requests = _BoundedSet(self.config.dedup_window)
@@ -196,7 +203,7 @@ class Node:
         try:
             listener = await self.network.listen_stream(self.config.listen)
             self._listen_address = listener.local_address
-            await self._nursery.start(self._accept_loop, listener)
+            await self._nursery.start(self.links.accept_loop, listener)
         except BaseException as exc:
             self._nursery.cancel_scope.cancel()
             await self._nursery_cm.__aexit__(type(exc), exc, exc.__traceback__)
@@ -219,9 +226,8 @@ class Node:
         if self._closed:
             return
         self._closed = True
-        for link in list(self._links.values()):
-            with trio.CancelScope(shield=True):
-                await link.aclose()
+        with trio.CancelScope(shield=True):
+            await self.links.aclose()
         for agent in self._agents.values():
             agent.inbox_send.close()
         if self._nursery is not None:
@@ -407,7 +413,7 @@ class Node:
 
     async def _announce(self, card: AgentCard) -> None:
         hello = self._hello_bytes()
-        for link in list(self._links.values()):
+        for link in self.links:
             if link.state is ChannelState.OPEN:
                 with trio.move_on_after(self.config.request_timeout):
                     try:
@@ -618,7 +624,7 @@ class Node:
             await self._deliver_local(envelope, [target.id])
             path = "local"
         else:
-            await self._link(target.peer_id).send(encode_envelope(envelope))
+            await self.links.link(target.peer_id).send(encode_envelope(envelope))
             path = "remote"
         self.events.message_sent(envelope, path=RoutingPath(path), peer=str(target.peer_id))
         latency = (trio.current_time() - start) * 1000
@@ -653,7 +659,7 @@ class Node:
 
     async def _broadcast_to_peer(self, peer_id: PeerId, agent_ids: list[str], frame: bytes) -> None:
         try:
-            await self._link(peer_id).send(frame)
+            await self.links.link(peer_id).send(frame)
         except P2PError as exc:
             self.events.error(exc.code, f"broadcast to {peer_id} ({agent_ids}): {exc.message}")
 
@@ -685,95 +691,9 @@ class Node:
 
     # -- links ------------------------------------------------------------------------------
 
-    def _link(self, peer_id: PeerId) -> PeerLink:
-        link = self._links.get(peer_id)
-        if link is None or link.state is ChannelState.CLOSED:
-            if len(self._links) >= self.config.max_peers:
-                self._drop_closed_links()
-            link = PeerLink(
-                self.peer_id,
-                peer_id,
-                self.nursery,
-                lambda: self._dial(peer_id),
-                self._on_frame,
-                self._on_link_state,
-                self.config.retry,
-            )
-            self._links[peer_id] = link
-        return link
-
-    def _drop_closed_links(self) -> None:
-        for peer_id in [p for p, link in self._links.items() if link.state is ChannelState.CLOSED]:
-            del self._links[peer_id]
-
-    def _on_link_state(self, link: PeerLink, state: ChannelState) -> None:
-        logger.info("channel to %s: %s", link.peer_id, state.value)
-
-    def _addresses_of(self, peer_id: PeerId) -> list[Address]:
-        addresses = list(self._peer_addresses.get(peer_id, []))
-        for card in self.registry:
-            if card.peer_id == peer_id:
-                for text in card.addresses:
-                    address = parse_address(text)
-                    if address not in addresses:
-                        addresses.append(address)
-                if card.noise_static_key is not None:
-                    self._peer_static.setdefault(peer_id, card.noise_static_key)
-        return addresses
-
-    async def _dial(self, peer_id: PeerId) -> SecureChannel:
-        last: BaseException | None = None
-        for address in self._addresses_of(peer_id):
-            try:
-                return await self._dial_address(address, peer_id)
-            except (P2PError, OSError, trio.BrokenResourceError) as exc:
-                last = exc
-        raise LocalError(ErrorCode.CHANNEL_CLOSED, f"cannot reach {peer_id}: {last}")
-
-    async def _dial_address(self, address: Address, peer_id: PeerId | None) -> SecureChannel:
-        stream = await self.network.connect_stream(address)
-        channel = await connect_secure(
-            stream,
-            self.secure_identity,
-            expected_peer_id=peer_id,
-            remote_static=self._peer_static.get(peer_id) if peer_id else None,
-            config=self.config.channel,
-        )
-        await channel.send_message(self._hello_bytes())
-        return channel
-
     async def connect(self, address: Address) -> PeerId:
         """Open a channel to the node at ``address`` (bootstrap, tests); returns its peer id."""
-        channel = await self._dial_address(address, None)
-        peer_id = channel.remote_peer_id
-        self._peer_addresses.setdefault(peer_id, []).insert(0, address)
-        self._link(peer_id).adopt(channel, self.peer_id)
-        return peer_id
-
-    async def _accept_loop(
-        self, listener: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        task_status.started()
-        try:
-            while True:
-                stream = await listener.accept()
-                self.nursery.start_soon(self._accept_one, stream)
-        finally:
-            with trio.CancelScope(shield=True):
-                await listener.aclose()
-
-    async def _accept_one(self, stream: trio.abc.Stream) -> None:
-        try:
-            channel = await accept_secure(stream, self.secure_identity, config=self.config.channel)
-            await channel.send_message(self._hello_bytes())
-        except RemoteError as exc:
-            self.events.security(exc.code, f"inbound handshake failed: {exc.message}", None, None)
-            return
-        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            logger.info("inbound channel failed: %s", exc)
-            return
-        peer_id = channel.remote_peer_id
-        self._link(peer_id).adopt(channel, peer_id)
+        return await self.links.connect(address)
 
     # -- frames in --------------------------------------------------------------------------
 
@@ -819,8 +739,7 @@ class Node:
                 addresses.append(parse_address(text))
             except LocalError:
                 continue
-        if addresses:
-            self._peer_addresses[peer_id] = addresses
+        self.links.learn_addresses(peer_id, addresses)
 
     async def _on_envelope(self, peer_id: PeerId, envelope: Envelope) -> None:
         peer = str(peer_id)
@@ -890,12 +809,12 @@ class Node:
             "peers": sorted({str(c.peer_id) for c in self.registry.list_remote()}),
             "channels": [
                 {
-                    "peer": str(p),
+                    "peer": str(link.peer_id),
                     "state": link.state.value,
                     "sent": link.frames_sent,
                     "received": link.frames_received,
                 }
-                for p, link in self._links.items()
+                for link in self.links
             ],
             "documents": self._shared.subscriptions() if self._shared is not None else {},
             "metrics": metrics.to_dict(),

@@ -1,0 +1,170 @@
+"""The node's links to other peers: dialing, accepting, one PeerLink per peer.
+
+:class:`LinkManager` owns every :class:`~p2pnode.node.channels.PeerLink` of a
+node, the addresses and Noise static keys it knows for each peer, the
+secure-channel listener loop, and dialing (IK when the peer's card gave its
+static key, XX otherwise). Every new channel, dialed or accepted, starts with
+this node's HELLO. Frames read on any link go to the node's frame handler.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import trio
+
+from p2pnode.channel import SecureChannel, accept_secure, connect_secure
+from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.identity import PeerId
+from p2pnode.net import Address, Network, StreamListener
+from p2pnode.node.channels import ChannelState, FrameHandler, PeerLink
+from p2pnode.node.config import NodeConfig, parse_address
+from p2pnode.node.observability import Observability
+from p2pnode.registry import Registry
+from p2pnode.secure import SecureIdentity
+
+logger = logging.getLogger("p2pnode.node")
+
+
+class LinkManager:
+    """Links by peer id (see the module docstring)."""
+
+    def __init__(
+        self,
+        secure_identity: SecureIdentity,
+        network: Network,
+        config: NodeConfig,
+        registry: Registry,
+        events: Observability,
+        nursery: Callable[[], trio.Nursery],
+        on_frame: FrameHandler,
+        hello: Callable[[], bytes],
+    ) -> None:
+        self._secure = secure_identity
+        self._network = network
+        self._config = config
+        self._registry = registry
+        self._events = events
+        self._nursery = nursery
+        self._on_frame = on_frame
+        self._hello = hello
+        self._links: dict[PeerId, PeerLink] = {}
+        self._addresses: dict[PeerId, list[Address]] = {}
+        self._static: dict[PeerId, bytes] = {}
+
+    @property
+    def local_peer_id(self) -> PeerId:
+        return self._secure.peer_id
+
+    def get(self, peer_id: PeerId) -> PeerLink | None:
+        """The current link to ``peer_id``, if any."""
+        return self._links.get(peer_id)
+
+    def __iter__(self) -> Iterator[PeerLink]:
+        return iter(list(self._links.values()))
+
+    def link(self, peer_id: PeerId) -> PeerLink:
+        """The link to ``peer_id``, made (not yet connected) when there is none open."""
+        link = self._links.get(peer_id)
+        if link is None or link.state is ChannelState.CLOSED:
+            if len(self._links) >= self._config.max_peers:
+                self._drop_closed()
+            link = PeerLink(
+                self.local_peer_id,
+                peer_id,
+                self._nursery(),
+                lambda: self._dial(peer_id),
+                self._on_frame,
+                _log_state,
+                self._config.retry,
+            )
+            self._links[peer_id] = link
+        return link
+
+    def learn_addresses(self, peer_id: PeerId, addresses: list[Address]) -> None:
+        """Addresses a peer announced for itself (in its HELLO)."""
+        if addresses:
+            self._addresses[peer_id] = addresses[:16]
+
+    async def aclose(self) -> None:
+        for link in list(self._links.values()):
+            await link.aclose()
+
+    def _drop_closed(self) -> None:
+        for peer_id in [p for p, link in self._links.items() if link.state is ChannelState.CLOSED]:
+            del self._links[peer_id]
+
+    def _addresses_of(self, peer_id: PeerId) -> list[Address]:
+        addresses = list(self._addresses.get(peer_id, []))
+        for card in self._registry:
+            if card.peer_id == peer_id:
+                for text in card.addresses:
+                    address = parse_address(text)
+                    if address not in addresses:
+                        addresses.append(address)
+                if card.noise_static_key is not None:
+                    self._static.setdefault(peer_id, card.noise_static_key)
+        return addresses
+
+    async def _dial(self, peer_id: PeerId) -> SecureChannel:
+        last: BaseException | None = None
+        for address in self._addresses_of(peer_id):
+            try:
+                return await self._dial_address(address, peer_id)
+            except (P2PError, OSError, trio.BrokenResourceError) as exc:
+                last = exc
+        raise LocalError(ErrorCode.CHANNEL_CLOSED, f"cannot reach {peer_id}: {last}")
+
+    async def _dial_address(self, address: Address, peer_id: PeerId | None) -> SecureChannel:
+        stream = await self._network.connect_stream(address)
+        channel = await connect_secure(
+            stream,
+            self._secure,
+            expected_peer_id=peer_id,
+            remote_static=self._static.get(peer_id) if peer_id else None,
+            config=self._config.channel,
+        )
+        await channel.send_message(self._hello())
+        return channel
+
+    async def connect(self, address: Address) -> PeerId:
+        """Open a channel to the node at ``address``; returns its proven peer id."""
+        channel = await self._dial_address(address, None)
+        peer_id = channel.remote_peer_id
+        self._addresses.setdefault(peer_id, []).insert(0, address)
+        self.link(peer_id).adopt(channel, self.local_peer_id)
+        return peer_id
+
+    async def accept_loop(
+        self,
+        listener: StreamListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept secure channels until cancelled; closes the listener on the way out."""
+        task_status.started()
+        try:
+            while True:
+                stream = await listener.accept()
+                self._nursery().start_soon(self._accept_one, stream)
+        finally:
+            with trio.CancelScope(shield=True):
+                await listener.aclose()
+
+    async def _accept_one(self, stream: trio.abc.Stream) -> None:
+        try:
+            channel = await accept_secure(stream, self._secure, config=self._config.channel)
+            await channel.send_message(self._hello())
+        except RemoteError as exc:
+            self._events.security(exc.code, f"inbound handshake failed: {exc.message}", None, None)
+            return
+        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            logger.info("inbound channel failed: %s", exc)
+            return
+        peer_id = channel.remote_peer_id
+        self.link(peer_id).adopt(channel, peer_id)
+
+
+def _log_state(link: PeerLink, state: ChannelState) -> None:
+    logger.info("channel to %s: %s", link.peer_id, state.value)
