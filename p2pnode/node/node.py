@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -56,6 +56,7 @@ from p2pnode.identity import Identity, PeerId
 from p2pnode.net import Address, Network
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig, format_address, parse_address
+from p2pnode.node.discovery import Discovery, NoDiscovery
 from p2pnode.node.frames import Hello, decode_frame_untrusted, encode_envelope, encode_hello
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
@@ -72,34 +73,6 @@ StreamInterceptor = Callable[[AgentCard, str, Envelope], Awaitable[None]]
 REPLY_TYPES = frozenset(
     {MessageType.RESPONSE, MessageType.ERROR, MessageType.TASK_ACCEPT, MessageType.TASK_REJECT}
 )
-
-
-class Discovery(Protocol):
-    """What the node needs from the DHT."""
-
-    async def bootstrap(self, addresses: list[Address]) -> None: ...
-
-    async def provide(self, card: AgentCard) -> None: ...
-
-    async def find_providers(self, capability: str) -> list[AgentCard]: ...
-
-    async def find_agent(self, agent_id: str) -> list[AgentCard]: ...
-
-
-class NoDiscovery:
-    """Discovery for a node without a DHT: only peers met directly are known."""
-
-    async def bootstrap(self, addresses: list[Address]) -> None:
-        return None
-
-    async def provide(self, card: AgentCard) -> None:
-        return None
-
-    async def find_providers(self, capability: str) -> list[AgentCard]:
-        return []
-
-    async def find_agent(self, agent_id: str) -> list[AgentCard]:
-        return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +104,7 @@ class _Pending:
         self.target: str | None = None
 
 
-class _BoundedSet:
+class BoundedSet:
     """Remembers the last ``size`` keys."""
 
     def __init__(self, size: int) -> None:
@@ -186,8 +159,8 @@ class Node:
             self._hello_bytes,
         )
         self._pending: dict[str, _Pending] = {}
-        self._seen = _BoundedSet(self.config.dedup_window)
-        self._allowed_requests = _BoundedSet(self.config.dedup_window)
+        self._seen = BoundedSet(self.config.dedup_window)
+        self._allowed_requests = BoundedSet(self.config.dedup_window)
         self._stream_interceptors: dict[str, StreamInterceptor] = {}
         self._shared: SharedState | None = None
         self._nursery: trio.Nursery | None = None
@@ -821,4 +794,4 @@ class Node:
         }
 
 
-__all__ = ["Discovery", "Handler", "NoDiscovery", "Node", "RoutingResult"]
+__all__ = ["Handler", "Node", "RoutingResult", "StreamInterceptor"]

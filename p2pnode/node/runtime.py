@@ -13,36 +13,16 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from p2pnode.card import AgentCard
 from p2pnode.dht.node import DhtNode
 from p2pnode.errors import LocalError
 from p2pnode.identity import Identity, write_private_file
-from p2pnode.net import Address, Network
+from p2pnode.net import Network
 from p2pnode.node.config import NodeConfig
+from p2pnode.node.discovery import DhtDiscovery
 from p2pnode.node.node import Node
 
 SNAPSHOT_FILE = "routing.snapshot"
 logger = logging.getLogger("p2pnode.node")
-
-
-class DhtDiscovery:
-    """The node's view of the DHT (see :class:`p2pnode.node.node.Discovery`)."""
-
-    def __init__(self, dht: DhtNode) -> None:
-        self.dht = dht
-
-    async def bootstrap(self, addresses: list[Address]) -> None:
-        if addresses:
-            await self.dht.bootstrap(addresses)
-
-    async def provide(self, card: AgentCard) -> None:
-        await self.dht.provide(card)
-
-    async def find_providers(self, capability: str) -> list[AgentCard]:
-        return await self.dht.find_providers(capability)
-
-    async def find_agent(self, agent_id: str) -> list[AgentCard]:
-        return await self.dht.find_agent(agent_id)
 
 
 @asynccontextmanager

@@ -1,0 +1,62 @@
+"""How a node finds agents it has not met: the DHT, behind a small protocol.
+
+The node asks for providers of a capability and for agents by id, publishes
+its own cards, and bootstraps; :class:`DhtDiscovery` answers from the
+Kademlia DHT, :class:`NoDiscovery` for nodes that only know peers they met.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from p2pnode.card import AgentCard
+from p2pnode.dht.node import DhtNode
+from p2pnode.net import Address
+
+
+class Discovery(Protocol):
+    """What the node needs from the DHT."""
+
+    async def bootstrap(self, addresses: list[Address]) -> None: ...
+
+    async def provide(self, card: AgentCard) -> None: ...
+
+    async def find_providers(self, capability: str) -> list[AgentCard]: ...
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]: ...
+
+
+class NoDiscovery:
+    """Discovery for a node without a DHT: only peers met directly are known."""
+
+    async def bootstrap(self, addresses: list[Address]) -> None:
+        return None
+
+    async def provide(self, card: AgentCard) -> None:
+        return None
+
+    async def find_providers(self, capability: str) -> list[AgentCard]:
+        return []
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]:
+        return []
+
+
+class DhtDiscovery:
+    """The node's view of the DHT (see :class:`p2pnode.node.node.Discovery`)."""
+
+    def __init__(self, dht: DhtNode) -> None:
+        self.dht = dht
+
+    async def bootstrap(self, addresses: list[Address]) -> None:
+        if addresses:
+            await self.dht.bootstrap(addresses)
+
+    async def provide(self, card: AgentCard) -> None:
+        await self.dht.provide(card)
+
+    async def find_providers(self, capability: str) -> list[AgentCard]:
+        return await self.dht.find_providers(capability)
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]:
+        return await self.dht.find_agent(agent_id)
