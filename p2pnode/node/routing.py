@@ -1,0 +1,368 @@
+"""The routing half of the node: envelopes out (egress) and frames in (ingress).
+
+Mixed into :class:`p2pnode.node.node.Node`, which owns the state these methods
+use (declared below for the type checker). See the node module's docstring
+for the rules; docs/protocol/node.md has them in protocol terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from p2pnode.card import AgentCard, Origin
+from p2pnode.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType, ThreadStore
+from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.identity import PeerId
+from p2pnode.node.config import parse_address
+from p2pnode.node.discovery import Discovery
+from p2pnode.node.frames import Hello, decode_frame_untrusted, encode_envelope
+from p2pnode.node.links import LinkManager
+from p2pnode.node.observability import Observability, Outcome, RoutingPath
+from p2pnode.node.policy import Policy, Verdict
+from p2pnode.registry import Registry
+
+logger = logging.getLogger("p2pnode.node")
+
+Handler = Callable[[Envelope], Awaitable[Any]]
+#: ``(authenticated source card, local recipient agent id, envelope)``.
+StreamInterceptor = Callable[[AgentCard, str, Envelope], Awaitable[None]]
+REPLY_TYPES = frozenset(
+    {MessageType.RESPONSE, MessageType.ERROR, MessageType.TASK_ACCEPT, MessageType.TASK_REJECT}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingResult:
+    """What :meth:`Node.send` did with an envelope."""
+
+    envelope_id: str
+    path: str  # "local", "remote" or "broadcast"
+    targets: tuple[str, ...]
+    delivered: int
+    latency_ms: float
+
+
+@dataclass(slots=True)
+class LocalAgent:
+    """An agent hosted by this node: its card, handler and bounded inbox."""
+
+    card: AgentCard
+    handler: Handler
+    inbox_send: trio.MemorySendChannel[Envelope]
+    inbox_receive: trio.MemoryReceiveChannel[Envelope]
+
+
+class PendingRequest:
+    """A request waiting for its response."""
+
+    __slots__ = ("event", "reply", "target")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.reply: Envelope | None = None
+        # The agent that must answer; known once routing resolved the recipient.
+        self.target: str | None = None
+
+
+class SeenSet(Protocol):
+    """What :class:`Routing` needs of a bounded set of ids."""
+
+    def add(self, key: str) -> bool: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+
+class Routing:
+    """Egress and ingress routing of a node (a mixin of :class:`Node`)."""
+
+    events: Observability
+    registry: Registry
+    policy: Policy
+    discovery: Discovery
+    threads: ThreadStore
+    links: LinkManager
+    _agents: dict[str, LocalAgent]
+    _pending: dict[str, PendingRequest]
+    _seen: SeenSet
+    _allowed_requests: SeenSet
+    _stream_interceptors: dict[str, StreamInterceptor]
+    _clock_ms: Callable[[], int]
+
+    if TYPE_CHECKING:
+
+        def local_agent(self, agent_id: str) -> AgentCard: ...
+
+        async def _reply(
+            self, sender: str, to: Envelope, type: MessageType, payload: Any
+        ) -> None: ...
+
+    async def send(self, envelope: Envelope) -> RoutingResult:
+        """Route one envelope from a local agent (see the module docstring).
+
+        Raises LocalError: AGENT_NOT_FOUND, CAPABILITY_NOT_FOUND, TIER_VIOLATION,
+        SANDBOX_VIOLATION, ESCALATION_REQUIRED, DELIVERY_FAILED.
+        """
+        start = trio.current_time()
+        source = self.local_agent(envelope.sender)
+        self.threads.add(envelope)
+        try:
+            if envelope.is_broadcast:
+                result = await self._broadcast(source, envelope, start)
+            else:
+                if envelope.metadata and envelope.metadata.routing_hint == ROUTING_HINT_CAPABILITY:
+                    target = await self._resolve_capability(source, envelope)
+                    envelope = dataclasses.replace(
+                        envelope,
+                        recipient=target.id,
+                        metadata=dataclasses.replace(envelope.metadata, routing_hint=None),
+                    )
+                else:
+                    target = await self._resolve_agent(envelope.recipient)
+                result = await self._send_one(source, target, envelope, start)
+        except P2PError as exc:
+            latency = (trio.current_time() - start) * 1000
+            if envelope.is_broadcast:
+                path = RoutingPath.BROADCAST
+            else:
+                local = envelope.recipient in self._agents
+                path = RoutingPath.LOCAL if local else RoutingPath.REMOTE
+            outcome = Outcome.FAILED if exc.code is ErrorCode.DELIVERY_FAILED else Outcome.REJECTED
+            self.events.routing_decision(envelope, path, outcome, latency, code=exc.code)
+            raise
+        self.events.routing_decision(
+            envelope, RoutingPath(result.path), Outcome.DELIVERED, result.latency_ms,
+            target=",".join(result.targets),
+        )  # fmt: skip
+        return result
+
+    async def _resolve_agent(self, agent_id: str) -> AgentCard:
+        card = self.registry.find(agent_id)
+        if card is not None:
+            return card
+        for found in await self.discovery.find_agent(agent_id):
+            self._learn_card(found)
+        card = self.registry.find(agent_id)
+        if card is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
+        return card
+
+    def _candidates(self, source: AgentCard, capability: str) -> list[AgentCard]:
+        cards = self.registry.find_by_capability(capability)
+        return [
+            c
+            for c in self.policy.filter_discoverable(source, cards)
+            if c.id != source.id
+            and self.policy.check_message(source, c, MessageType.REQUEST, None).allowed
+        ]
+
+    async def _resolve_capability(self, source: AgentCard, envelope: Envelope) -> AgentCard:
+        capability = envelope.recipient
+        candidates = self._candidates(source, capability)
+        if not candidates:
+            for found in await self.discovery.find_providers(capability):
+                self._learn_card(found)
+            candidates = self._candidates(source, capability)
+        if not candidates:
+            raise LocalError(
+                ErrorCode.CAPABILITY_NOT_FOUND,
+                f"no reachable agent offers {capability!r}",
+                capability=capability,
+            )
+        return candidates[0]
+
+    def _check(self, source: AgentCard, target: AgentCard, envelope: Envelope) -> Verdict | None:
+        """None when the envelope is a reply to a request this node allowed."""
+        if envelope.type in REPLY_TYPES and envelope.correlation_id in self._allowed_requests:
+            return None
+        return self.policy.check_envelope(source, target, envelope)
+
+    def _note_verdict(self, verdict: Verdict | None, envelope: Envelope, peer: str | None) -> None:
+        if verdict is None:
+            return
+        if not verdict.allowed:
+            self.events.security(verdict.code or ErrorCode.INTERNAL, verdict.reason, peer, envelope)
+        elif verdict.cross_tier and verdict.source_tier is not None:
+            assert verdict.target_tier is not None
+            self.events.audit_cross_tier(envelope, verdict.source_tier, verdict.target_tier)
+
+    async def _send_one(
+        self, source: AgentCard, target: AgentCard, envelope: Envelope, start: float
+    ) -> RoutingResult:
+        verdict = self._check(source, target, envelope)
+        self._note_verdict(verdict, envelope, None)
+        if verdict is not None and not verdict.allowed:
+            raise verdict.to_local_error()
+        if target.origin is Origin.LOCAL:
+            await self._deliver_local(envelope, [target.id])
+            path = "local"
+        else:
+            await self.links.link(target.peer_id).send(encode_envelope(envelope))
+            path = "remote"
+        self.events.message_sent(envelope, path=RoutingPath(path), peer=str(target.peer_id))
+        latency = (trio.current_time() - start) * 1000
+        return RoutingResult(envelope.id, path, (target.id,), 1, latency)
+
+    async def _broadcast(
+        self, source: AgentCard, envelope: Envelope, start: float
+    ) -> RoutingResult:
+        local_targets: list[str] = []
+        peers: dict[PeerId, list[str]] = {}
+        for card in self.registry:
+            if card.id == source.id:
+                continue
+            verdict = self.policy.check_envelope(source, card, envelope)
+            if not verdict.allowed:
+                continue
+            if card.origin is Origin.LOCAL:
+                local_targets.append(card.id)
+            else:
+                peers.setdefault(card.peer_id, []).append(card.id)
+        await self._deliver_local(envelope, local_targets)
+        delivered = len(local_targets)
+        frame = encode_envelope(envelope)
+        async with trio.open_nursery() as nursery:
+            for peer_id, agent_ids in peers.items():
+                nursery.start_soon(self._broadcast_to_peer, peer_id, agent_ids, frame)
+        delivered += sum(len(ids) for ids in peers.values())
+        self.events.message_sent(envelope, path=RoutingPath.BROADCAST)
+        latency = (trio.current_time() - start) * 1000
+        targets = tuple(local_targets) + tuple(i for ids in peers.values() for i in ids)
+        return RoutingResult(envelope.id, "broadcast", targets, delivered, latency)
+
+    async def _broadcast_to_peer(self, peer_id: PeerId, agent_ids: list[str], frame: bytes) -> None:
+        try:
+            await self.links.link(peer_id).send(frame)
+        except P2PError as exc:
+            self.events.error(exc.code, f"broadcast to {peer_id} ({agent_ids}): {exc.message}")
+
+    async def _deliver_local(self, envelope: Envelope, agent_ids: list[str]) -> None:
+        for agent_id in agent_ids:
+            agent = self._agents.get(agent_id)
+            if agent is None:
+                continue
+            if envelope.type is MessageType.REQUEST:
+                self._allowed_requests.add(envelope.correlation_id or envelope.id)
+            if self._resolve_pending(envelope):
+                continue
+            try:
+                agent.inbox_send.send_nowait(envelope)
+            except trio.WouldBlock:
+                await agent.inbox_send.send(envelope)  # back-pressure on a full inbox
+
+    def _resolve_pending(self, envelope: Envelope) -> bool:
+        if envelope.type not in REPLY_TYPES or envelope.correlation_id is None:
+            return False
+        pending = self._pending.get(envelope.correlation_id)
+        if pending is None or pending.reply is not None:
+            return False
+        if pending.target is not None and envelope.sender != pending.target:
+            return False
+        pending.reply = envelope
+        pending.event.set()
+        return True
+
+    # -- frames in --------------------------------------------------------------------------
+
+    async def _on_frame(self, peer_id: PeerId, data: bytes) -> None:
+        try:
+            frame = decode_frame_untrusted(data)
+        except RemoteError as exc:
+            self.events.security(exc.code, f"bad frame: {exc.message}", str(peer_id), None)
+            return
+        if isinstance(frame, Hello):
+            self._on_hello(peer_id, frame)
+        else:
+            await self._on_envelope(peer_id, frame)
+
+    def _learn_card(self, card: AgentCard, peer: str | None = None) -> bool:
+        verdict = self.policy.admit_card(card)
+        if not verdict.allowed:
+            self.events.security(
+                verdict.code or ErrorCode.INVALID_ENDORSEMENT, verdict.reason, peer, None
+            )
+            return False
+        try:
+            self.registry.merge_remote(card, self._clock_ms())
+        except RemoteError as exc:
+            self.events.security(exc.code, exc.message, peer, None)
+            return False
+        return True
+
+    def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
+        for card in hello.cards:
+            if card.peer_id != peer_id:
+                self.events.security(
+                    ErrorCode.SENDER_MISMATCH,
+                    f"peer {peer_id} sent the card of {card.id} owned by {card.peer_id}",
+                    str(peer_id),
+                    None,
+                )
+                continue
+            self._learn_card(card, str(peer_id))
+        addresses = []
+        for text in hello.addresses:
+            try:
+                addresses.append(parse_address(text))
+            except LocalError:
+                continue
+        self.links.learn_addresses(peer_id, addresses)
+
+    async def _on_envelope(self, peer_id: PeerId, envelope: Envelope) -> None:
+        peer = str(peer_id)
+        source = self.registry.find(envelope.sender)
+        if source is None or source.origin is Origin.LOCAL or source.peer_id != peer_id:
+            self.events.security(
+                ErrorCode.SENDER_MISMATCH,
+                f"peer {peer} sent an envelope as {envelope.sender!r}, not one of its agents",
+                peer,
+                envelope,
+            )
+            return
+        if not self._seen.add(envelope.id):
+            return
+        self.threads.add(envelope)
+        self.events.message_received(envelope, peer=peer)
+        if self._resolve_pending(envelope):
+            return
+        if envelope.is_broadcast:
+            targets = [a.card for a in self._agents.values()]
+        else:
+            agent = self._agents.get(envelope.recipient)
+            if agent is None:
+                self.events.security(
+                    ErrorCode.AGENT_NOT_FOUND,
+                    f"no local agent {envelope.recipient!r}",
+                    peer,
+                    envelope,
+                )
+                return
+            targets = [agent.card]
+        allowed = []
+        for target in targets:
+            verdict = self._check(source, target, envelope)
+            self._note_verdict(verdict, envelope, peer)
+            if verdict is None or verdict.allowed:
+                allowed.append(target.id)
+            elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
+                error = verdict.to_remote_error().to_dict()
+                await self._reply(target.id, envelope, MessageType.ERROR, error)
+        interceptor = self._interceptor_for(envelope)
+        if interceptor is not None:
+            for agent_id in allowed:
+                await interceptor(source, agent_id, envelope)
+            return
+        await self._deliver_local(envelope, allowed)
+
+    def _interceptor_for(self, envelope: Envelope) -> StreamInterceptor | None:
+        if envelope.type is not MessageType.STREAM_DATA or not isinstance(envelope.payload, dict):
+            return None
+        for marker, interceptor in self._stream_interceptors.items():
+            if marker in envelope.payload:
+                return interceptor
+        return None
