@@ -359,3 +359,40 @@ def test_remote_error_type_of_policy_denials() -> None:
     assert isinstance(verdict.to_remote_error(), RemoteError)
     assert isinstance(verdict.to_local_error(), LocalError)
     _ = trio.testing  # the autojump clock fixture comes from pytest-trio
+
+
+async def test_a_peer_that_stops_reading_cannot_hold_senders(autojump_clock: Any) -> None:
+    from p2pnode.channel import SecureChannel, accept_secure, connect_secure
+    from p2pnode.node.channels import PeerLink
+    from p2pnode.secure import SecureIdentity
+
+    client, server = SecureIdentity(Identity.generate()), SecureIdentity(Identity.generate())
+    states: list[ChannelState] = []
+    async with trio.open_nursery() as nursery:
+
+        async def dial() -> SecureChannel:
+            ours, theirs = trio.testing.lockstep_stream_pair()
+
+            async def stalling_peer() -> None:
+                await accept_secure(theirs, server)
+                await trio.sleep_forever()  # handshakes, then never reads a byte
+
+            nursery.start_soon(stalling_peer)
+            return await connect_secure(ours, client, expected_peer_id=server.peer_id)
+
+        async def on_frame(peer: object, data: bytes) -> None:
+            raise AssertionError("the stalling peer sends nothing")
+
+        retry = RetryPolicy(write_timeout=5.0, max_retries=1, first_delay=0.1)
+        link = PeerLink(
+            client.peer_id, server.peer_id, nursery, dial, on_frame,
+            lambda _link, state: states.append(state), retry,
+        )  # fmt: skip
+        start = trio.current_time()
+        with pytest.raises(LocalError) as info:
+            await link.send(b"x" * 1000)
+        assert info.value.code is ErrorCode.DELIVERY_FAILED
+        assert 10.0 <= trio.current_time() - start < 30.0  # two writes timed out, then gave up
+        assert ChannelState.RECONNECTING in states
+        await link.aclose()
+        nursery.cancel_scope.cancel()

@@ -99,6 +99,7 @@ class RetryPolicy:
     max_redials: int = 6
     dial_timeout: float = 5.0
     retire_grace: float = 10.0
+    write_timeout: float = 30.0
     queue_size: int = 1024
     max_batch: int = 256
 
@@ -296,8 +297,14 @@ class PeerLink:
             self._inline_busy = True
             self._inline_done = trio.Event()
             try:
-                await channel.send_message(frame)
-            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
+                with trio.fail_after(self._retry.write_timeout):
+                    await channel.send_message(frame)
+            except (
+                P2PError,
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+                trio.TooSlowError,
+            ):
                 self._channel_lost(channel)  # fall through to the retrying writer
             else:
                 self.frames_sent += 1
@@ -347,15 +354,22 @@ class PeerLink:
                 break
             try:
                 channel = await self.wait_open()
-                if len(frames) == 1:
-                    await channel.send_message(frames[0])
-                else:
-                    await channel.send_many(frames)
+                # A peer that stops reading must not hold our senders forever.
+                with trio.fail_after(self._retry.write_timeout):
+                    if len(frames) == 1:
+                        await channel.send_message(frames[0])
+                    else:
+                        await channel.send_many(frames)
             except LocalError as exc:
                 if exc.code is not ErrorCode.CHANNEL_CLOSED:
                     return exc
                 last_error = exc
-            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            except (
+                P2PError,
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+                trio.TooSlowError,
+            ) as exc:
                 last_error = exc
                 if self._channel is not None:
                     self._channel_lost(self._channel)
