@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from p2pnode.cardfile import CARD_FILE_NAME, starter_template
 from p2pnode.errors import ErrorCode, P2PError
-from p2pnode.identity import KEY_FILE_NAME, Identity, save_identity, write_private_file
-from p2pnode.node.control import CONTROL_SOCKET_NAME, control_call
+from p2pnode.process import NodeProcess
 
 # (agent id, tier, capability): planetary agents keep their assigned tiers.
 ROSTER: list[tuple[str, int, str]] = [
@@ -38,9 +34,7 @@ ROSTER: list[tuple[str, int, str]] = [
     ("titan", 2, "data.pipeline"),
     ("callisto", 3, "review.code"),
 ]
-READY_TIMEOUT = 30.0
 DISCOVERY_TIMEOUT = 30.0
-CALL_TIMEOUT = 20.0
 
 
 def roster(n: int) -> list[tuple[str, int, str]]:
@@ -54,20 +48,12 @@ def roster(n: int) -> list[tuple[str, int, str]]:
     return out
 
 
-@dataclass
-class DemoNode:
-    index: int
-    agent: str
-    tier: int
-    capability: str
-    data_dir: Path
-    process: trio.Process | None = None
-    address: str = ""
-    log: list[str] = field(default_factory=list)
+class DemoNode(NodeProcess):
+    """A demo daemon: its place in the roster and its agent."""
 
-    @property
-    def control(self) -> Path:
-        return self.data_dir / CONTROL_SOCKET_NAME
+    def __init__(self, index: int, agent: str, tier: int, capability: str, data_dir: Path) -> None:
+        super().__init__(data_dir)
+        self.index, self.agent, self.tier, self.capability = index, agent, tier, capability
 
 
 class Demo:
@@ -89,65 +75,20 @@ class Demo:
 
     def prepare(self) -> None:
         for node in self.nodes:
-            identity = Identity.generate()
-            save_identity(identity, node.data_dir / KEY_FILE_NAME)
-            template = starter_template(node.agent, node.agent.upper(), node.tier)
-            template["capabilities"] = [
+            node.prepare(node.agent, node.tier, [
                 {"id": node.capability, "name": node.capability, "description":
                  f"{node.agent} does {node.capability}", "inputSchema": {"type": "object"},
                  "outputSchema": {"type": "object"}},
                 {"id": "echo", "name": "Echo", "description": "Echoes the payload"},
-            ]  # fmt: skip
-            text = json.dumps(template, indent=2).encode()
-            write_private_file(node.data_dir / CARD_FILE_NAME, text)
+            ])  # fmt: skip
 
     async def start(self, nursery: trio.Nursery, node: DemoNode, bootstrap: str | None) -> None:
-        argv = [sys.executable, "-m", "p2pnode", "--data-dir", str(node.data_dir), "run",
-                "--listen", "127.0.0.1:0", "--log-level", "WARNING"]  # fmt: skip
-        if bootstrap:
-            argv += ["--bootstrap", bootstrap]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        node.process = await trio.lowlevel.open_process(
-            argv,
-            stdout=-1,
-            stderr=-1,
-            env=env,
-            stdin=-3,  # PIPE, PIPE, DEVNULL
-        )
-        ready = trio.Event()
-        nursery.start_soon(self._read_stdout, node, ready)
-        nursery.start_soon(self._read_stderr, node)
-        with trio.move_on_after(READY_TIMEOUT):
-            await ready.wait()
-        if not node.address:
-            raise RuntimeError(f"node {node.index} did not start: {' | '.join(node.log[-5:])}")
+        await node.start(nursery, bootstrap)
         self.say(f"node {node.index} up: agent {node.agent} (L{node.tier}, {node.capability}) "
                  f"at {node.address}")  # fmt: skip
 
-    async def _read_stdout(self, node: DemoNode, ready: trio.Event) -> None:
-        assert node.process is not None and node.process.stdout is not None
-        buffer = b""
-        async for chunk in node.process.stdout:
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") == "ready":
-                    node.address = event["addresses"][0]
-                    ready.set()
-
-    async def _read_stderr(self, node: DemoNode) -> None:
-        assert node.process is not None and node.process.stderr is not None
-        async for chunk in node.process.stderr:
-            node.log.extend(chunk.decode(errors="replace").splitlines())
-            del node.log[:-50]
-
     async def call(self, node: DemoNode, request: dict[str, Any]) -> Any:
-        with trio.fail_after(CALL_TIMEOUT):
-            return await control_call(node.control, request)
+        return await node.call(request)
 
     async def find(self, node: DemoNode, capability: str) -> list[Any]:
         """Ask ``node`` for providers of ``capability`` until the DHT has them."""
@@ -234,17 +175,9 @@ class Demo:
         self.check("refused cross-tier message", False, f"{l1.agent} -> {low.agent} went through")
 
     async def stop(self) -> None:
-        for node in self.nodes:
-            if node.process is not None and node.process.returncode is None:
-                node.process.terminate()
-        for node in self.nodes:
-            if node.process is None:
-                continue
-            with trio.move_on_after(5):
-                await node.process.wait()
-            if node.process.returncode is None:
-                node.process.kill()
-                await node.process.wait()
+        async with trio.open_nursery() as nursery:
+            for node in self.nodes:
+                nursery.start_soon(node.stop)
         self.say(f"stopped {len(self.nodes)} node processes")
 
     async def main(self) -> bool:
@@ -256,7 +189,7 @@ class Demo:
                     for node in self.nodes[1:]:
                         await self.start(nursery, node, self.nodes[0].address)
                     await self.run_scenario()
-                except (P2PError, RuntimeError) as exc:
+                except P2PError as exc:
                     self.check("demo", False, str(exc))
                 finally:
                     with trio.CancelScope(shield=True):

@@ -9,87 +9,25 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import trio
 
-from p2pnode.cardfile import CARD_FILE_NAME, starter_template
-from p2pnode.identity import KEY_FILE_NAME, Identity, save_identity, write_private_file
-from p2pnode.node.control import CONTROL_SOCKET_NAME, control_call
+from p2pnode.process import NodeProcess
 
 DOC = "ledger"
-READY_TIMEOUT = 30.0
-CALL_TIMEOUT = 20.0
 CONVERGE_TIMEOUT = 40.0
 # The processes import this checkout whatever the working directory.
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
 
 
-class Daemon:
-    """One ``python -m p2pnode run`` process."""
-
-    def __init__(self, root: Path, agent: str) -> None:
-        self.agent = agent
-        self.data_dir = root / agent
-        save_identity(Identity.generate(), self.data_dir / KEY_FILE_NAME)
-        template = json.dumps(starter_template(agent, agent.upper(), 3)).encode()
-        write_private_file(self.data_dir / CARD_FILE_NAME, template)
-        self.process: trio.Process | None = None
-        self.address = ""
-        self.log: list[str] = []
-
-    async def start(self, nursery: trio.Nursery, bootstrap: str | None) -> None:
-        argv = [sys.executable, "-m", "p2pnode", "--data-dir", str(self.data_dir), "run",
-                "--listen", "127.0.0.1:0", "--log-level", "WARNING"]  # fmt: skip
-        if bootstrap:
-            argv += ["--bootstrap", bootstrap]
-        self.address = ""
-        self.process = await trio.lowlevel.open_process(
-            argv, stdout=-1, stderr=-1, stdin=-3, env=ENV
-        )
-        ready = trio.Event()
-        nursery.start_soon(self._read, self.process, ready)
-        with trio.move_on_after(READY_TIMEOUT):
-            await ready.wait()
-        assert self.address, f"{self.agent} did not start: {self.log[-10:]}"
-
-    async def _read(self, process: trio.Process, ready: trio.Event) -> None:
-        assert process.stdout is not None and process.stderr is not None
-        stderr = process.stderr
-
-        async def drain_stderr() -> None:
-            async for chunk in stderr:
-                self.log.extend(chunk.decode(errors="replace").splitlines())
-                del self.log[:-100]
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(drain_stderr)
-            buffer = b""
-            async for chunk in process.stdout:
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if event.get("event") == "ready":
-                        self.address = event["addresses"][0]
-                        ready.set()
-
-    async def call(self, request: dict[str, Any]) -> Any:
-        with trio.fail_after(CALL_TIMEOUT):
-            return await control_call(self.data_dir / CONTROL_SOCKET_NAME, request)
-
-    async def kill(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(signal.SIGKILL)
-            with trio.CancelScope(shield=True):
-                await self.process.wait()
+def daemon(root: Path, agent: str) -> NodeProcess:
+    process = NodeProcess(root / agent, ENV)
+    process.prepare(agent, 3)
+    return process
 
 
 async def test_kill_9_loses_no_acknowledged_update(tmp_path: Path) -> None:
-    hub, writer, reader = (Daemon(tmp_path, a) for a in ("hub", "writer", "reader"))
+    hub, writer, reader = (daemon(tmp_path, a) for a in ("hub", "writer", "reader"))
     daemons = [hub, writer, reader]
     try:
         async with trio.open_nursery() as nursery:

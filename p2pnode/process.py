@@ -1,0 +1,125 @@
+"""A ``p2pnode run`` daemon as a child process, driven through its control socket.
+
+Used by the demo and by tests that need real OS processes: it prepares a
+data directory (identity and card file), starts the daemon, waits for its
+``ready`` line, keeps the last lines of its log, and stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2pnode.cardfile import CARD_FILE_NAME, starter_template
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.identity import KEY_FILE_NAME, Identity, save_identity, write_private_file
+from p2pnode.node.control import CONTROL_SOCKET_NAME, control_call
+
+READY_TIMEOUT = 30.0
+CALL_TIMEOUT = 20.0
+STOP_TIMEOUT = 5.0
+_LOG_LINES = 100
+
+
+class NodeProcess:
+    """One ``python -m p2pnode run`` process with its own data directory."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.env = dict(env if env is not None else os.environ, PYTHONUNBUFFERED="1")
+        self.process: trio.Process | None = None
+        self.address = ""
+        self.log: list[str] = []
+
+    def prepare(
+        self, agent: str, tier: int, capabilities: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Write a fresh identity and a card file for one agent."""
+        save_identity(Identity.generate(), self.data_dir / KEY_FILE_NAME)
+        template = starter_template(agent, agent.upper(), tier)
+        if capabilities is not None:
+            template["capabilities"] = capabilities
+        text = json.dumps(template, indent=2).encode()
+        write_private_file(self.data_dir / CARD_FILE_NAME, text)
+
+    @property
+    def control(self) -> Path:
+        return self.data_dir / CONTROL_SOCKET_NAME
+
+    async def start(self, nursery: trio.Nursery, bootstrap: str | None) -> None:
+        """Start the daemon and wait for its ``ready`` line.
+
+        Raises LocalError(TIMEOUT) when it is not ready within READY_TIMEOUT.
+        """
+        argv = [sys.executable, "-m", "p2pnode", "--data-dir", str(self.data_dir), "run",
+                "--listen", "127.0.0.1:0", "--log-level", "WARNING"]  # fmt: skip
+        if bootstrap:
+            argv += ["--bootstrap", bootstrap]
+        self.address = ""
+        self.process = await trio.lowlevel.open_process(
+            argv,
+            stdout=-1,
+            stderr=-1,
+            stdin=-3,
+            env=self.env,  # PIPE, PIPE, DEVNULL
+        )
+        ready = trio.Event()
+        nursery.start_soon(self._read, self.process, ready)
+        with trio.move_on_after(READY_TIMEOUT):
+            await ready.wait()
+        if not self.address:
+            raise LocalError(
+                ErrorCode.TIMEOUT, f"{self.data_dir} did not start: {' | '.join(self.log[-5:])}"
+            )
+
+    async def _read(self, process: trio.Process, ready: trio.Event) -> None:
+        assert process.stdout is not None and process.stderr is not None
+        stderr = process.stderr
+
+        async def drain_stderr() -> None:
+            async for chunk in stderr:
+                self.log.extend(chunk.decode(errors="replace").splitlines())
+                del self.log[:-_LOG_LINES]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain_stderr)
+            buffer = b""
+            async for chunk in process.stdout:
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(event, dict) and event.get("event") == "ready":
+                        self.address = event["addresses"][0]
+                        ready.set()
+
+    async def call(self, request: dict[str, Any]) -> Any:
+        """One control-socket request (see :mod:`p2pnode.node.control`)."""
+        with trio.fail_after(CALL_TIMEOUT):
+            return await control_call(self.control, request)
+
+    async def kill(self) -> None:
+        """SIGKILL, and wait for the process to be gone."""
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGKILL)
+            with trio.CancelScope(shield=True):
+                await self.process.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM (a clean shutdown), then SIGKILL after STOP_TIMEOUT."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.terminate()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(STOP_TIMEOUT):
+                await self.process.wait()
+            await self.kill()
