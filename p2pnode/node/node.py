@@ -130,6 +130,7 @@ class Node(Routing):
             self._hello_bytes,
         )
         self._pending: dict[str, PendingRequest] = {}
+        self._hellos: dict[PeerId, trio.Event] = {}
         self._seen = BoundedSet(self.config.dedup_window)
         self._allowed_requests = BoundedSet(self.config.dedup_window)
         self._stream_interceptors: dict[str, StreamInterceptor] = {}
@@ -471,8 +472,20 @@ class Node(Routing):
     # -- links ------------------------------------------------------------------------------
 
     async def connect(self, address: Address) -> PeerId:
-        """Open a channel to the node at ``address`` (bootstrap, tests); returns its peer id."""
-        return await self.links.connect(address)
+        """Open a channel to the node at ``address`` and return its peer id once its
+        HELLO (its agents' cards) has arrived, or after the dial timeout."""
+        peer_id = await self.links.connect(address)
+        with trio.move_on_after(self.config.retry.dial_timeout):
+            await self._hello_seen(peer_id).wait()
+        return peer_id
+
+    def _hello_seen(self, peer_id: PeerId) -> trio.Event:
+        event = self._hellos.get(peer_id)
+        if event is None:
+            if len(self._hellos) >= self.config.max_peers:
+                self._hellos.clear()  # only a wait aid: forgetting costs one short wait
+            event = self._hellos[peer_id] = trio.Event()
+        return event
 
     # -- status -----------------------------------------------------------------------------
 

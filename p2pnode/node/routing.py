@@ -98,6 +98,8 @@ class Routing:
 
         def local_agent(self, agent_id: str) -> AgentCard: ...
 
+        def _hello_seen(self, peer_id: PeerId) -> trio.Event: ...
+
         async def _reply(
             self, sender: str, to: Envelope, type: MessageType, payload: Any
         ) -> None: ...
@@ -312,6 +314,7 @@ class Routing:
             except LocalError:
                 continue
         self.links.learn_addresses(peer_id, addresses)
+        self._hello_seen(peer_id).set()
 
     async def _on_envelope(self, peer_id: PeerId, envelope: Envelope) -> None:
         peer = str(peer_id)
