@@ -40,7 +40,7 @@ from typing import Any
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, PeerId, verify_signature
 from p2pnode.jsonutil import b64decode, b64encode, dumps, is_json_value, loads_untrusted
-from p2pnode.wire import WireError, WireLimits, canonical_pack, pack, unpack_untrusted
+from p2pnode.wire import WireLimits, canonical_pack, pack, unpack_untrusted
 
 CARD_SIGNING_DOMAIN = b"p2pnode-card-v1\x00"
 ENDORSEMENT_DOMAIN = b"p2pnode-endorse-v1\x00"
@@ -278,11 +278,7 @@ class AgentCard:
         Raises RemoteError (MALFORMED_MESSAGE, MESSAGE_TOO_LARGE, INVALID_CARD or
         INVALID_SIGNATURE).
         """
-        try:
-            plain = unpack_untrusted(data, _CARD_LIMITS)
-        except WireError:
-            raise
-        card = cls.from_dict_untrusted(plain)
+        card = cls.from_dict_untrusted(unpack_untrusted(data, _CARD_LIMITS))
         if verify:
             card.verify()
         return card

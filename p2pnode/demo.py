@@ -87,15 +87,12 @@ class Demo:
         self.say(f"node {node.index} up: agent {node.agent} (L{node.tier}, {node.capability}) "
                  f"at {node.address}")  # fmt: skip
 
-    async def call(self, node: DemoNode, request: dict[str, Any]) -> Any:
-        return await node.call(request)
-
     async def find(self, node: DemoNode, capability: str) -> list[Any]:
         """Ask ``node`` for providers of ``capability`` until the DHT has them."""
         found: list[Any] = []
         with trio.move_on_after(DISCOVERY_TIMEOUT):
             while not found:
-                found = await self.call(node, {"op": "find", "capability": capability})
+                found = await node.call({"op": "find", "capability": capability})
                 if not found:
                     await trio.sleep(0.2)
         return found
@@ -111,7 +108,7 @@ class Demo:
             bool(found) and found[0]["id"] == target.agent,
             f"found {[c['id'] for c in found]} for {target.capability!r}",
         )
-        reply = await self.call(asker, {
+        reply = await asker.call({
             "op": "send", "from": asker.agent, "to": target.capability, "capability": True,
             "type": "request", "payload": {"task": "hello from " + asker.agent},
         })  # fmt: skip
@@ -120,7 +117,7 @@ class Demo:
             reply["type"] == "response" and reply["sender"] == target.agent,
             f"{asker.agent} -> {reply['sender']}: {json.dumps(reply['payload'])}",
         )
-        result = await self.call(first, {
+        result = await first.call({
             "op": "send", "from": first.agent, "to": "*", "type": "notification",
             "payload": {"directive": "stand up"},
         })  # fmt: skip
@@ -136,15 +133,15 @@ class Demo:
     async def _shared_document(self) -> None:
         doc = "demo.board"
         for node in self.nodes:
-            await self.call(node, {"op": "doc.subscribe", "doc": doc})
+            await node.call({"op": "doc.subscribe", "doc": doc})
         for node in self.nodes:
             update = {"op": "set.add", "path": ["agents"], "element": node.agent}
-            await self.call(node, {"op": "doc.update", "doc": doc, "update": update})
+            await node.call({"op": "doc.update", "doc": doc, "update": update})
         everyone = sorted(n.agent for n in self.nodes)
         values: list[Any] = []
         with trio.move_on_after(DISCOVERY_TIMEOUT):
             while True:
-                values = [(await self.call(n, {"op": "doc.read", "doc": doc}))["value"]
+                values = [(await n.call({"op": "doc.read", "doc": doc}))["value"]
                           for n in self.nodes]  # fmt: skip
                 if all(v.get("agents") == everyone for v in values):
                     break
@@ -163,7 +160,7 @@ class Demo:
             return
         await self.find(l1, low.capability)  # learn the target's signed card
         try:
-            await self.call(l1, {"op": "send", "from": l1.agent, "to": low.agent,
+            await l1.call({"op": "send", "from": l1.agent, "to": low.agent,
                                  "type": "request", "payload": {}})  # fmt: skip
         except P2PError as exc:
             self.check(

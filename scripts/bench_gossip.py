@@ -39,14 +39,14 @@ from typing import Any
 import trio
 from bench_gossip_sim import aggregate, run
 
-from p2pnode.card import AgentCard
 from p2pnode.crdt.gossip import GossipConfig
 from p2pnode.crdt.ops import CounterAdd
 from p2pnode.crdt.replica import Delta, Replica
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.identity import Identity
-from p2pnode.net import Address, TrioNetwork
+from p2pnode.net import TrioNetwork
 from p2pnode.node.config import NodeConfig
+from p2pnode.node.discovery import MemoryDiscovery
 from p2pnode.node.node import Node
 from p2pnode.node.shared import SharedConfig
 
@@ -83,25 +83,6 @@ def part_one(sizes: list[int], seeds: list[int], interval: float) -> None:
 
 
 # -- part 2: real nodes on 127.0.0.1 --------------------------------------------------------------
-
-
-class Directory:
-    """Stand-in for the DHT: cards ``provide``d by agents, found by capability."""
-
-    def __init__(self) -> None:
-        self.cards: dict[str, AgentCard] = {}
-
-    async def bootstrap(self, addresses: list[Address]) -> None:
-        return None
-
-    async def provide(self, card: AgentCard) -> None:
-        self.cards[card.id] = card
-
-    async def find_providers(self, capability: str) -> list[AgentCard]:
-        return [c for c in self.cards.values() if c.has_capability(capability)]
-
-    async def find_agent(self, agent_id: str) -> list[AgentCard]:
-        return [c for c in self.cards.values() if c.id == agent_id]
 
 
 class Arrivals:
@@ -153,7 +134,7 @@ def pct(samples: list[float], q: float) -> float:
 
 async def part_two(count: int, updates: int, durable: bool, interval: float) -> None:
     network = TrioNetwork()
-    directory = Directory()
+    directory = MemoryDiscovery()
     arrivals = Arrivals()
     gossip_config = GossipConfig(fanout=FANOUT, interval=interval)
     shared_config = SharedConfig(gossip=gossip_config, refresh_interval=0.5)

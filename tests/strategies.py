@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hypothesis import strategies as st
 
 from p2pnode.card import AgentCard, Capability, Endpoint
@@ -93,8 +91,3 @@ envelopes = st.builds(
     correlation_id=st.none() | ident_text,
     metadata=st.none() | metadata,
 )
-
-
-def plain(value: Any) -> Any:
-    """Identity helper so mypy sees strategy outputs as Any in tests."""
-    return value

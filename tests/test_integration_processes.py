@@ -4,7 +4,6 @@ control sockets (discovery, request/response, broadcast, kill and restart)."""
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -30,41 +29,33 @@ async def test_four_daemons(tmp_path: Path) -> None:
 
                 found: list[dict[str, object]] = []
                 while not found:
-                    found = await demo.call(mercury, {"op": "find", "capability": mars.capability})
+                    found = await mercury.call({"op": "find", "capability": mars.capability})
                     await trio.sleep(0.1)
                 assert found[0]["id"] == "mars"
 
-                reply = await demo.call(
-                    venus,
-                    {"op": "send", "from": "venus", "to": "plan.strategy", "capability": True,
-                     "type": "request", "payload": {"q": 1}},
-                )  # fmt: skip
+                ask = {"op": "send", "from": "venus", "to": "plan.strategy", "capability": True}
+                reply = await venus.call({**ask, "type": "request", "payload": {"q": 1}})
                 assert reply["sender"] == "mercury"
                 assert reply["payload"]["echo"] == {"q": 1}
 
-                result = await demo.call(
-                    sun, {"op": "send", "from": "sun", "to": "*", "type": "notification"}
+                result = await sun.call(
+                    {"op": "send", "from": "sun", "to": "*", "type": "notification"}
                 )
                 assert sorted(result["targets"]) == ["mars", "mercury", "venus"]
 
                 with pytest.raises(P2PError) as info:
-                    await demo.call(
-                        mercury, {"op": "send", "from": "mercury", "to": "venus", "type": "request"}
+                    await mercury.call(
+                        {"op": "send", "from": "mercury", "to": "venus", "type": "request"}
                     )
                 assert info.value.code is ErrorCode.TIER_VIOLATION
 
                 # Kill venus hard, restart it on the same data dir: channels reconnect.
-                assert venus.process is not None
-                venus.process.send_signal(signal.SIGKILL)
-                await venus.process.wait()
-                venus.address = ""
+                await venus.kill()
                 await demo.start(nursery, venus, sun.address)
-                reply = await demo.call(
-                    sun, {"op": "send", "from": "sun", "to": "venus", "type": "request",
-                          "payload": "again"},
-                )  # fmt: skip
+                again = {"op": "send", "from": "sun", "to": "venus", "payload": "again"}
+                reply = await sun.call({**again, "type": "request"})
                 assert reply["sender"] == "venus"
-                status = await demo.call(sun, {"op": "status"})
+                status = await sun.call({"op": "status"})
                 assert {c["state"] for c in status["channels"]} == {"open"}
                 assert status["metrics"]["totalMessagesSent"] == 2  # the broadcast and the request
                 assert status["metrics"]["totalMessagesReceived"] >= 1  # venus's response

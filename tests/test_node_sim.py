@@ -122,7 +122,6 @@ async def test_request_response_direct_and_by_capability(autojump_clock: Any) ->
         assert reply.type is MessageType.RESPONSE
         assert reply.payload == {"echo": {"n": 1}}
         assert reply.correlation_id == inbox_c.received[-1].id
-        # b met c only through a: c's card reached b? No: b learned a's cards only.
         reply = await a.request("sun", "test.unit", {"n": 2}, capability=True)
         assert reply.sender == "io"
         events = [e for e in a.events.recent(kind=EventKind.ROUTING_DECISION)]
@@ -358,7 +357,6 @@ def test_remote_error_type_of_policy_denials() -> None:
     verdict = Verdict(False, ErrorCode.TIER_VIOLATION, "no")
     assert isinstance(verdict.to_remote_error(), RemoteError)
     assert isinstance(verdict.to_local_error(), LocalError)
-    _ = trio.testing  # the autojump clock fixture comes from pytest-trio
 
 
 async def test_a_peer_that_stops_reading_cannot_hold_senders(autojump_clock: Any) -> None:

@@ -20,16 +20,15 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard
 from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, GossipConfig, GossipError
 from p2pnode.crdt.ops import CounterAdd, RegisterSet, SetAdd
 from p2pnode.crdt.replica import Replica
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import Identity
-from p2pnode.net import Address
 from p2pnode.node.channels import RetryPolicy
 from p2pnode.node.config import NodeConfig
+from p2pnode.node.discovery import MemoryDiscovery
 from p2pnode.node.docops import (
     decode_gossip_payload_untrusted,
     gossip_payload,
@@ -50,25 +49,6 @@ FAST = NodeConfig(
 SHARED = SharedConfig(
     gossip=GossipConfig(interval=1.0), refresh_interval=1.0, discovery_interval=5.0, suspend=3.0
 )
-
-
-class Directory:
-    """An in-memory stand-in for the DHT: what agents ``provide`` is found by capability."""
-
-    def __init__(self) -> None:
-        self.cards: dict[str, AgentCard] = {}
-
-    async def bootstrap(self, addresses: list[Address]) -> None:
-        return None
-
-    async def provide(self, card: AgentCard) -> None:
-        self.cards[card.id] = card
-
-    async def find_providers(self, capability: str) -> list[AgentCard]:
-        return [c for c in self.cards.values() if c.has_capability(capability)]
-
-    async def find_agent(self, agent_id: str) -> list[AgentCard]:
-        return [c for c in self.cards.values() if c.id == agent_id]
 
 
 async def ignore(envelope: Envelope) -> Any:
@@ -104,7 +84,7 @@ class Swarm:
         self.sim = sim
         self.nursery = nursery
         self.tmp = tmp
-        self.directory = Directory()
+        self.directory = MemoryDiscovery()
         self.members: list[Member] = []
 
     async def add(self, *, durable: bool = False, sandbox: str | None = None) -> Member:

@@ -42,6 +42,26 @@ class NoDiscovery:
         return []
 
 
+class MemoryDiscovery:
+    """A directory shared by the nodes of one process (tests, benchmarks): what their
+    agents ``provide`` is found by capability or id, with no network at all."""
+
+    def __init__(self) -> None:
+        self.cards: dict[str, AgentCard] = {}
+
+    async def bootstrap(self, addresses: list[Address]) -> None:
+        return None
+
+    async def provide(self, card: AgentCard) -> None:
+        self.cards[card.id] = card
+
+    async def find_providers(self, capability: str) -> list[AgentCard]:
+        return [c for c in self.cards.values() if c.has_capability(capability)]
+
+    async def find_agent(self, agent_id: str) -> list[AgentCard]:
+        return [c for c in self.cards.values() if c.id == agent_id]
+
+
 class DhtDiscovery:
     """The node's view of the DHT (see :class:`p2pnode.node.node.Discovery`)."""
 

@@ -223,6 +223,7 @@ class Node(Routing):
         and sandbox. Raises LocalError(INVALID_CARD) on invalid fields.
         """
         now = self._clock_ms()
+        addresses = tuple(self.advertised_addresses())
         card = AgentCard(
             id=agent_id,
             name=name or agent_id.upper(),
@@ -232,8 +233,8 @@ class Node(Routing):
             capabilities=capabilities,
             sandbox_id=sandbox_id,
             public_key=self.identity.public_key,
-            addresses=tuple(self.advertised_addresses()),
-            endpoints=tuple(Endpoint("tcp+noise", a) for a in self.advertised_addresses()),
+            addresses=addresses,
+            endpoints=tuple(Endpoint("tcp+noise", a) for a in addresses),
             noise_static_key=self.secure_identity.static_public,
             issued_at=now,
             expires_at=now + self.config.card_ttl_seconds * 1000,
