@@ -72,10 +72,7 @@ actions = st.one_of(
 WINDOW = 8
 
 
-@settings(max_examples=200)
-@given(st.lists(actions, max_size=60))
-def test_metrics_match_the_event_sequence(seq: list[tuple[Any, ...]]) -> None:
-    obs = Observability(Clock(), recent_size=10_000, logger=quiet_logger(), latency_window=WINDOW)
+def replay(obs: Observability, seq: list[tuple[Any, ...]]) -> None:
     for i, action in enumerate(seq):
         match action:
             case ("sent", mtype):
@@ -93,6 +90,12 @@ def test_metrics_match_the_event_sequence(seq: list[tuple[Any, ...]]) -> None:
             case ("audit", s, t):
                 obs.audit_cross_tier(envelope(n=i), s, t)
 
+
+@settings(max_examples=200)
+@given(st.lists(actions, max_size=60))
+def test_metrics_match_the_event_sequence(seq: list[tuple[Any, ...]]) -> None:
+    obs = Observability(Clock(), recent_size=10_000, logger=quiet_logger(), latency_window=WINDOW)
+    replay(obs, seq)
     m = obs.metrics()
     sent = [a[1] for a in seq if a[0] == "sent"]
     received = [a[1] for a in seq if a[0] == "received"]
@@ -153,15 +156,34 @@ def test_reset_metrics_keeps_recent_events() -> None:
     assert len(obs.recent()) == 2
 
 
+@settings(max_examples=200)
+@given(st.lists(actions, max_size=60), st.integers(1, 20))
+def test_unobserved_events_read_back_as_observed_ones(
+    seq: list[tuple[Any, ...]], recent_size: int
+) -> None:
+    # With nobody listening, per-message events are stored unbuilt; reading them back
+    # must give exactly what a listener would have been handed.
+    heard: list[Event] = []
+    observed = Observability(Clock(), recent_size, logger=quiet_logger(), latency_window=WINDOW)
+    observed.add_listener(heard.append)
+    unobserved = Observability(Clock(), recent_size, logger=quiet_logger(), latency_window=WINDOW)
+    replay(observed, seq)
+    replay(unobserved, seq)
+    assert unobserved.recent() == observed.recent() == heard[-recent_size:]
+    assert unobserved.metrics() == observed.metrics()
+    assert unobserved.recent(kind=EventKind.ROUTING_DECISION, limit=3) == observed.recent(
+        kind=EventKind.ROUTING_DECISION, limit=3
+    )
+
+
 # -- events ------------------------------------------------------------------------------------
 
 
 def test_routing_event_carries_property_17_fields() -> None:
     obs = Observability(Clock(), logger=quiet_logger())
     env = envelope(MessageType.TASK_PROPOSAL)
-    e = obs.routing_decision(
-        env, RoutingPath.LOCAL, Outcome.DELIVERED, 1.5, target="mars-2", peer="p1"
-    )
+    obs.routing_decision(env, RoutingPath.LOCAL, Outcome.DELIVERED, 1.5, target="mars-2", peer="p1")
+    [e] = obs.recent()
     assert e.to_dict() == {
         "kind": "routing-decision",
         "timestamp": 1_001,
@@ -196,7 +218,10 @@ def test_audit_and_security_events() -> None:
 
 def test_recent_is_bounded_and_ordered() -> None:
     obs = Observability(Clock(), recent_size=5, logger=quiet_logger())
-    events = [obs.message_sent(envelope(n=i)) for i in range(12)]
+    for i in range(12):
+        obs.message_sent(envelope(n=i))
+    events = [Event(EventKind.MESSAGE_SENT, 1_001 + i, f"env-{i}", "venus", "mars",
+                    MessageType.REQUEST) for i in range(12)]  # fmt: skip
     assert obs.recent() == events[-5:]
     assert obs.recent(limit=2) == events[-2:]
     assert obs.recent(limit=0) == []
@@ -219,7 +244,8 @@ def test_listeners_are_called_and_removed(caplog: pytest.LogCaptureFixture) -> N
     obs = Observability(Clock())
     seen: list[Event] = []
     obs.add_listener(seen.append)
-    first = obs.message_received(envelope())
+    obs.message_received(envelope())
+    [first] = obs.recent()
     assert seen == [first]
 
     def broken(event: Event) -> None:
@@ -247,7 +273,8 @@ def test_listeners_are_called_and_removed(caplog: pytest.LogCaptureFixture) -> N
 def test_events_are_logged_with_levels_and_extra(caplog: pytest.LogCaptureFixture) -> None:
     obs = Observability(Clock())
     with caplog.at_level(logging.INFO, logger="p2pnode.events"):
-        sent = obs.message_sent(envelope(), RoutingPath.REMOTE, "peer-1")
+        obs.message_sent(envelope(), RoutingPath.REMOTE, "peer-1")
+        [sent] = obs.recent()
         sec = obs.security(ErrorCode.TIER_VIOLATION, "L1 to L3", "peer-2")
         err = obs.error(ErrorCode.DELIVERY_FAILED, "retries exhausted")
     records = [r for r in caplog.records if r.name == "p2pnode.events"]
@@ -273,7 +300,8 @@ def test_json_lines_output_parses_and_carries_the_event(p2p_logger: logging.Logg
     out = io.StringIO()
     configure_logging("info", json_lines=True, stream=out)
     obs = Observability(Clock())
-    sent = obs.message_sent(envelope(MessageType.STREAM_DATA), RoutingPath.BROADCAST)
+    obs.message_sent(envelope(MessageType.STREAM_DATA), RoutingPath.BROADCAST)
+    [sent] = obs.recent()
     tool = obs.tool_invocation("search\nnewline", "venus", 12.5, True)
     logging.getLogger("p2pnode.other").debug("not shown at INFO")
     lines = out.getvalue().splitlines()

@@ -82,6 +82,27 @@ def test_depth_limit() -> None:
         unpack_untrusted(b"\x91" * 100_000)
 
 
+def nesting_depth(obj: Any) -> int:
+    if isinstance(obj, list):
+        return 1 + max(map(nesting_depth, obj), default=0)
+    if isinstance(obj, dict):
+        return 1 + max(map(nesting_depth, obj.values()), default=0)
+    return 0
+
+
+@settings(max_examples=300)
+@given(json_like, st.integers(0, 6))
+def test_depth_limit_is_exact(obj: Any, max_depth: int) -> None:
+    # The byte-count shortcut in front of the walk must never change the verdict.
+    data = pack(obj)
+    for form in (data, bytearray(data), memoryview(data)):
+        if nesting_depth(obj) > max_depth:
+            with pytest.raises(WireError, match="nesting"):
+                unpack_untrusted(form, WireLimits(max_depth=max_depth))
+        else:
+            assert unpack_untrusted(form, WireLimits(max_depth=max_depth)) == obj
+
+
 def test_trailing_bytes_and_ext_types_rejected() -> None:
     with pytest.raises(WireError):
         unpack_untrusted(pack(1) + pack(2))

@@ -20,6 +20,11 @@ Theory of operation (seed R3, Properties 10-12):
   ``max_retries`` times with exponential backoff (each delay double the last);
   then its senders get ``DELIVERY_FAILED``. A frame may thus arrive twice; the
   receiving node drops duplicate envelope ids.
+* Timeouts: a write the peer does not drain within ``write_timeout``, and a
+  channel on which nothing arrives for ``idle_timeout``, count as transport
+  loss. One watchdog task per link checks both (firing up to a quarter of
+  the shorter timeout late) instead of a trio cancel scope around every read
+  and every write, which would cost microseconds on each message.
 * Transport loss while idle: the link redials in the background (IK, since
   it knows the peer's static key) with the same backoff, and closes after
   ``max_redials`` failures. The node drops closed links; the next send makes
@@ -143,6 +148,7 @@ class PeerLink:
         on_frame: FrameHandler,
         on_state: StateListener,
         retry: RetryPolicy = RetryPolicy(),
+        idle_timeout: float | None = None,
     ) -> None:
         self.peer_id = peer_id
         self._local_peer_id = local_peer_id
@@ -151,6 +157,9 @@ class PeerLink:
         self._on_frame = on_frame
         self._on_state = on_state
         self._retry = retry
+        self._idle_timeout = idle_timeout
+        self._last_heard = trio.current_time()
+        self._write_since: float | None = None  # when the write in progress started
         self._machine = ChannelStateMachine()
         self._channel: SecureChannel | None = None
         self._channel_dialed_by: PeerId | None = None
@@ -163,6 +172,7 @@ class PeerLink:
         self.frames_sent = 0
         self.frames_received = 0
         nursery.start_soon(self._write_loop)
+        nursery.start_soon(self._watchdog)
 
     @property
     def state(self) -> ChannelState:
@@ -202,6 +212,7 @@ class PeerLink:
             self._nursery.start_soon(self._retire, current)
         self._channel = channel
         self._channel_dialed_by = dialed_by
+        self._last_heard = trio.current_time()
         self._nursery.start_soon(self._read_loop, channel)
         self._set_state(ChannelState.OPEN)
         self._connected.set()
@@ -218,11 +229,30 @@ class PeerLink:
         try:
             while True:
                 data = await channel.receive_message()
+                self._last_heard = trio.current_time()
                 self.frames_received += 1
                 await self._on_frame(self.peer_id, data)
         except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             if channel is self._channel:
                 logger.info("link to %s lost: %s", self.peer_id, exc)
+                self._channel_lost(channel)
+
+    async def _watchdog(self) -> None:
+        timeouts = [t for t in (self._retry.write_timeout, self._idle_timeout) if t is not None]
+        interval = min(timeouts) / 4
+        while not self.closed:
+            await trio.sleep(interval)
+            channel = self._channel
+            if channel is None:
+                continue
+            now = trio.current_time()
+            writing = now - self._write_since if self._write_since is not None else 0.0
+            silent = now - self._last_heard
+            if writing >= self._retry.write_timeout:
+                logger.info("%s read nothing for %.1f s: channel dropped", self.peer_id, writing)
+                self._channel_lost(channel)
+            elif self._idle_timeout is not None and silent >= self._idle_timeout:
+                logger.info("nothing from %s for %.1f s: channel dropped", self.peer_id, silent)
                 self._channel_lost(channel)
 
     def _channel_lost(self, channel: SecureChannel) -> None:
@@ -296,20 +326,16 @@ class PeerLink:
             # writer task. Later senders queue behind this one, so order is kept.
             self._inline_busy = True
             self._inline_done = trio.Event()
+            self._write_since = trio.current_time()
             try:
-                with trio.fail_after(self._retry.write_timeout):
-                    await channel.send_message(frame)
-            except (
-                P2PError,
-                trio.BrokenResourceError,
-                trio.ClosedResourceError,
-                trio.TooSlowError,
-            ):
+                await channel.send_message(frame)
+            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._channel_lost(channel)  # fall through to the retrying writer
             else:
                 self.frames_sent += 1
                 return
             finally:
+                self._write_since = None
                 self._inline_busy = False
                 self._inline_done.set()
         item = _Outgoing(frame)
@@ -354,28 +380,28 @@ class PeerLink:
                 break
             try:
                 channel = await self.wait_open()
-                # A peer that stops reading must not hold our senders forever.
-                with trio.fail_after(self._retry.write_timeout):
-                    if len(frames) == 1:
-                        await channel.send_message(frames[0])
-                    else:
-                        await channel.send_many(frames)
+            except LocalError as exc:
+                last_error = exc
+                continue
+            # The watchdog drops the channel when the peer stops reading (write_timeout).
+            self._write_since = trio.current_time()
+            try:
+                if len(frames) == 1:
+                    await channel.send_message(frames[0])
+                else:
+                    await channel.send_many(frames)
             except LocalError as exc:
                 if exc.code is not ErrorCode.CHANNEL_CLOSED:
                     return exc
                 last_error = exc
-            except (
-                P2PError,
-                trio.BrokenResourceError,
-                trio.ClosedResourceError,
-                trio.TooSlowError,
-            ) as exc:
+            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 last_error = exc
-                if self._channel is not None:
-                    self._channel_lost(self._channel)
+                self._channel_lost(channel)
             else:
                 self.frames_sent += len(frames)
                 return None
+            finally:
+                self._write_since = None
         return LocalError(
             ErrorCode.DELIVERY_FAILED,
             f"delivery to {self.peer_id} failed ({self.state.value}): {last_error}",

@@ -9,6 +9,7 @@ this node's HELLO. Frames read on any link go to the node's frame handler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 
@@ -49,6 +50,8 @@ class LinkManager:
         self._nursery = nursery
         self._on_frame = on_frame
         self._hello = hello
+        # Links enforce the idle timeout themselves (a watchdog, not a cancel scope per read).
+        self._channel_config = dataclasses.replace(config.channel, idle_timeout=None)
         self._links: dict[PeerId, PeerLink] = {}
         self._addresses: dict[PeerId, list[Address]] = {}
         self._static: dict[PeerId, bytes] = {}
@@ -78,6 +81,7 @@ class LinkManager:
                 self._on_frame,
                 _log_state,
                 self._config.retry,
+                self._config.channel.idle_timeout,
             )
             self._links[peer_id] = link
         return link
@@ -123,7 +127,7 @@ class LinkManager:
             self._secure,
             expected_peer_id=peer_id,
             remote_static=self._static.get(peer_id) if peer_id else None,
-            config=self._config.channel,
+            config=self._channel_config,
         )
         await channel.send_message(self._hello())
         return channel
@@ -154,7 +158,7 @@ class LinkManager:
 
     async def _accept_one(self, stream: trio.abc.Stream) -> None:
         try:
-            channel = await accept_secure(stream, self._secure, config=self._config.channel)
+            channel = await accept_secure(stream, self._secure, config=self._channel_config)
             await channel.send_message(self._hello())
         except RemoteError as exc:
             self._events.security(exc.code, f"inbound handshake failed: {exc.message}", None, None)

@@ -15,6 +15,13 @@ Theory of operation:
   bounded ring of recent events, folds it into the counters, writes it
   through stdlib :mod:`logging` (INFO; WARNING for ``error`` and ``security``)
   with the event dict in ``extra={"event": ...}``, and calls listeners.
+* The per-message helpers (:meth:`~Observability.message_sent`,
+  :meth:`~Observability.message_received`,
+  :meth:`~Observability.routing_decision`) run on every envelope. When no
+  listener is registered and the event logger is below INFO they keep the
+  event's fields as a plain tuple in the ring and count them; the
+  :class:`Event` is built only when :meth:`~Observability.recent` reads it.
+  The result is the same, without three dataclass constructions per message.
   Counters are exact totals since the last :meth:`reset_metrics`; only the
   latency percentiles use a bounded window of recent samples, and averages
   use running sums so they stay exact without storing every sample.
@@ -248,21 +255,28 @@ class _Counters:
             handler(self, e)
 
     def _message_sent(self, e: Event) -> None:
-        self.sent[str(e.message_type)] += 1
+        if e.message_type is not None:
+            self.sent[e.message_type] += 1
 
     def _message_received(self, e: Event) -> None:
-        self.received[str(e.message_type)] += 1
+        if e.message_type is not None:
+            self.received[e.message_type] += 1
 
     def _routing(self, e: Event) -> None:
+        self.routing(e.path, e.outcome, e.latency_ms)
+
+    def routing(
+        self, path: RoutingPath | None, outcome: Outcome | None, latency_ms: float | None
+    ) -> None:
         self.decisions += 1
-        if e.path is not None:
-            self.by_path[str(e.path)] += 1
-        if e.outcome is not None:
-            self.by_outcome[str(e.outcome)] += 1
-        if e.latency_ms is not None:
-            self.latency_sum += e.latency_ms
+        if path is not None:
+            self.by_path[path] += 1
+        if outcome is not None:
+            self.by_outcome[outcome] += 1
+        if latency_ms is not None:
+            self.latency_sum += latency_ms
             self.latency_count += 1
-            self.latencies.append(e.latency_ms)
+            self.latencies.append(latency_ms)
 
     def _tool(self, e: Event) -> None:
         self.tools[e.tool or "?"] += 1
@@ -290,11 +304,11 @@ class _Counters:
         return Metrics(
             messages_sent=sum(self.sent.values()),
             messages_received=sum(self.received.values()),
-            sent_by_type=dict(self.sent),
-            received_by_type=dict(self.received),
+            sent_by_type=_plain(self.sent),
+            received_by_type=_plain(self.received),
             routing_decisions=self.decisions,
-            routing_by_path=dict(self.by_path),
-            routing_by_outcome=dict(self.by_outcome),
+            routing_by_path=_plain(self.by_path),
+            routing_by_outcome=_plain(self.by_outcome),
             routing_latency_avg_ms=_mean(self.latency_sum, self.latency_count),
             routing_latency_p50_ms=percentile(window, 50),
             routing_latency_p99_ms=percentile(window, 99),
@@ -319,6 +333,11 @@ _FOLD: dict[EventKind, Callable[[_Counters, Event], None]] = {
     EventKind.SECURITY: _Counters._security,
     EventKind.AUDIT: _Counters._audit,
 }
+
+
+def _plain(counter: Counter[str]) -> dict[str, int]:
+    # Hot-path counters are keyed by StrEnum members; snapshots hold plain text.
+    return {str(key): count for key, count in counter.items()}
 
 
 def _mean(total: float, count: int) -> float:
@@ -349,7 +368,8 @@ class Observability:
             )
         self._clock_ms = clock_ms
         self._logger = logger if logger is not None else logging.getLogger(EVENT_LOGGER)
-        self._recent: deque[Event] = deque(maxlen=recent_size)
+        # An Event, or the positional fields of one not built yet (see the module docstring).
+        self._recent: deque[Event | tuple[Any, ...]] = deque(maxlen=recent_size)
         self._latency_window = latency_window
         self._counters = _Counters(latency_window)
         self._listeners: list[Listener] = []
@@ -378,7 +398,9 @@ class Observability:
     def recent(self, limit: int | None = None, kind: EventKind | None = None) -> list[Event]:
         """Recent events, oldest first: the last ``limit`` (all when None) of ``kind``
         (any when None)."""
-        events = [e for e in self._recent if kind is None or e.kind == kind]
+        events = [item if isinstance(item, Event) else Event(*item) for item in self._recent]
+        if kind is not None:
+            events = [e for e in events if e.kind == kind]
         if limit is not None:
             events = events[-limit:] if limit > 0 else []
         return events
@@ -406,18 +428,16 @@ class Observability:
 
     def message_sent(
         self, envelope: Envelope, path: RoutingPath | None = None, peer: str | None = None
-    ) -> Event:
+    ) -> None:
         """An envelope left this node (R12.1)."""
-        return self.emit(
-            _envelope_event(EventKind.MESSAGE_SENT, self.now_ms(), envelope, path, peer)
-        )
+        self._message_event(EventKind.MESSAGE_SENT, envelope, path, peer, self._counters.sent)
 
     def message_received(
         self, envelope: Envelope, peer: str | None = None, path: RoutingPath | None = None
-    ) -> Event:
+    ) -> None:
         """An envelope arrived and passed checks (R12.1)."""
-        return self.emit(
-            _envelope_event(EventKind.MESSAGE_RECEIVED, self.now_ms(), envelope, path, peer)
+        self._message_event(
+            EventKind.MESSAGE_RECEIVED, envelope, path, peer, self._counters.received
         )
 
     def routing_decision(
@@ -431,25 +451,49 @@ class Observability:
         code: ErrorCode | None = None,
         peer: str | None = None,
         detail: str = "",
-    ) -> Event:
+    ) -> None:
         """A routing decision (R4.6, R12.3, Property 17). ``target`` is the resolved
         agent when it differs from the envelope's recipient (capability routing)."""
-        return self.emit(
-            Event(
-                EventKind.ROUTING_DECISION,
-                self.now_ms(),
-                envelope_id=envelope.id,
-                sender=envelope.sender,
-                recipient=target if target is not None else envelope.recipient,
-                message_type=envelope.type,
-                path=path,
-                latency_ms=latency_ms,
-                outcome=outcome,
-                code=code,
-                peer=peer,
-                detail=detail,
-            )
+        fields = (
+            EventKind.ROUTING_DECISION,
+            self._clock_ms(),
+            envelope.id,
+            envelope.sender,
+            target if target is not None else envelope.recipient,
+            envelope.type,
+            path,
+            latency_ms,
+            outcome,
+            code,
+            peer,
         )
+        if detail or not self._is_quiet():
+            self.emit(Event(*fields, detail=detail))
+        else:
+            self._recent.append(fields)
+            self._counters.routing(path, outcome, latency_ms)
+
+    def _is_quiet(self) -> bool:
+        """True when nothing reads events as they happen (no listener, no INFO logging)."""
+        return not self._listeners and not self._logger.isEnabledFor(logging.INFO)
+
+    def _message_event(
+        self,
+        kind: EventKind,
+        env: Envelope,
+        path: RoutingPath | None,
+        peer: str | None,
+        counter: Counter[str],
+    ) -> None:
+        fields = (
+            kind, self._clock_ms(), env.id, env.sender, env.recipient, env.type, path,
+            None, None, None, peer,
+        )  # fmt: skip
+        if self._is_quiet():
+            self._recent.append(fields)
+            counter[env.type] += 1
+        else:
+            self.emit(Event(*fields))
 
     def security(
         self,
@@ -541,21 +585,6 @@ class Observability:
                 detail=detail,
             )
         )
-
-
-def _envelope_event(
-    kind: EventKind, at_ms: int, env: Envelope, path: RoutingPath | None, peer: str | None
-) -> Event:
-    return Event(
-        kind,
-        at_ms,
-        envelope_id=env.id,
-        sender=env.sender,
-        recipient=env.recipient,
-        message_type=env.type,
-        path=path,
-        peer=peer,
-    )
 
 
 def _with_envelope(event: Event, envelope: Envelope | None) -> Event:
