@@ -30,6 +30,7 @@ SCHEMA_VERSION = 1
 BROADCAST = "*"
 MAX_ENVELOPE_BYTES = 4 * 1024 * 1024
 MAX_ID_LENGTH = 128
+MAX_JUSTIFICATION_LENGTH = 4096
 _ENVELOPE_LIMITS = WireLimits(max_size=MAX_ENVELOPE_BYTES)
 
 
@@ -128,6 +129,10 @@ class Envelope:
                 expected=SCHEMA_VERSION,
                 actual=version,
             )
+        if type(data) is dict:
+            envelope = _well_formed_envelope(data)
+            if envelope is not None:
+                return envelope
         problems = envelope_problems(data)
         if problems:
             raise EnvelopeError(ErrorCode.INVALID_ENVELOPE, "; ".join(problems), problems=problems)
@@ -196,7 +201,7 @@ def envelope_problems(data: Mapping[str, Any]) -> list[str]:
             problems.append(f"{key}: must be a string of 1..{MAX_ID_LENGTH} characters")
     if "correlationId" in data and not _id_ok(data["correlationId"]):
         problems.append(f"correlationId: must be a string of 1..{MAX_ID_LENGTH} characters")
-    if "type" in data and data["type"] not in _TYPES:
+    if "type" in data and (not isinstance(data["type"], str) or data["type"] not in _TYPES):
         problems.append(f"type: unknown message type {data['type']!r}")
     ts = data.get("timestamp")
     if "timestamp" in data and (
@@ -228,12 +233,69 @@ def _metadata_problems(meta: Mapping[str, Any]) -> list[str]:
     if hint is not None and hint != ROUTING_HINT_CAPABILITY:
         problems.append(f"metadata.routingHint: only {ROUTING_HINT_CAPABILITY!r} is defined")
     just = meta.get("escalationJustification")
-    if just is not None and (not isinstance(just, str) or len(just) > 4096):
-        problems.append("metadata.escalationJustification: must be a string of at most 4096")
+    if just is not None and (not isinstance(just, str) or len(just) > MAX_JUSTIFICATION_LENGTH):
+        problems.append(
+            f"metadata.escalationJustification: at most {MAX_JUSTIFICATION_LENGTH} characters"
+        )
     unknown = set(meta) - _METADATA_KEYS
     if unknown:
         problems.append(f"metadata: unknown fields {sorted(map(str, unknown))}")
     return problems
+
+
+def _justification_ok(value: object) -> bool:
+    return type(value) is str and len(value) <= MAX_JUSTIFICATION_LENGTH
+
+
+def _short_str(value: object) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_ID_LENGTH
+
+
+def _well_formed_envelope(data: dict[str, Any]) -> Envelope | None:
+    """The envelope of a plain form that is valid in the common way, else None.
+
+    One pass over the fields, for the receive path; None sends the caller to
+    :func:`envelope_problems`, which reports every problem (a property test
+    checks that this never accepts what that function rejects).
+    """
+    if not data.keys() <= _ENVELOPE_KEYS:
+        return None
+    # Any: every value is checked below before it is used.
+    id_: Any = data.get("id")
+    sender: Any = data.get("sender")
+    recipient: Any = data.get("recipient")
+    timestamp: Any = data.get("timestamp")
+    correlation_id: Any = data.get("correlationId")
+    type_text: Any = data.get("type")
+    message_type = _TYPES.get(type_text) if type(type_text) is str else None
+    if (
+        message_type is None
+        or "payload" not in data
+        or not (_short_str(id_) and _short_str(sender) and _short_str(recipient))
+        or type(timestamp) is not int
+        or not 0 < timestamp < 2**63
+        or (correlation_id is not None and not _short_str(correlation_id))
+        or (correlation_id is None and "correlationId" in data)
+    ):
+        return None
+    meta = data.get("metadata")
+    metadata = None
+    if meta is not None:
+        if type(meta) is not dict or not meta.keys() <= _METADATA_KEYS:
+            return None
+        tier, sandbox_id = meta.get("tier"), meta.get("sandboxId")
+        hint, justification = meta.get("routingHint"), meta.get("escalationJustification")
+        if (
+            (tier is not None and (type(tier) is not int or not 0 <= tier <= 3))
+            or (sandbox_id is not None and not _short_str(sandbox_id))
+            or (hint is not None and hint != ROUTING_HINT_CAPABILITY)
+            or (justification is not None and not _justification_ok(justification))
+        ):
+            return None
+        metadata = Metadata(tier, sandbox_id, hint, justification)
+    return Envelope(
+        id_, sender, recipient, message_type, timestamp, data["payload"], correlation_id, metadata
+    )
 
 
 def wall_clock_ms() -> int:

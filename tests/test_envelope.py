@@ -17,6 +17,8 @@ from p2pnode.envelope import (
     MessageType,
     Metadata,
     ThreadStore,
+    _well_formed_envelope,
+    envelope_problems,
 )
 from p2pnode.errors import ErrorCode, RemoteError
 from p2pnode.wire import pack
@@ -126,6 +128,103 @@ def test_wrongly_typed_fields_rejected(patch: dict[str, object]) -> None:
     plain = env.to_dict() | patch
     with pytest.raises(EnvelopeError):
         Envelope.from_msgpack_untrusted(pack(plain))
+
+
+odd_values = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 2**64)
+    | st.text(max_size=3)
+    | st.binary(max_size=3)
+    | st.lists(st.integers(), max_size=2)
+    | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+)
+ID_EDGES = ["", "a", "x" * 128, "x" * 129, 7, None, b"id"]
+EDGES: dict[str, list[object]] = {
+    "id": ID_EDGES,
+    "sender": ID_EDGES,
+    "recipient": ID_EDGES,
+    "correlationId": ID_EDGES,
+    "type": [*ALL_TYPES, "Request", "", None, 1],
+    "timestamp": [0, 1, 2**63 - 1, 2**63, -1, True, 1.5, "1"],
+    "payload": [None, {"a": [1]}, b"\x00"],
+    "metadata": [None, {}, [], "m"],
+    "extra": [1],
+    "tier": [-1, 0, 3, 4, True, "3", None, 2.0],
+    "sandboxId": ID_EDGES,
+    "routingHint": ["capability", "Capability", "", None, 1],
+    "escalationJustification": ["", "why", "x" * 4096, "x" * 4097, None, 5],
+    "other": [1],
+}
+
+
+def edge_or_odd(draw: st.DrawFn, key: str) -> object:
+    return draw(st.sampled_from(EDGES[key]) | odd_values)
+
+
+@st.composite
+def mutated_plain_forms(draw: st.DrawFn) -> dict[str, object]:
+    """Valid plain forms with some fields removed, or set to edge and odd values."""
+    plain: dict[str, object] = draw(envelopes).to_dict()
+    top = ["id", "sender", "recipient", "type", "timestamp", "payload", "correlationId"]
+    for key in draw(st.lists(st.sampled_from([*top, "metadata", "extra"]), max_size=3)):
+        if key in plain and draw(st.booleans()):
+            del plain[key]
+        else:
+            plain[key] = edge_or_odd(draw, key)
+    if draw(st.booleans()):
+        existing = plain.get("metadata")
+        meta: dict[str, object] = dict(existing) if isinstance(existing, dict) else {}
+        keys = ["tier", "sandboxId", "routingHint", "escalationJustification", "other"]
+        for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=2)):
+            meta[key] = edge_or_odd(draw, key)
+        plain["metadata"] = meta
+    return plain
+
+
+def assert_decoders_agree(plain: dict[str, object]) -> None:
+    # The receive path accepts a common valid form in one pass; anything it does not
+    # accept goes through envelope_problems. Both routes must give the same answer.
+    fast = _well_formed_envelope(plain)
+    problems = envelope_problems(plain)
+    assert fast is None or problems == []
+    version = plain.get("schemaVersion")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        return
+    if problems:
+        with pytest.raises(EnvelopeError) as info:
+            Envelope.from_dict_untrusted(plain)
+        assert info.value.code is ErrorCode.INVALID_ENVELOPE
+    else:
+        decoded = Envelope.from_dict_untrusted(plain)
+        assert decoded.to_dict() == {k: v for k, v in plain.items() if k != "metadata"} | (
+            {"metadata": decoded.metadata.to_dict()} if decoded.metadata else {}
+        )
+        assert fast is None or fast == decoded
+
+
+@settings(max_examples=1000)
+@given(mutated_plain_forms())
+def test_fast_decode_agrees_with_the_full_validator(plain: dict[str, object]) -> None:
+    assert_decoders_agree(plain)
+
+
+META_KEYS = {"tier", "sandboxId", "routingHint", "escalationJustification", "other"}
+
+
+@pytest.mark.parametrize(("key", "value"), [(k, v) for k, values in EDGES.items() for v in values])
+def test_fast_decode_agrees_on_each_edge_value(key: str, value: object) -> None:
+    base = EnvelopeFactory().create(
+        "a", "b", MessageType.REQUEST, {"q": 1}, correlation_id="c", metadata=Metadata(1, "s")
+    )
+    plain = base.to_dict()
+    if key in META_KEYS:
+        plain["metadata"] = {**plain["metadata"], key: value}
+    else:
+        plain[key] = value
+    assert_decoders_agree(plain)
+    del plain["metadata"]
+    assert_decoders_agree(plain)
 
 
 def test_oversized_envelope_rejected() -> None:

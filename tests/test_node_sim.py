@@ -29,7 +29,7 @@ from p2pnode.node.channels import (
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.frames import encode_envelope, encode_hello
 from p2pnode.node.node import Node
-from p2pnode.node.observability import EventKind
+from p2pnode.node.observability import EventKind, Outcome
 from p2pnode.node.policy import PolicyConfig, TierRule
 from p2pnode.simnet import SimNetwork
 
@@ -172,6 +172,69 @@ async def test_per_channel_order_is_kept(autojump_clock: Any) -> None:
             await a.send(a.envelope("sun", "io", MessageType.STREAM_DATA, i))
         await trio.sleep(1)
         assert [e.payload for e in inbox.received] == list(range(200))
+
+
+async def test_send_many_routes_each_envelope_and_keeps_order(autojump_clock: Any) -> None:
+    async with swarm(3) as (_, (a, b, c)):
+        on_a, on_b, on_c = Inbox(), Inbox(), Inbox()
+        await a.add_agent("probe", Inbox(), tier=3)
+        await a.add_agent("lander", on_a, tier=3)
+        await b.add_agent("io", on_b, tier=3)
+        await c.add_agent("europa", on_c, tier=3)
+        await connect_all([a, b, c])
+        targets = ["io", "europa", "lander"] * 40
+        envelopes = [
+            a.envelope("probe", t, MessageType.STREAM_DATA, i) for i, t in enumerate(targets)
+        ]
+        results = await a.send_many(envelopes)
+        assert [r.envelope_id for r in results] == [e.id for e in envelopes]
+        assert [r.targets for r in results] == [(t,) for t in targets]
+        assert [r.path for r in results] == ["remote", "remote", "local"] * 40
+        await trio.sleep(1)
+        for inbox, name in ((on_b, "io"), (on_c, "europa"), (on_a, "lander")):
+            expected = [i for i, t in enumerate(targets) if t == name]
+            assert [e.payload for e in inbox.received] == expected
+        decisions = a.events.recent(kind=EventKind.ROUTING_DECISION)
+        assert {e.envelope_id for e in decisions} >= {e.id for e in envelopes}
+
+
+async def test_send_many_stops_at_the_first_refusal(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (a, b)):
+        inbox = Inbox()
+        await a.add_agent("probe", Inbox(), tier=3)
+        await b.add_agent("io", inbox, tier=3)
+        await connect_all([a, b])
+        envelopes = [
+            a.envelope("probe", "io", MessageType.STREAM_DATA, 0),
+            a.envelope("probe", "nobody", MessageType.STREAM_DATA, 1),
+            a.envelope("probe", "io", MessageType.STREAM_DATA, 2),
+        ]
+        with pytest.raises(LocalError) as info:
+            await a.send_many(envelopes)
+        assert info.value.code is ErrorCode.AGENT_NOT_FOUND
+        await trio.sleep(1)
+        assert [e.payload for e in inbox.received] == [0]  # the one before the refusal
+        decisions = {e.envelope_id: e for e in a.events.recent(kind=EventKind.ROUTING_DECISION)}
+        assert decisions[envelopes[0].id].outcome is Outcome.DELIVERED
+        assert decisions[envelopes[1].id].code is ErrorCode.AGENT_NOT_FOUND
+        assert envelopes[2].id not in decisions
+
+
+async def test_an_oversized_envelope_is_refused_and_the_channel_stays(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (a, b)):
+        inbox = Inbox()
+        await a.add_agent("probe", Inbox(), tier=3)
+        await b.add_agent("io", inbox, tier=3)
+        await connect_all([a, b])
+        link = a.links.link(b.peer_id)
+        huge = a.envelope("probe", "io", MessageType.STREAM_DATA, b"x" * (4 * 1024 * 1024))
+        with pytest.raises(LocalError) as info:
+            await a.send(huge)
+        assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+        await a.send(a.envelope("probe", "io", MessageType.STREAM_DATA, "small"))
+        await trio.sleep(1)
+        assert [e.payload for e in inbox.received] == ["small"]
+        assert link.history == [ChannelState.CONNECTING, ChannelState.OPEN]
 
 
 # -- channels: reconnect and delivery failure ----------------------------------------------------

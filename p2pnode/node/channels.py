@@ -119,7 +119,7 @@ class RetryPolicy:
 
 @dataclass(slots=True)
 class _Outgoing:
-    frame: bytes
+    frames: list[bytes]
     done: trio.Event = field(default_factory=trio.Event)
     error: LocalError | None = None
 
@@ -313,6 +313,10 @@ class PeerLink:
         Raises LocalError(DELIVERY_FAILED) after ``max_retries`` retries or when
         the link closes meanwhile.
         """
+        await self.send_many([frame])
+
+    async def send_many(self, frames: list[bytes]) -> None:
+        """Deliver ``frames`` in order, in one coalesced write when possible; as :meth:`send`."""
         if self.closed:
             raise LocalError(ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed")
         channel = self._channel
@@ -328,17 +332,22 @@ class PeerLink:
             self._inline_done = trio.Event()
             self._write_since = trio.current_time()
             try:
-                await channel.send_message(frame)
+                if len(frames) == 1:
+                    await channel.send_message(frames[0])
+                else:
+                    await channel.send_many(frames)
+            except LocalError:
+                raise  # a frame over the size limit: the caller's fault, the channel is fine
             except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._channel_lost(channel)  # fall through to the retrying writer
             else:
-                self.frames_sent += 1
+                self.frames_sent += len(frames)
                 return
             finally:
                 self._write_since = None
                 self._inline_busy = False
                 self._inline_done.set()
-        item = _Outgoing(frame)
+        item = _Outgoing(frames)
         self._queued += 1
         try:
             await self._queue_in.send(item)
@@ -364,7 +373,7 @@ class PeerLink:
                         batch.append(self._queue_out.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                error = await self._write_batch([item.frame for item in batch])
+                error = await self._write_batch([frame for item in batch for frame in item.frames])
                 for item in batch:
                     item.error = error
                     item.done.set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,6 +56,21 @@ class LocalAgent:
     handler: Handler
     inbox_send: trio.MemorySendChannel[Envelope]
     inbox_receive: trio.MemoryReceiveChannel[Envelope]
+
+
+@dataclass(slots=True)
+class _Route:
+    """An envelope routed to a remote agent, waiting for its peer's batch to be written."""
+
+    envelope: Envelope
+    target: AgentCard
+    start: float
+    frame: bytes
+    result: RoutingResult | None = None
+
+    def done(self) -> RoutingResult:
+        assert self.result is not None, "results are read only after a successful write"
+        return self.result
 
 
 class PendingRequest:
@@ -110,38 +125,91 @@ class Routing:
         Raises LocalError: AGENT_NOT_FOUND, CAPABILITY_NOT_FOUND, TIER_VIOLATION,
         SANDBOX_VIOLATION, ESCALATION_REQUIRED, DELIVERY_FAILED.
         """
-        start = trio.current_time()
+        [result] = await self.send_many((envelope,))
+        return result
+
+    async def send_many(self, envelopes: Iterable[Envelope]) -> list[RoutingResult]:
+        """Route envelopes in order, each as :meth:`send` would, and return their results.
+
+        Envelopes for the same remote peer leave in one coalesced channel write
+        after all are routed, so a burst of small envelopes costs one write and
+        one wake-up instead of one per envelope; per-peer order is kept. Routing
+        stops at the first envelope that cannot be routed; the ones before it
+        are still delivered, then the error is raised (what :meth:`send` raises).
+        """
+        results: list[RoutingResult | _Route] = []
+        remote: dict[PeerId, list[_Route]] = {}
+        error: P2PError | None = None
+        for envelope in envelopes:
+            start = trio.current_time()
+            try:
+                routed = await self._route(envelope, start)
+            except P2PError as exc:
+                self._note_failure(envelope, start, exc)
+                error = exc
+                break
+            if isinstance(routed, _Route):
+                remote.setdefault(routed.target.peer_id, []).append(routed)
+            results.append(routed)
+        for peer_id, routes in remote.items():
+            try:
+                await self.links.link(peer_id).send_many([r.frame for r in routes])
+            except P2PError as exc:
+                for route in routes:
+                    self._note_failure(route.envelope, route.start, exc)
+                error = error or exc
+                continue
+            for route in routes:
+                self.events.message_sent(route.envelope, RoutingPath.REMOTE, str(peer_id))
+                route.result = self._delivered(route.envelope, "remote", route.target, route.start)
+        if error is not None:
+            raise error
+        return [r if isinstance(r, RoutingResult) else r.done() for r in results]
+
+    async def _route(self, envelope: Envelope, start: float) -> RoutingResult | _Route:
+        """Resolve and check ``envelope``; deliver it when the target is local (or it is a
+        broadcast), else return the route for the caller to write."""
         source = self.local_agent(envelope.sender)
         self.threads.add(envelope)
-        try:
-            if envelope.is_broadcast:
-                result = await self._broadcast(source, envelope, start)
-            else:
-                if envelope.metadata and envelope.metadata.routing_hint == ROUTING_HINT_CAPABILITY:
-                    target = await self._resolve_capability(source, envelope)
-                    envelope = dataclasses.replace(
-                        envelope,
-                        recipient=target.id,
-                        metadata=dataclasses.replace(envelope.metadata, routing_hint=None),
-                    )
-                else:
-                    target = await self._resolve_agent(envelope.recipient)
-                result = await self._send_one(source, target, envelope, start)
-        except P2PError as exc:
-            latency = (trio.current_time() - start) * 1000
-            if envelope.is_broadcast:
-                path = RoutingPath.BROADCAST
-            else:
-                local = envelope.recipient in self._agents
-                path = RoutingPath.LOCAL if local else RoutingPath.REMOTE
-            outcome = Outcome.FAILED if exc.code is ErrorCode.DELIVERY_FAILED else Outcome.REJECTED
-            self.events.routing_decision(envelope, path, outcome, latency, code=exc.code)
-            raise
+        if envelope.is_broadcast:
+            return await self._broadcast(source, envelope, start)
+        if envelope.metadata and envelope.metadata.routing_hint == ROUTING_HINT_CAPABILITY:
+            target = await self._resolve_capability(source, envelope)
+            envelope = dataclasses.replace(
+                envelope,
+                recipient=target.id,
+                metadata=dataclasses.replace(envelope.metadata, routing_hint=None),
+            )
+        else:
+            target = await self._resolve_agent(envelope.recipient)
+        verdict = self._check(source, target, envelope)
+        self._note_verdict(verdict, envelope, None)
+        if verdict is not None and not verdict.allowed:
+            raise verdict.to_local_error()
+        if target.origin is not Origin.LOCAL:
+            return _Route(envelope, target, start, encode_envelope(envelope))
+        await self._deliver_local(envelope, [target.id])
+        self.events.message_sent(envelope, RoutingPath.LOCAL, str(target.peer_id))
+        return self._delivered(envelope, "local", target, start)
+
+    def _delivered(
+        self, envelope: Envelope, path: str, target: AgentCard, start: float
+    ) -> RoutingResult:
+        latency = (trio.current_time() - start) * 1000
         self.events.routing_decision(
-            envelope, RoutingPath(result.path), Outcome.DELIVERED, result.latency_ms,
-            target=",".join(result.targets),
-        )  # fmt: skip
-        return result
+            envelope, RoutingPath(path), Outcome.DELIVERED, latency, target=target.id
+        )
+        return RoutingResult(envelope.id, path, (target.id,), 1, latency)
+
+    def _note_failure(self, envelope: Envelope, start: float, exc: P2PError) -> None:
+        latency = (trio.current_time() - start) * 1000
+        if envelope.is_broadcast:
+            path = RoutingPath.BROADCAST
+        else:
+            local = envelope.recipient in self._agents
+            path = RoutingPath.LOCAL if local else RoutingPath.REMOTE
+        outcome = Outcome.FAILED if exc.code is ErrorCode.DELIVERY_FAILED else Outcome.REJECTED
+        self.events.routing_decision(envelope, path, outcome, latency, code=exc.code)
 
     async def _resolve_agent(self, agent_id: str) -> AgentCard:
         card = self.registry.find(agent_id)
@@ -193,23 +261,6 @@ class Routing:
             assert verdict.target_tier is not None
             self.events.audit_cross_tier(envelope, verdict.source_tier, verdict.target_tier)
 
-    async def _send_one(
-        self, source: AgentCard, target: AgentCard, envelope: Envelope, start: float
-    ) -> RoutingResult:
-        verdict = self._check(source, target, envelope)
-        self._note_verdict(verdict, envelope, None)
-        if verdict is not None and not verdict.allowed:
-            raise verdict.to_local_error()
-        if target.origin is Origin.LOCAL:
-            await self._deliver_local(envelope, [target.id])
-            path = "local"
-        else:
-            await self.links.link(target.peer_id).send(encode_envelope(envelope))
-            path = "remote"
-        self.events.message_sent(envelope, path=RoutingPath(path), peer=str(target.peer_id))
-        latency = (trio.current_time() - start) * 1000
-        return RoutingResult(envelope.id, path, (target.id,), 1, latency)
-
     async def _broadcast(
         self, source: AgentCard, envelope: Envelope, start: float
     ) -> RoutingResult:
@@ -235,6 +286,9 @@ class Routing:
         self.events.message_sent(envelope, path=RoutingPath.BROADCAST)
         latency = (trio.current_time() - start) * 1000
         targets = tuple(local_targets) + tuple(i for ids in peers.values() for i in ids)
+        self.events.routing_decision(
+            envelope, RoutingPath.BROADCAST, Outcome.DELIVERED, latency, target=",".join(targets)
+        )
         return RoutingResult(envelope.id, "broadcast", targets, delivered, latency)
 
     async def _broadcast_to_peer(self, peer_id: PeerId, agent_ids: list[str], frame: bytes) -> None:
