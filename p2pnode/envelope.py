@@ -339,7 +339,7 @@ class EnvelopeFactory:
             id=self.new_id(),
             sender=sender,
             recipient=recipient,
-            type=MessageType(type),
+            type=type if type.__class__ is MessageType else MessageType(type),
             timestamp=max(1, self._clock_ms()),
             payload=payload,
             correlation_id=correlation_id,

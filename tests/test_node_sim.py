@@ -28,7 +28,7 @@ from p2pnode.node.channels import (
 )
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.frames import encode_envelope, encode_hello
-from p2pnode.node.node import Node
+from p2pnode.node.node import BoundedSet, Node
 from p2pnode.node.observability import EventKind, Outcome
 from p2pnode.node.policy import PolicyConfig, TierRule
 from p2pnode.simnet import SimNetwork
@@ -66,6 +66,23 @@ def test_retry_delays_double(count: int, first: float) -> None:
     delays = RetryPolicy(first_delay=first, max_delay=1e9).delays(count)
     assert len(delays) == count
     assert all(b >= 2 * a * 0.999 for a, b in itertools.pairwise(delays))
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 6), st.lists(st.integers(0, 12).map(str), max_size=80))
+def test_bounded_set_remembers_at_least_the_last_size_keys(size: int, keys: list[str]) -> None:
+    remembered = BoundedSet(size)
+    added: list[str] = []  # keys whose add() returned True, oldest first
+    for key in keys:
+        fresh = remembered.add(key)
+        if key in added[-size:]:
+            assert not fresh  # among the last `size` additions: must be remembered
+        elif key not in added:
+            assert fresh  # never seen: must be new
+        if fresh:
+            added.append(key)
+        assert key in remembered
+        assert sum(k in remembered for k in set(keys)) <= 2 * size
 
 
 # -- swarm fixtures -----------------------------------------------------------------------------

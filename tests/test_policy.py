@@ -103,6 +103,30 @@ def test_check_message_matches_reference_table(
     assert_matches_table(s, t, mtype, justification, broadcast)
 
 
+@settings(max_examples=100)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(list(TIER_CARDS.values())),
+            st.sampled_from(list(TIER_CARDS.values())),
+            st.sampled_from(list(MessageType)),
+            st.sampled_from([None, "", "  ", "why"]),
+            st.booleans(),
+        ),
+        max_size=40,
+    )
+)
+def test_remembered_verdicts_equal_fresh_ones(
+    checks: list[tuple[AgentCard, AgentCard, MessageType, str | None, bool]],
+) -> None:
+    config = PolicyConfig(tier_assignments={})
+    remembering = Policy(config)
+    for source, target, mtype, justification, broadcast in checks:
+        meta = None if justification is None else Metadata(escalation_justification=justification)
+        fresh = Policy(config).check_message(source, target, mtype, meta, broadcast=broadcast)
+        assert remembering.check_message(source, target, mtype, meta, broadcast=broadcast) == fresh
+
+
 @settings(max_examples=50, deadline=None)
 @given(cards(), cards())
 def test_random_cards_without_sandboxes_follow_the_table(a: AgentCard, b: AgentCard) -> None:

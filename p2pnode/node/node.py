@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections import OrderedDict
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -76,23 +75,29 @@ logger = logging.getLogger("p2pnode.node")
 
 
 class BoundedSet:
-    """Remembers the last ``size`` keys."""
+    """Remembers at least the last ``size`` keys, and at most twice as many.
+
+    Two generations of plain sets: when the newer one fills up it becomes the
+    older one and the previous older one is forgotten. Set operations are the
+    cheapest membership test Python has, and this runs for every envelope.
+    """
 
     def __init__(self, size: int) -> None:
-        self._items: OrderedDict[str, None] = OrderedDict()
         self._size = size
+        self._new: set[str] = set()
+        self._old: set[str] = set()
 
     def add(self, key: str) -> bool:
         """Add ``key``; False when it was already there."""
-        if key in self._items:
+        if key in self._new or key in self._old:
             return False
-        self._items[key] = None
-        if len(self._items) > self._size:
-            self._items.popitem(last=False)
+        if len(self._new) >= self._size:
+            self._old, self._new = self._new, set()
+        self._new.add(key)
         return True
 
     def __contains__(self, key: object) -> bool:
-        return key in self._items
+        return key in self._new or key in self._old
 
 
 class Node(Routing):
@@ -259,7 +264,8 @@ class Node(Routing):
             self._agents[card.id] = agent
             self.nursery.start_soon(self._agent_loop, agent)
         else:
-            existing.card, existing.handler = stored, handler
+            existing.handler = handler
+            existing.set_card(stored)
         self.nursery.start_soon(self._announce, stored)
         return stored
 
@@ -423,9 +429,12 @@ class Node(Routing):
         metadata: Metadata | None = None,
     ) -> Envelope:
         """A new envelope from a local agent, its metadata filled from the agent's card."""
-        card = self.local_agent(sender)
+        agent = self._agents.get(sender)
+        if agent is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {sender!r}")
+        card = agent.card
         if metadata is None:
-            meta = Metadata(int(card.tier), card.sandbox_id)
+            meta = agent.metadata
         else:
             meta = dataclasses.replace(metadata, tier=int(card.tier), sandbox_id=card.sandbox_id)
         return self._factory.create(

@@ -56,7 +56,10 @@ Theory of operation:
   cards the sandbox rule of step 2 lets it exchange messages with, plus its
   own. Tiers do not hide cards.
 
-Everything here is pure: no I/O, no clock, no randomness.
+Everything here is pure: no I/O, no clock, no randomness. That lets
+:meth:`Policy.check_message` remember its verdicts per (source card, target
+card, message type, broadcast, justified) in a bounded memo: the same pair
+of card objects exchanging the same kind of message gets the same answer.
 """
 
 from __future__ import annotations
@@ -222,6 +225,9 @@ class Policy:
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self._config = config if config is not None else PolicyConfig()
         self._rules: dict[int, TierRule] = {r.source_tier: r for r in self._config.tier_rules}
+        # Keyed by the cards' ids; each entry holds the cards themselves, so the ids stay
+        # theirs while the entry lives.
+        self._memo: dict[tuple[int, int, str, bool, bool], _MemoEntry] = {}
 
     @property
     def config(self) -> PolicyConfig:
@@ -292,6 +298,25 @@ class Policy:
         recipient with ``broadcast=True``. Used unchanged on egress and ingress.
         Rule order is in the module docstring.
         """
+        justified = type == MessageType.TASK_PROPOSAL and has_justification(metadata)
+        key = (id(source), id(target), type, broadcast, justified)
+        entry = self._memo.get(key)
+        if entry is not None and entry.source is source and entry.target is target:
+            return entry.verdict
+        verdict = self._decide(source, target, type, metadata, broadcast)
+        if len(self._memo) >= MEMO_SIZE:
+            self._memo.clear()
+        self._memo[key] = _MemoEntry(source, target, verdict)
+        return verdict
+
+    def _decide(
+        self,
+        source: AgentCard,
+        target: AgentCard,
+        type: MessageType,
+        metadata: Metadata | None,
+        broadcast: bool,
+    ) -> Verdict:
         s_tier, t_tier = int(source.tier), int(target.tier)
         authority = self._config.authority_key
         if authority is not None:
@@ -384,6 +409,16 @@ class Policy:
     def filter_discoverable(self, viewer: AgentCard, cards: Iterable[AgentCard]) -> list[AgentCard]:
         """The cards of ``cards`` that ``viewer`` may discover, in their order."""
         return [c for c in cards if self.can_discover(viewer, c)]
+
+
+MEMO_SIZE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _MemoEntry:
+    source: AgentCard
+    target: AgentCard
+    verdict: Verdict
 
 
 def _where(sandbox: str | None) -> str:

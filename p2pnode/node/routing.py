@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from p2pnode.card import AgentCard, Origin
-from p2pnode.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType, ThreadStore
+from p2pnode.envelope import (
+    ROUTING_HINT_CAPABILITY,
+    Envelope,
+    MessageType,
+    Metadata,
+    ThreadStore,
+)
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
 from p2pnode.node.config import parse_address
@@ -56,6 +62,15 @@ class LocalAgent:
     handler: Handler
     inbox_send: trio.MemorySendChannel[Envelope]
     inbox_receive: trio.MemoryReceiveChannel[Envelope]
+    #: What its envelopes carry when the caller gives no metadata: built once per card.
+    metadata: Metadata = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.set_card(self.card)
+
+    def set_card(self, card: AgentCard) -> None:
+        self.card = card
+        self.metadata = Metadata(int(card.tier), card.sandbox_id)
 
 
 @dataclass(slots=True)
