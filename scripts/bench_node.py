@@ -2,121 +2,288 @@
 
 Usage: python scripts/bench_node.py [--scale 1.0]
 
-Two nodes in one trio process talk over real TCP on 127.0.0.1. The full
-path is measured: envelope creation and encoding, egress policy, routing
-events, the Noise channel, frame and envelope decoding with limits, sender
-authentication, ingress policy, the agent's inbox and handler, and (for
-round trips) the response coming back the same way. Baselines measured in
-the same run: raw TCP with a 4-byte length prefix, and the secure channel
-alone (same 256-byte payload), both through the helpers of bench_channel.py.
+The node path is measured in full: envelope creation and encoding, egress
+policy, routing events, the Noise channel, frame and envelope decoding with
+limits, sender authentication, ingress policy, the agent's inbox and
+handler, and (for round trips) the response coming back the same way. The
+baselines, measured in the same run over the same loopback: raw TCP with a
+4-byte length prefix, and the secure channel alone as the node configures it;
+both carry the same 256-byte messages.
+
+Every measurement runs in two layouts. "1 process": both ends share one
+trio loop (and so one core's worth of Python). "2 processes": the receiving
+end runs in a child process, as two nodes on one machine do, so each end has
+a core. The client code is the same in both; only where the server runs
+differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
+import subprocess
+import sys
 import time
-from pathlib import Path
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
-from bench_channel import Harness, fmt, round_trips, stream_rate
+from bench_channel import ChannelEndpoint, Endpoint, FramedStream, fmt
 
+from p2pnode.channel import ChannelConfig, accept_secure, connect_secure
 from p2pnode.envelope import Envelope, MessageType
+from p2pnode.errors import P2PError
 from p2pnode.identity import Identity
 from p2pnode.net import TrioNetwork
 from p2pnode.node.node import Node
+from p2pnode.secure import SecureIdentity
 
 PAYLOAD = "p" * 200  # a 256-byte-ish envelope body once ids and headers are added
+ECHO, SINK, DONE = b"e", b"s", b"x"  # first byte of a baseline message: what the server does
+MESSAGE = b"\0" * 255
+BATCH = 64
+# The node's channels enforce the idle timeout in the link (one watchdog), not per read.
+CHANNEL_CONFIG = ChannelConfig(idle_timeout=None)
+HOST = "127.0.0.1"
+
+
+# -- the receiving end ------------------------------------------------------------------------
+
+
+async def serve_messages(endpoint: Endpoint) -> None:
+    """Echo ECHO messages, swallow SINK ones, answer DONE once all before it were read."""
+    try:
+        while True:
+            message = await endpoint.receive()
+            if message[:1] == ECHO:
+                await endpoint.send(message)
+            elif message[:1] == DONE:
+                await endpoint.send(DONE)
+    except (EOFError, P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
+        await endpoint.aclose()
+
+
+async def serve_raw(stream: trio.SocketStream) -> None:
+    await serve_messages(FramedStream(stream))
+
+
+class ChannelServer:
+    def __init__(self) -> None:
+        self.identity = SecureIdentity(Identity.generate())
+
+    async def __call__(self, stream: trio.SocketStream) -> None:
+        channel = await accept_secure(stream, self.identity, config=CHANNEL_CONFIG)
+        await serve_messages(ChannelEndpoint(channel))
 
 
 async def echo(envelope: Envelope) -> Any:
     return envelope.payload
 
 
-class Counter:
-    def __init__(self, target: int) -> None:
+class Sink:
+    """Counts envelopes; answers a request with the count so far (inbox order)."""
+
+    def __init__(self) -> None:
         self.count = 0
-        self.target = target
-        self.done = trio.Event()
 
     async def __call__(self, envelope: Envelope) -> Any:
         self.count += 1
-        if self.count >= self.target:
-            self.done.set()
-        return None
+        return self.count
 
 
-async def setup_pair(a: Node, b: Node) -> None:
-    await a.add_agent("client", echo, tier=3)
-    await b.add_agent("server", echo, tier=3)
-    await a.connect(b.listen_address)
-    await trio.sleep(0.2)
+@dataclass(frozen=True)
+class Ports:
+    raw: int
+    channel: int
+    node: int
+
+    def line(self) -> str:
+        return f"{self.raw} {self.channel} {self.node}"
+
+    @classmethod
+    def parse(cls, line: str) -> Ports:
+        raw, channel, node = map(int, line.split())
+        return cls(raw, channel, node)
 
 
-async def node_round_trips(a: Node, count: int) -> tuple[float, float]:
-    samples = []
-    for i in range(count + 200):
-        start = time.perf_counter()
-        await a.request("client", "server", PAYLOAD)
-        if i >= 200:
-            samples.append((time.perf_counter() - start) * 1e6)
+async def serve_node(*, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    async with Node(Identity.generate(), TrioNetwork()) as node:
+        await node.add_agent("server", echo, tier=3)
+        await node.add_agent("sink", Sink(), tier=3)
+        task_status.started(node.listen_address[1])
+        await trio.sleep_forever()
+
+
+async def start_servers(nursery: trio.Nursery) -> Ports:
+    """The three receiving ends, listening on 127.0.0.1."""
+    raw = (await nursery.start(partial(trio.serve_tcp, serve_raw, 0, host=HOST)))[0]
+    channel = (await nursery.start(partial(trio.serve_tcp, ChannelServer(), 0, host=HOST)))[0]
+    node_port = await nursery.start(serve_node)
+    return Ports(raw.socket.getsockname()[1], channel.socket.getsockname()[1], node_port)
+
+
+async def serve_forever() -> None:
+    async with trio.open_nursery() as nursery:
+        ports = await start_servers(nursery)
+        print(ports.line(), flush=True)
+
+
+# -- the sending end --------------------------------------------------------------------------
+
+
+def quantiles(samples: list[float]) -> tuple[float, float]:
     q = statistics.quantiles(samples, n=100)
     return q[49], q[98]
 
 
-async def node_pipelined(a: Node, b: Node, count: int, senders: int) -> float:
-    counter = Counter(count)
-    await b.add_agent("sink", counter, tier=3)
-    await trio.sleep(0.2)
-    per = count // senders
-    counter.target = per * senders
+async def timed_round_trips(count: int, once: Callable[[], Awaitable[object]]) -> list[float]:
+    samples = []
+    for i in range(count + 200):
+        start = time.perf_counter()
+        await once()
+        if i >= 200:  # warm-up
+            samples.append((time.perf_counter() - start) * 1e6)
+    return samples
+
+
+async def connect_raw(ports: Ports) -> Endpoint:
+    return FramedStream(await trio.open_tcp_stream(HOST, ports.raw))
+
+
+async def connect_channel(ports: Ports) -> Endpoint:
+    stream = await trio.open_tcp_stream(HOST, ports.channel)
+    identity = SecureIdentity(Identity.generate())
+    return ChannelEndpoint(await connect_secure(stream, identity, config=CHANNEL_CONFIG))
+
+
+async def message_round_trips(endpoint: Endpoint, count: int) -> tuple[float, float]:
+    message = ECHO + MESSAGE
+
+    async def once() -> None:
+        await endpoint.send(message)
+        await endpoint.receive()
+
+    return quantiles(await timed_round_trips(count, once))
+
+
+async def message_rate(endpoint: Endpoint, count: int) -> float:
+    batch = [SINK + MESSAGE] * BATCH
     start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-
-        async def produce() -> None:
-            for _ in range(per):
-                await a.send(a.envelope("client", "sink", MessageType.NOTIFICATION, PAYLOAD))
-
-        for _ in range(senders):
-            nursery.start_soon(produce)
-        await counter.done.wait()
-    return counter.count / (time.perf_counter() - start)
+    for _ in range(count // BATCH):
+        await endpoint.send_batch(batch)
+    await endpoint.send(DONE)
+    await endpoint.receive()
+    return count // BATCH * BATCH / (time.perf_counter() - start)
 
 
-async def main(scale: float) -> None:
-    def n(base: int) -> int:
-        return max(200, int(base * scale))
+async def node_round_trips(node: Node, count: int) -> tuple[float, float]:
+    return quantiles(await timed_round_trips(count, lambda: node.request("client", "server", 1)))
 
-    rows: list[tuple[str, float, float, float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+
+async def node_rate(node: Node, count: int, concurrent_sends: bool) -> float:
+    """Envelopes per second into the sink: send_many of BATCH envelopes at a time, or
+    BATCH tasks each calling send(); the sink's answer to a final request (it
+    reads its inbox in order) marks the end."""
+
+    def notification() -> Envelope:
+        return node.envelope("client", "sink", MessageType.NOTIFICATION, PAYLOAD)
+
+    rounds = count // BATCH
+    start = time.perf_counter()
+    if concurrent_sends:
+
+        async def sender() -> None:
+            for _ in range(rounds):
+                await node.send(notification())
+
         async with trio.open_nursery() as nursery:
-            harness = Harness(nursery, listener, Path(tmp))
-            raw_p50, raw_p99 = await round_trips(harness.raw, n(5000))
-            ch_p50, ch_p99 = await round_trips(harness.noise, n(5000))
-            raw_rate = await stream_rate(harness.raw, b"s" * 256, n(200_000), 64)
-            ch_rate = await stream_rate(harness.noise, b"s" * 256, n(200_000), 64)
-            nursery.cancel_scope.cancel()
-        network = TrioNetwork()
-        async with Node(Identity.generate(), network) as a, Node(Identity.generate(), network) as b:
-            await setup_pair(a, b)
-            node_p50, node_p99 = await node_round_trips(a, n(5000))
-            node_rate = await node_pipelined(a, b, n(100_000), 64)
-    rows.append(("round trip p50 (us)", raw_p50, ch_p50, node_p50))
-    rows.append(("round trip p99 (us)", raw_p99, ch_p99, node_p99))
-    rows.append(("pipelined 256 B msgs/s", raw_rate, ch_rate, node_rate))
-    print(f"{'row':<26}{'raw TCP':>12}{'channel':>12}{'node':>12}{'node/raw':>10}{'node/chan':>10}")
+            for _ in range(BATCH):
+                nursery.start_soon(sender)
+    else:
+        for _ in range(rounds):
+            await node.send_many([notification() for _ in range(BATCH)])
+    await node.request("client", "sink", None)
+    return rounds * BATCH / (time.perf_counter() - start)
+
+
+Row = tuple[str, float | None, float | None, float]
+
+
+async def measure(ports: Ports, layout: str, scale: float) -> list[Row]:
+    def n(base: int) -> int:
+        return max(BATCH * 10, int(base * scale))
+
+    rows: list[Row] = []
+    raw, channel = await connect_raw(ports), await connect_channel(ports)
+    raw_rtt = await message_round_trips(raw, n(5000))
+    channel_rtt = await message_round_trips(channel, n(5000))
+    raw_rate = await message_rate(raw, n(200_000))
+    channel_rate = await message_rate(channel, n(200_000))
+    await raw.aclose()
+    await channel.aclose()
+    async with Node(Identity.generate(), TrioNetwork()) as node:
+        await node.add_agent("client", echo, tier=3)
+        await node.connect((HOST, ports.node))
+        node_rtt = await node_round_trips(node, n(5000))
+        batch_rate = await node_rate(node, n(100_000), concurrent_sends=False)
+        tasks_rate = await node_rate(node, n(50_000), concurrent_sends=True)
+    rows.append((f"round trip p50 (us), {layout}", raw_rtt[0], channel_rtt[0], node_rtt[0]))
+    rows.append((f"round trip p99 (us), {layout}", raw_rtt[1], channel_rtt[1], node_rtt[1]))
+    rows.append((f"pipelined msgs/s, {layout}", raw_rate, channel_rate, batch_rate))
+    rows.append((f"  node: {BATCH} tasks calling send()", None, None, tasks_rate))
+    return rows
+
+
+async def in_one_process(scale: float) -> list[Row]:
+    async with trio.open_nursery() as nursery:
+        ports = await start_servers(nursery)
+        rows = await measure(ports, "1 process", scale)
+        nursery.cancel_scope.cancel()
+    return rows
+
+
+def in_two_processes(scale: float) -> list[Row]:
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        ports = Ports.parse(server.stdout.readline())
+        return trio.run(measure, ports, "2 processes", scale)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def main(scale: float) -> None:
+    rows = trio.run(in_one_process, scale) + in_two_processes(scale)
+    header = (
+        f"{'metric':<38}{'raw TCP':>11}{'channel':>11}{'node':>11}{'node/raw':>10}{'node/chan':>10}"
+    )
+    print(header)
+    print("-" * len(header))
     for name, raw, chan, node in rows:
+        if raw is None or chan is None:
+            print(f"{name:<38}{'':>11}{'':>11}{fmt(node):>11}")
+            continue
         print(
-            f"{name:<26}{fmt(raw):>12}{fmt(chan):>12}{fmt(node):>12}"
+            f"{name:<38}{fmt(raw):>11}{fmt(chan):>11}{fmt(node):>11}"
             f"{node / raw:>10.2f}{node / chan:>10.2f}"
         )
-    print("targets: node round trip p50 <= 200 us; node pipelined >= 100,000 envelopes/s")
+    print(
+        f"pipelined: {BATCH} messages per send_batch / send_many call; "
+        "targets: node round trip p50 <= 200 us, node pipelined >= 100,000 envelopes/s"
+    )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
-    trio.run(main, parser.parse_args().scale)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        trio.run(serve_forever)
+    else:
+        main(args.scale)
