@@ -27,11 +27,12 @@ from p2pnode.node.channels import (
     RetryPolicy,
 )
 from p2pnode.node.config import NodeConfig
-from p2pnode.node.frames import encode_envelope, encode_hello
+from p2pnode.node.frames import FrameKind, encode_envelope, encode_hello
 from p2pnode.node.node import BoundedSet, Node
 from p2pnode.node.observability import EventKind, Outcome
 from p2pnode.node.policy import PolicyConfig, TierRule
 from p2pnode.simnet import SimNetwork
+from p2pnode.wire import pack
 
 # -- the channel state machine ------------------------------------------------------------------
 
@@ -363,6 +364,27 @@ async def test_spoofed_sender_is_rejected_and_reported(autojump_clock: Any) -> N
         assert [e.code for e in security].count(ErrorCode.SENDER_MISMATCH) == 2
         assert all(e.peer == str(evil.peer_id) for e in security)
         assert victim.registry.get("sun").peer_id == honest.peer_id
+
+
+async def test_an_envelopes_frame_is_checked_envelope_by_envelope(autojump_clock: Any) -> None:
+    async with swarm(3) as (_, (victim, honest, evil)):
+        inbox = Inbox()
+        await victim.add_agent("io", inbox, tier=3)
+        await honest.add_agent("europa", Inbox(), tier=3)
+        await evil.add_agent("mallory", Inbox(), tier=3)
+        await honest.connect(victim.listen_address)
+        await evil.connect(victim.listen_address)
+        await trio.sleep(1)
+        own = [evil.envelope("mallory", "io", MessageType.STREAM_DATA, i) for i in range(3)]
+        forged = evil._factory.create("europa", "io", MessageType.STREAM_DATA, "forged")
+        plain: list[object] = [e.to_dict() for e in own]
+        plain.insert(1, forged.to_dict())
+        plain.insert(3, {"schemaVersion": 1, "id": "broken"})
+        await evil.links.link(victim.peer_id).send(pack([FrameKind.ENVELOPES, plain]))
+        await trio.sleep(1)
+        assert [e.payload for e in inbox.received] == [0, 1, 2]
+        codes = {e.code for e in victim.events.recent(kind=EventKind.SECURITY)}
+        assert codes == {ErrorCode.SENDER_MISMATCH, ErrorCode.INVALID_ENVELOPE}
 
 
 async def test_ingress_policy_holds_when_a_peer_skips_egress_checks(autojump_clock: Any) -> None:

@@ -8,6 +8,10 @@ Every application message on a node-to-node channel is one msgpack array
   sender's local cards change. Each card must be owned by the authenticated
   peer; the receiver rejects the whole frame otherwise.
 * ``[1, envelope plain form]`` — ENVELOPE (see the data-model chapter).
+* ``[2, [envelope plain form, ...]]`` — ENVELOPES: several envelopes in one
+  message, as :meth:`Node.send_many` writes a burst for one peer. Each one is
+  checked on its own; an invalid one is dropped and reported, the others
+  are accepted.
 
 Unknown kinds are a protocol error (``MALFORMED_MESSAGE``): the channel stays
 open, the frame is dropped and a security event names the peer.
@@ -32,6 +36,7 @@ _LIMITS = WireLimits(max_size=MAX_FRAME_BYTES)
 class FrameKind(enum.IntEnum):
     HELLO = 0
     ENVELOPE = 1
+    ENVELOPES = 2
 
 
 class FrameError(RemoteError):
@@ -46,7 +51,15 @@ class Hello:
     addresses: tuple[str, ...]
 
 
-Frame = Hello | Envelope
+@dataclass(frozen=True, slots=True)
+class EnvelopeBatch:
+    """The valid envelopes of an ENVELOPES frame, in order, and why the others were not."""
+
+    envelopes: tuple[Envelope, ...]
+    rejected: tuple[RemoteError, ...] = ()
+
+
+Frame = Hello | Envelope | EnvelopeBatch
 
 
 def encode_hello(cards: list[AgentCard], addresses: list[str]) -> bytes:
@@ -55,6 +68,23 @@ def encode_hello(cards: list[AgentCard], addresses: list[str]) -> bytes:
 
 def encode_envelope(envelope: Envelope) -> bytes:
     return pack([FrameKind.ENVELOPE, envelope.to_dict()])
+
+
+def encode_envelopes(envelopes: list[Envelope]) -> bytes:
+    """One ENVELOPES frame carrying ``envelopes`` in order."""
+    return pack([FrameKind.ENVELOPES, [e.to_dict() for e in envelopes]])
+
+
+def _decode_envelopes_untrusted(body: Any) -> EnvelopeBatch:
+    if not isinstance(body, list):
+        raise FrameError(ErrorCode.MALFORMED_MESSAGE, "an envelopes body is an array")
+    envelopes, rejected = [], []
+    for plain in body:
+        try:
+            envelopes.append(Envelope.from_dict_untrusted(plain))
+        except EnvelopeError as exc:
+            rejected.append(exc)
+    return EnvelopeBatch(tuple(envelopes), tuple(rejected))
 
 
 def _decode_hello_untrusted(body: Any) -> Hello:
@@ -81,12 +111,15 @@ def decode_frame_untrusted(data: bytes) -> Frame:
     kind, body = obj
     if kind == FrameKind.ENVELOPE:
         return Envelope.from_dict_untrusted(body)
+    if kind == FrameKind.ENVELOPES:
+        return _decode_envelopes_untrusted(body)
     if kind == FrameKind.HELLO:
         return _decode_hello_untrusted(body)
     raise FrameError(ErrorCode.MALFORMED_MESSAGE, f"unknown frame kind {kind}")
 
 
 __all__ = [
+    "EnvelopeBatch",
     "EnvelopeError",
     "Frame",
     "FrameError",
@@ -94,5 +127,6 @@ __all__ = [
     "Hello",
     "decode_frame_untrusted",
     "encode_envelope",
+    "encode_envelopes",
     "encode_hello",
 ]

@@ -27,7 +27,14 @@ from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
 from p2pnode.node.config import parse_address
 from p2pnode.node.discovery import Discovery
-from p2pnode.node.frames import Hello, decode_frame_untrusted, encode_envelope
+from p2pnode.node.frames import (
+    MAX_FRAME_BYTES,
+    EnvelopeBatch,
+    Hello,
+    decode_frame_untrusted,
+    encode_envelope,
+    encode_envelopes,
+)
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
@@ -80,12 +87,22 @@ class _Route:
     envelope: Envelope
     target: AgentCard
     start: float
-    frame: bytes
     result: RoutingResult | None = None
 
     def done(self) -> RoutingResult:
         assert self.result is not None, "results are read only after a successful write"
         return self.result
+
+
+def _frames(envelopes: list[Envelope]) -> list[bytes]:
+    """One ENVELOPES frame for a burst; one ENVELOPE frame each when there is one, or
+    when together they exceed the frame limit (the channel then refuses only the
+    envelope that is too large by itself)."""
+    if len(envelopes) > 1:
+        frame = encode_envelopes(envelopes)
+        if len(frame) <= MAX_FRAME_BYTES:
+            return [frame]
+    return [encode_envelope(e) for e in envelopes]
 
 
 class PendingRequest:
@@ -168,7 +185,7 @@ class Routing:
             results.append(routed)
         for peer_id, routes in remote.items():
             try:
-                await self.links.link(peer_id).send_many([r.frame for r in routes])
+                await self.links.link(peer_id).send_many(_frames([r.envelope for r in routes]))
             except P2PError as exc:
                 for route in routes:
                     self._note_failure(route.envelope, route.start, exc)
@@ -202,7 +219,7 @@ class Routing:
         if verdict is not None and not verdict.allowed:
             raise verdict.to_local_error()
         if target.origin is not Origin.LOCAL:
-            return _Route(envelope, target, start, encode_envelope(envelope))
+            return _Route(envelope, target, start)
         await self._deliver_local(envelope, [target.id])
         self.events.message_sent(envelope, RoutingPath.LOCAL, str(target.peer_id))
         return self._delivered(envelope, "local", target, start)
@@ -346,10 +363,16 @@ class Routing:
         except RemoteError as exc:
             self.events.security(exc.code, f"bad frame: {exc.message}", str(peer_id), None)
             return
-        if isinstance(frame, Hello):
-            self._on_hello(peer_id, frame)
-        else:
+        if isinstance(frame, Envelope):
             await self._on_envelope(peer_id, frame)
+        elif isinstance(frame, EnvelopeBatch):
+            for problem in frame.rejected:
+                detail = f"bad envelope: {problem.message}"
+                self.events.security(problem.code, detail, str(peer_id), None)
+            for envelope in frame.envelopes:
+                await self._on_envelope(peer_id, envelope)
+        else:
+            self._on_hello(peer_id, frame)
 
     def _learn_card(self, card: AgentCard, peer: str | None = None) -> bool:
         verdict = self.policy.admit_card(card)

@@ -1,0 +1,89 @@
+"""Node frames: HELLO, ENVELOPE and ENVELOPES round trips; bad bytes are typed errors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.card import AgentCard
+from p2pnode.envelope import Envelope
+from p2pnode.errors import ErrorCode, RemoteError
+from p2pnode.identity import Identity
+from p2pnode.node.frames import (
+    EnvelopeBatch,
+    FrameKind,
+    Hello,
+    decode_frame_untrusted,
+    encode_envelope,
+    encode_envelopes,
+    encode_hello,
+)
+from p2pnode.wire import pack
+from tests.strategies import addresses, cards, envelopes
+
+OWNER = Identity(bytes(range(32)))
+
+
+@settings(max_examples=200)
+@given(envelopes)
+def test_envelope_frame_round_trip(envelope: Envelope) -> None:
+    assert decode_frame_untrusted(encode_envelope(envelope)) == envelope
+
+
+@settings(max_examples=200)
+@given(st.lists(envelopes, max_size=20))
+def test_envelopes_frame_round_trip_keeps_order(batch: list[Envelope]) -> None:
+    decoded = decode_frame_untrusted(encode_envelopes(batch))
+    assert decoded == EnvelopeBatch(tuple(batch))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(cards(OWNER), max_size=3), st.lists(addresses, max_size=3))
+def test_hello_frame_round_trip(hello_cards: list[AgentCard], hello_addresses: list[str]) -> None:
+    decoded = decode_frame_untrusted(encode_hello(hello_cards, hello_addresses))
+    assert decoded == Hello(tuple(hello_cards), tuple(hello_addresses))
+
+
+@settings(max_examples=200)
+@given(st.lists(envelopes, min_size=1, max_size=8), st.data())
+def test_bad_members_of_an_envelopes_frame_are_reported_and_the_rest_kept(
+    batch: list[Envelope], data: st.DataObject
+) -> None:
+    plain: list[object] = [e.to_dict() for e in batch]
+    bad_at = data.draw(st.sets(st.integers(0, len(plain) - 1)))
+    for i in bad_at:
+        plain[i] = data.draw(
+            st.sampled_from([{"schemaVersion": 1}, {**batch[i].to_dict(), "type": "x"}, 7, []])
+        )
+    decoded = decode_frame_untrusted(pack([FrameKind.ENVELOPES, plain]))
+    assert isinstance(decoded, EnvelopeBatch)
+    assert decoded.envelopes == tuple(e for i, e in enumerate(batch) if i not in bad_at)
+    assert len(decoded.rejected) == len(bad_at)
+    assert all(isinstance(exc, RemoteError) for exc in decoded.rejected)
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_random_bytes_raise_only_remote_errors(data: bytes) -> None:
+    try:
+        decode_frame_untrusted(data)
+    except RemoteError:
+        pass
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [9, {}],  # unknown kind
+        [FrameKind.ENVELOPES, {"not": "a list"}],
+        [FrameKind.HELLO, []],
+        [FrameKind.HELLO, {"cards": [b"junk"]}],
+        [FrameKind.ENVELOPE],
+        {"kind": 1},
+    ],
+)
+def test_malformed_frames_are_typed_errors(obj: object) -> None:
+    with pytest.raises(RemoteError) as info:
+        decode_frame_untrusted(pack(obj))
+    assert info.value.code is ErrorCode.MALFORMED_MESSAGE
