@@ -243,6 +243,26 @@ def _metadata_problems(meta: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+# Nearly every envelope of an agent carries the same metadata (its tier and sandbox):
+# share one immutable Metadata per distinct value instead of building one per envelope.
+_METADATA: dict[tuple[int | None, str | None, str | None], Metadata] = {}
+_METADATA_LIMIT = 1024
+
+
+def _interned_metadata(
+    tier: int | None, sandbox_id: str | None, hint: str | None, justification: str | None
+) -> Metadata:
+    if justification is not None:
+        return Metadata(tier, sandbox_id, hint, justification)
+    key = (tier, sandbox_id, hint)
+    metadata = _METADATA.get(key)
+    if metadata is None:
+        metadata = Metadata(tier, sandbox_id, hint)
+        if len(_METADATA) < _METADATA_LIMIT:
+            _METADATA[key] = metadata
+    return metadata
+
+
 def _justification_ok(value: object) -> bool:
     return type(value) is str and len(value) <= MAX_JUSTIFICATION_LENGTH
 
@@ -292,7 +312,7 @@ def _well_formed_envelope(data: dict[str, Any]) -> Envelope | None:
             or (justification is not None and not _justification_ok(justification))
         ):
             return None
-        metadata = Metadata(tier, sandbox_id, hint, justification)
+        metadata = _interned_metadata(tier, sandbox_id, hint, justification)
     return Envelope(
         id_, sender, recipient, message_type, timestamp, data["payload"], correlation_id, metadata
     )

@@ -85,20 +85,23 @@ def _could_nest_deeper(data: bytes | bytearray | memoryview, max_depth: int) -> 
     return len(data.translate(None, _OTHER_BYTES)) > max_depth
 
 
+_CONTAINERS = (list, dict)
+
+
 def _depth_exceeds(obj: Any, max_depth: int) -> bool:
-    # Iterative so a hostile nesting cannot exhaust the Python stack; only containers
-    # are pushed, which keeps the common flat message cheap.
-    if not isinstance(obj, list | dict):
-        return False
-    stack: list[tuple[Any, int]] = [(obj, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > max_depth:
-            return True
-        for child in item if isinstance(item, list) else item.values():
-            if isinstance(child, list | dict):
-                stack.append((child, depth + 1))
-    return False
+    # Level by level, so a hostile nesting cannot exhaust the Python stack; each level
+    # keeps only the containers (the decoder makes plain lists and dicts, nothing else).
+    level = [obj] if type(obj) in _CONTAINERS else []
+    for _ in range(max_depth):
+        if not level:
+            return False
+        level = [
+            child
+            for item in level
+            for child in (item.values() if type(item) is dict else item)
+            if type(child) in _CONTAINERS
+        ]
+    return bool(level)
 
 
 def unpack_untrusted(

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import trio
 
@@ -50,9 +50,8 @@ REPLY_TYPES = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingResult:
-    """What :meth:`Node.send` did with an envelope."""
+class RoutingResult(NamedTuple):
+    """What :meth:`Node.send` did with an envelope (a tuple: one is built per envelope)."""
 
     envelope_id: str
     path: str  # "local", "remote" or "broadcast"
