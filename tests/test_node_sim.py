@@ -192,6 +192,22 @@ async def test_per_channel_order_is_kept(autojump_clock: Any) -> None:
         assert [e.payload for e in inbox.received] == list(range(200))
 
 
+async def test_a_request_without_an_answer_times_out(autojump_clock: Any) -> None:
+    async def silent(envelope: Envelope) -> Any:
+        await trio.sleep_forever()
+
+    async with swarm(2) as (_, (a, b)):
+        await a.add_agent("probe", Inbox(), tier=3)
+        await b.add_agent("io", silent, tier=3)
+        await connect_all([a, b])
+        start = trio.current_time()
+        with pytest.raises(LocalError) as info:
+            await a.request("probe", "io", "anyone?")
+        assert info.value.code is ErrorCode.TIMEOUT
+        assert trio.current_time() - start == pytest.approx(FAST.request_timeout, abs=0.1)
+        assert a._pending == {}
+
+
 async def test_send_many_routes_each_envelope_and_keeps_order(autojump_clock: Any) -> None:
     async with swarm(3) as (_, (a, b, c)):
         on_a, on_b, on_c = Inbox(), Inbox(), Inbox()
