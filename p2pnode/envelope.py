@@ -119,6 +119,12 @@ class Envelope:
     def from_dict_untrusted(cls, data: object) -> Envelope:
         """Validate a peer's plain form. Raises EnvelopeError (SCHEMA_VERSION_MISMATCH or
         INVALID_ENVELOPE listing every problem)."""
+        if type(data) is dict:  # the common case first: one pass, then the full report
+            version = data.get("schemaVersion")
+            if type(version) is int and version == SCHEMA_VERSION:
+                envelope = _well_formed_envelope(data)
+                if envelope is not None:
+                    return envelope
         if not isinstance(data, Mapping):
             raise EnvelopeError(ErrorCode.INVALID_ENVELOPE, "envelope must be a map")
         version = data.get("schemaVersion")
@@ -129,10 +135,6 @@ class Envelope:
                 expected=SCHEMA_VERSION,
                 actual=version,
             )
-        if type(data) is dict:
-            envelope = _well_formed_envelope(data)
-            if envelope is not None:
-                return envelope
         problems = envelope_problems(data)
         if problems:
             raise EnvelopeError(ErrorCode.INVALID_ENVELOPE, "; ".join(problems), problems=problems)

@@ -192,7 +192,9 @@ class Routing:
                 continue
             for route in routes:
                 self.events.message_sent(route.envelope, RoutingPath.REMOTE, str(peer_id))
-                route.result = self._delivered(route.envelope, "remote", route.target, route.start)
+                route.result = self._delivered(
+                    route.envelope, RoutingPath.REMOTE, route.target, route.start
+                )
         if error is not None:
             raise error
         return [r if isinstance(r, RoutingResult) else r.done() for r in results]
@@ -212,7 +214,8 @@ class Routing:
                 metadata=dataclasses.replace(envelope.metadata, routing_hint=None),
             )
         else:
-            target = await self._resolve_agent(envelope.recipient)
+            found = self.registry.find(envelope.recipient)
+            target = found if found is not None else await self._resolve_agent(envelope.recipient)
         verdict = self._check(source, target, envelope)
         self._note_verdict(verdict, envelope, None)
         if verdict is not None and not verdict.allowed:
@@ -221,15 +224,13 @@ class Routing:
             return _Route(envelope, target, start)
         await self._deliver_local(envelope, [target.id])
         self.events.message_sent(envelope, RoutingPath.LOCAL, str(target.peer_id))
-        return self._delivered(envelope, "local", target, start)
+        return self._delivered(envelope, RoutingPath.LOCAL, target, start)
 
     def _delivered(
-        self, envelope: Envelope, path: str, target: AgentCard, start: float
+        self, envelope: Envelope, path: RoutingPath, target: AgentCard, start: float
     ) -> RoutingResult:
         latency = (trio.current_time() - start) * 1000
-        self.events.routing_decision(
-            envelope, RoutingPath(path), Outcome.DELIVERED, latency, target=target.id
-        )
+        self.events.routing_decision(envelope, path, Outcome.DELIVERED, latency, target=target.id)
         return RoutingResult(envelope.id, path, (target.id,), 1, latency)
 
     def _note_failure(self, envelope: Envelope, start: float, exc: P2PError) -> None:
@@ -362,14 +363,14 @@ class Routing:
         except RemoteError as exc:
             self.events.security(exc.code, f"bad frame: {exc.message}", str(peer_id), None)
             return
+        peer = str(peer_id)
         if isinstance(frame, Envelope):
-            await self._on_envelope(peer_id, frame)
+            await self._on_envelope(peer_id, peer, frame)
         elif isinstance(frame, EnvelopeBatch):
             for problem in frame.rejected:
-                detail = f"bad envelope: {problem.message}"
-                self.events.security(problem.code, detail, str(peer_id), None)
+                self.events.security(problem.code, f"bad envelope: {problem.message}", peer, None)
             for envelope in frame.envelopes:
-                await self._on_envelope(peer_id, envelope)
+                await self._on_envelope(peer_id, peer, envelope)
         else:
             self._on_hello(peer_id, frame)
 
@@ -407,8 +408,8 @@ class Routing:
         self.links.learn_addresses(peer_id, addresses)
         self._hello_seen(peer_id).set()
 
-    async def _on_envelope(self, peer_id: PeerId, envelope: Envelope) -> None:
-        peer = str(peer_id)
+    async def _on_envelope(self, peer_id: PeerId, peer: str, envelope: Envelope) -> None:
+        """Ingress of one envelope from the authenticated ``peer_id`` (text: ``peer``)."""
         source = self.registry.find(envelope.sender)
         if source is None or source.origin is Origin.LOCAL or source.peer_id != peer_id:
             self.events.security(
@@ -425,7 +426,7 @@ class Routing:
         if self._resolve_pending(envelope):
             return
         if envelope.is_broadcast:
-            targets = [a.card for a in self._agents.values()]
+            targets = list(self._agents.values())
         else:
             agent = self._agents.get(envelope.recipient)
             if agent is None:
@@ -436,22 +437,28 @@ class Routing:
                     envelope,
                 )
                 return
-            targets = [agent.card]
+            targets = [agent]
         allowed = []
-        for target in targets:
-            verdict = self._check(source, target, envelope)
+        for agent in targets:
+            verdict = self._check(source, agent.card, envelope)
             self._note_verdict(verdict, envelope, peer)
             if verdict is None or verdict.allowed:
-                allowed.append(target.id)
+                allowed.append(agent)
             elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
                 error = verdict.to_remote_error().to_dict()
-                await self._reply(target.id, envelope, MessageType.ERROR, error)
+                await self._reply(agent.card.id, envelope, MessageType.ERROR, error)
         interceptor = self._interceptor_for(envelope)
         if interceptor is not None:
-            for agent_id in allowed:
-                await interceptor(source, agent_id, envelope)
+            for agent in allowed:
+                await interceptor(source, agent.card.id, envelope)
             return
-        await self._deliver_local(envelope, allowed)
+        if allowed and envelope.type is MessageType.REQUEST:
+            self._allowed_requests.add(envelope.correlation_id or envelope.id)
+        for agent in allowed:
+            try:
+                agent.inbox_send.send_nowait(envelope)
+            except trio.WouldBlock:
+                await agent.inbox_send.send(envelope)  # back-pressure on a full inbox
 
     def _interceptor_for(self, envelope: Envelope) -> StreamInterceptor | None:
         if envelope.type is not MessageType.STREAM_DATA or not isinstance(envelope.payload, dict):
