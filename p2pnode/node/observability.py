@@ -15,6 +15,9 @@ Theory of operation:
   bounded ring of recent events, folds it into the counters, writes it
   through stdlib :mod:`logging` (INFO; WARNING for ``error`` and ``security``)
   with the event dict in ``extra={"event": ...}``, and calls listeners.
+  Counters are exact totals since the last :meth:`reset_metrics`; only the
+  latency percentiles use a bounded window of recent samples, and averages
+  use running sums so they stay exact without storing every sample.
 * The per-message helpers (:meth:`~Observability.message_sent`,
   :meth:`~Observability.message_received`,
   :meth:`~Observability.routing_decision`) run on every envelope. When no
@@ -22,9 +25,6 @@ Theory of operation:
   event's fields as a plain tuple in the ring and count them; the
   :class:`Event` is built only when :meth:`~Observability.recent` reads it.
   The result is the same, without three dataclass constructions per message.
-  Counters are exact totals since the last :meth:`reset_metrics`; only the
-  latency percentiles use a bounded window of recent samples, and averages
-  use running sums so they stay exact without storing every sample.
 * A listener that raises is logged and skipped: telemetry must never break
   the message path that emits it.
 * Time comes from the injected ``clock_ms``; nothing here reads a clock.
