@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.card import Capability
+from p2pnode.channel import ChannelConfig
 from p2pnode.envelope import Envelope, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.identity import Identity
@@ -287,6 +288,21 @@ async def test_reconnects_after_transport_loss(autojump_clock: Any) -> None:
         reply = await a.request("sun", "io", "after")
         assert reply.payload == {"echo": "after"}
         assert link.history[-2:] == [ChannelState.RECONNECTING, ChannelState.OPEN]
+
+
+async def test_a_silent_channel_is_dropped_and_redialed(autojump_clock: Any) -> None:
+    config = dataclasses.replace(FAST, channel=ChannelConfig(idle_timeout=20.0))
+    async with swarm(2, config) as (_, (a, b)):
+        await a.add_agent("probe", Inbox(), tier=3)
+        await b.add_agent("io", Inbox(), tier=3)
+        await connect_all([a, b])
+        link = a.links.link(b.peer_id)
+        await trio.sleep(19.0 - 1)  # connect_all slept 1 s after the last frame
+        assert link.history == [ChannelState.CONNECTING, ChannelState.OPEN]
+        await trio.sleep(20.0 / 4 + 1)  # the watchdog looks every quarter of the timeout
+        assert ChannelState.RECONNECTING in link.history
+        assert link.state is ChannelState.OPEN  # redialed at once
+        assert (await a.request("probe", "io", "still there")).payload == {"echo": "still there"}
 
 
 async def test_delivery_fails_after_retries(autojump_clock: Any) -> None:
