@@ -172,6 +172,12 @@ class Routing:
         remote: dict[PeerId, list[_Route]] = {}
         error: P2PError | None = None
         for envelope in envelopes:
+            if envelope.is_broadcast and remote:
+                # A broadcast is written at once: what is queued for its peers goes first.
+                error = await self._write_routes(remote)
+                remote = {}
+                if error is not None:
+                    break
             start = trio.current_time()
             try:
                 routed = await self._route(envelope, start)
@@ -182,6 +188,14 @@ class Routing:
             if isinstance(routed, _Route):
                 remote.setdefault(routed.target.peer_id, []).append(routed)
             results.append(routed)
+        error = await self._write_routes(remote) or error
+        if error is not None:
+            raise error
+        return [r if isinstance(r, RoutingResult) else r.done() for r in results]
+
+    async def _write_routes(self, remote: dict[PeerId, list[_Route]]) -> P2PError | None:
+        """Write each peer's routed envelopes in one go; the first failure, if any."""
+        error: P2PError | None = None
         for peer_id, routes in remote.items():
             try:
                 await self.links.link(peer_id).send_many(_frames([r.envelope for r in routes]))
@@ -195,9 +209,7 @@ class Routing:
                 route.result = self._delivered(
                     route.envelope, RoutingPath.REMOTE, route.target, route.start
                 )
-        if error is not None:
-            raise error
-        return [r if isinstance(r, RoutingResult) else r.done() for r in results]
+        return error
 
     async def _route(self, envelope: Envelope, start: float) -> RoutingResult | _Route:
         """Resolve and check ``envelope``; deliver it when the target is local (or it is a
