@@ -205,7 +205,8 @@ async def test_a_request_without_an_answer_times_out(autojump_clock: Any) -> Non
         with pytest.raises(LocalError) as info:
             await a.request("probe", "io", "anyone?")
         assert info.value.code is ErrorCode.TIMEOUT
-        assert trio.current_time() - start == pytest.approx(FAST.request_timeout, abs=0.1)
+        waited = trio.current_time() - start
+        assert FAST.request_timeout <= waited <= FAST.request_timeout * 1.125 + 0.01
         assert a._pending == {}
 
 

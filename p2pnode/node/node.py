@@ -154,6 +154,7 @@ class Node(Routing):
             listener = await self.network.listen_stream(self.config.listen)
             self._listen_address = listener.local_address
             await self._nursery.start(self.links.accept_loop, listener)
+            self._nursery.start_soon(self._expire_requests)
         except BaseException as exc:
             self._nursery.cancel_scope.cancel()
             await self._nursery_cm.__aexit__(type(exc), exc, exc.__traceback__)
@@ -453,7 +454,8 @@ class Node(Routing):
 
         Raises RemoteError with the responder's code when it answers with an
         ``error`` envelope, LocalError(TIMEOUT) when no answer comes within
-        ``config.request_timeout``, and what :meth:`send` raises.
+        ``config.request_timeout`` (checked every eighth of it, so up to 12.5%
+        later), and what :meth:`send` raises.
         """
         meta = Metadata(routing_hint=ROUTING_HINT_CAPABILITY) if capability else None
         envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
@@ -462,8 +464,8 @@ class Node(Routing):
             result = await self.send(envelope)
             if pending.reply is None:
                 pending.target = result.targets[0]
-            with trio.move_on_after(self.config.request_timeout):
-                await pending.event.wait()
+            pending.deadline = trio.current_time() + self.config.request_timeout
+            await pending.event.wait()  # set by the reply, or by _expire_requests
         finally:
             del self._pending[envelope.id]
         reply = pending.reply
@@ -478,6 +480,17 @@ class Node(Routing):
                 responder=reply.sender,
             )
         return reply
+
+    async def _expire_requests(self) -> None:
+        # One timer for all pending requests instead of a cancel scope per request, which
+        # costs about 10 microseconds of every round trip.
+        interval = self.config.request_timeout / 8
+        while True:
+            await trio.sleep(interval)
+            now = trio.current_time()
+            for pending in list(self._pending.values()):
+                if pending.deadline <= now:
+                    pending.event.set()
 
     # -- links ------------------------------------------------------------------------------
 

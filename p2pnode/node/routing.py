@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -105,15 +106,16 @@ def _frames(envelopes: list[Envelope]) -> list[bytes]:
 
 
 class PendingRequest:
-    """A request waiting for its response."""
+    """A request waiting for its response (or for its deadline, on the trio clock)."""
 
-    __slots__ = ("event", "reply", "target")
+    __slots__ = ("deadline", "event", "reply", "target")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.reply: Envelope | None = None
         # The agent that must answer; known once routing resolved the recipient.
         self.target: str | None = None
+        self.deadline = math.inf  # set once the request is on its way
 
 
 class SeenSet(Protocol):
