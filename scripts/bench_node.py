@@ -209,9 +209,27 @@ async def node_rate(node: Node, count: int, concurrent_sends: bool) -> float:
 
 
 Row = tuple[str, float | None, float | None, float]
+TARGET_RTT_P50_US = 200.0
+TARGET_RATE = 100_000.0
 
 
-async def measure(ports: Ports, layout: str, scale: float) -> list[Row]:
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    rows: list[Row]
+    rtt_p50: float
+    rate: float
+
+    def verdict(self) -> str:
+        rtt_ok = "met" if self.rtt_p50 <= TARGET_RTT_P50_US else "NOT met"
+        rate_ok = "met" if self.rate >= TARGET_RATE else "NOT met"
+        return (
+            f"  {self.name + ':':<13} round trip p50 {fmt(self.rtt_p50)} us {rtt_ok}; "
+            f"pipelined {fmt(self.rate)} envelopes/s {rate_ok}"
+        )
+
+
+async def measure(ports: Ports, layout: str, scale: float) -> Layout:
     def n(base: int) -> int:
         return max(BATCH * 10, int(base * scale))
 
@@ -233,18 +251,18 @@ async def measure(ports: Ports, layout: str, scale: float) -> list[Row]:
     rows.append((f"round trip p99 (us), {layout}", raw_rtt[1], channel_rtt[1], node_rtt[1]))
     rows.append((f"pipelined msgs/s, {layout}", raw_rate, channel_rate, batch_rate))
     rows.append((f"  node: {BATCH} tasks calling send()", None, None, tasks_rate))
-    return rows
+    return Layout(layout, rows, node_rtt[0], batch_rate)
 
 
-async def in_one_process(scale: float) -> list[Row]:
+async def in_one_process(scale: float) -> Layout:
     async with trio.open_nursery() as nursery:
         ports = await start_servers(nursery)
-        rows = await measure(ports, "1 process", scale)
+        layout = await measure(ports, "1 process", scale)
         nursery.cancel_scope.cancel()
-    return rows
+    return layout
 
 
-def in_two_processes(scale: float) -> list[Row]:
+def in_two_processes(scale: float) -> Layout:
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
     )
@@ -258,13 +276,13 @@ def in_two_processes(scale: float) -> list[Row]:
 
 
 def main(scale: float) -> None:
-    rows = trio.run(in_one_process, scale) + in_two_processes(scale)
+    layouts = [trio.run(in_one_process, scale), in_two_processes(scale)]
     header = (
         f"{'metric':<38}{'raw TCP':>11}{'channel':>11}{'node':>11}{'node/raw':>10}{'node/chan':>10}"
     )
     print(header)
     print("-" * len(header))
-    for name, raw, chan, node in rows:
+    for name, raw, chan, node in (row for layout in layouts for row in layout.rows):
         if raw is None or chan is None:
             print(f"{name:<38}{'':>11}{'':>11}{fmt(node):>11}")
             continue
@@ -272,10 +290,13 @@ def main(scale: float) -> None:
             f"{name:<38}{fmt(raw):>11}{fmt(chan):>11}{fmt(node):>11}"
             f"{node / raw:>10.2f}{node / chan:>10.2f}"
         )
+    print(f"pipelined: {BATCH} messages per send_batch / send_many call")
     print(
-        f"pipelined: {BATCH} messages per send_batch / send_many call; "
-        "targets: node round trip p50 <= 200 us, node pipelined >= 100,000 envelopes/s"
+        f"targets: node round trip p50 <= {TARGET_RTT_P50_US:.0f} us, "
+        f"node pipelined >= {TARGET_RATE:,.0f} envelopes/s"
     )
+    for layout in layouts:
+        print(layout.verdict())
 
 
 if __name__ == "__main__":
