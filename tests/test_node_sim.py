@@ -380,15 +380,25 @@ async def test_sandbox_routing_and_discovery(autojump_clock: Any) -> None:
 # -- hostile peers --------------------------------------------------------------------------------
 
 
-async def test_spoofed_sender_is_rejected_and_reported(autojump_clock: Any) -> None:
+@asynccontextmanager
+async def victim_honest_evil(
+    honest_agent: str, honest_tier: int
+) -> AsyncIterator[tuple[Node, Node, Node, Inbox]]:
+    """Three connected nodes: a victim hosting "io" (whose inbox is yielded), an honest
+    node hosting ``honest_agent``, and an evil node hosting "mallory"."""
     async with swarm(3) as (_, (victim, honest, evil)):
         inbox = Inbox()
         await victim.add_agent("io", inbox, tier=3)
-        await honest.add_agent("sun", Inbox(), tier=0)
+        await honest.add_agent(honest_agent, Inbox(), tier=honest_tier)
         await evil.add_agent("mallory", Inbox(), tier=3)
         await honest.connect(victim.listen_address)
         await evil.connect(victim.listen_address)
         await trio.sleep(1)
+        yield victim, honest, evil, inbox
+
+
+async def test_spoofed_sender_is_rejected_and_reported(autojump_clock: Any) -> None:
+    async with victim_honest_evil("sun", 0) as (victim, honest, evil, inbox):
         forged = evil._factory.create("sun", "io", MessageType.REQUEST, "from sun, honest")
         await evil.links.link(victim.peer_id).send(encode_envelope(forged))
         # A HELLO carrying another peer's card is refused as well.
@@ -403,14 +413,7 @@ async def test_spoofed_sender_is_rejected_and_reported(autojump_clock: Any) -> N
 
 
 async def test_an_envelopes_frame_is_checked_envelope_by_envelope(autojump_clock: Any) -> None:
-    async with swarm(3) as (_, (victim, honest, evil)):
-        inbox = Inbox()
-        await victim.add_agent("io", inbox, tier=3)
-        await honest.add_agent("europa", Inbox(), tier=3)
-        await evil.add_agent("mallory", Inbox(), tier=3)
-        await honest.connect(victim.listen_address)
-        await evil.connect(victim.listen_address)
-        await trio.sleep(1)
+    async with victim_honest_evil("europa", 3) as (victim, _, evil, inbox):
         own = [evil.envelope("mallory", "io", MessageType.STREAM_DATA, i) for i in range(3)]
         forged = evil._factory.create("europa", "io", MessageType.STREAM_DATA, "forged")
         plain: list[object] = [e.to_dict() for e in own]
