@@ -124,10 +124,14 @@ async def start_servers(nursery: trio.Nursery) -> Ports:
     return Ports(raw.socket.getsockname()[1], channel.socket.getsockname()[1], node_port)
 
 
-async def serve_forever() -> None:
-    async with trio.open_nursery() as nursery:
-        ports = await start_servers(nursery)
-        print(ports.line(), flush=True)
+SERVE_SECONDS = 1800  # the child outlives a parent that died without killing it by this much
+
+
+async def serve_until_killed() -> None:
+    with trio.move_on_after(SERVE_SECONDS):
+        async with trio.open_nursery() as nursery:
+            ports = await start_servers(nursery)
+            print(ports.line(), flush=True)
 
 
 # -- the sending end --------------------------------------------------------------------------
@@ -179,7 +183,9 @@ async def message_rate(endpoint: Endpoint, count: int) -> float:
 
 
 async def node_round_trips(node: Node, count: int) -> tuple[float, float]:
-    return quantiles(await timed_round_trips(count, lambda: node.request("client", "server", 1)))
+    return quantiles(
+        await timed_round_trips(count, lambda: node.request("client", "server", PAYLOAD))
+    )
 
 
 async def node_rate(node: Node, count: int, concurrent_sends: bool) -> float:
@@ -305,6 +311,6 @@ if __name__ == "__main__":
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        trio.run(serve_forever)
+        trio.run(serve_until_killed)
     else:
         main(args.scale)
