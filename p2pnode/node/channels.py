@@ -158,7 +158,9 @@ class PeerLink:
         self._on_state = on_state
         self._retry = retry
         self._idle_timeout = idle_timeout
+        # When the watchdog last saw frames_received change: the read path only counts.
         self._last_heard = trio.current_time()
+        self._heard_count = 0
         self._write_since: float | None = None  # when the write in progress started
         self._machine = ChannelStateMachine()
         self._channel: SecureChannel | None = None
@@ -168,7 +170,7 @@ class PeerLink:
         self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
         self._queued = 0  # frames handed to the writer and not yet written
         self._inline_busy = False
-        self._inline_done = trio.Event()
+        self._inline_done: trio.Event | None = None  # made only when the writer must wait
         self.frames_sent = 0
         self.frames_received = 0
         nursery.start_soon(self._write_loop)
@@ -229,7 +231,6 @@ class PeerLink:
         try:
             while True:
                 data = await channel.receive_message()
-                self._last_heard = trio.current_time()
                 self.frames_received += 1
                 await self._on_frame(self.peer_id, data)
         except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -246,6 +247,8 @@ class PeerLink:
             if channel is None:
                 continue
             now = trio.current_time()
+            if self.frames_received != self._heard_count:
+                self._heard_count, self._last_heard = self.frames_received, now
             writing = now - self._write_since if self._write_since is not None else 0.0
             silent = now - self._last_heard
             if writing >= self._retry.write_timeout:
@@ -329,7 +332,6 @@ class PeerLink:
             # Nothing queued and no write in flight: write inline, saving the hop to the
             # writer task. Later senders queue behind this one, so order is kept.
             self._inline_busy = True
-            self._inline_done = trio.Event()
             self._write_since = trio.current_time()
             try:
                 if len(frames) == 1:
@@ -346,7 +348,9 @@ class PeerLink:
             finally:
                 self._write_since = None
                 self._inline_busy = False
-                self._inline_done.set()
+                if self._inline_done is not None:
+                    self._inline_done.set()
+                    self._inline_done = None
         item = _Outgoing(frames)
         self._queued += 1
         try:
@@ -364,6 +368,8 @@ class PeerLink:
         async with self._queue_out:
             async for first in self._queue_out:
                 if self._inline_busy:  # the inline write started first: it goes first
+                    if self._inline_done is None:
+                        self._inline_done = trio.Event()
                     await self._inline_done.wait()
                 # One scheduler pass lets every runnable sender queue its frame too.
                 await trio.lowlevel.checkpoint()

@@ -158,8 +158,18 @@ class Routing:
         Raises LocalError: AGENT_NOT_FOUND, CAPABILITY_NOT_FOUND, TIER_VIOLATION,
         SANDBOX_VIOLATION, ESCALATION_REQUIRED, DELIVERY_FAILED.
         """
-        [result] = await self.send_many((envelope,))
-        return result
+        start = trio.current_time()
+        try:
+            routed = await self._route(envelope, start)
+        except P2PError as exc:
+            self._note_failure(envelope, start, exc)
+            raise
+        if isinstance(routed, RoutingResult):
+            return routed
+        error = await self._write_routes({routed.target.peer_id: [routed]})
+        if error is not None:
+            raise error
+        return routed.done()
 
     async def send_many(self, envelopes: Iterable[Envelope]) -> list[RoutingResult]:
         """Route envelopes in order, each as :meth:`send` would, and return their results.
