@@ -3,6 +3,7 @@ retries, reconnects, policy and spoofing (seed R3, R4, R10, R11; Properties 10-1
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import random
@@ -294,20 +295,59 @@ async def test_reconnects_after_transport_loss(autojump_clock: Any) -> None:
         assert link.history[-2:] == [ChannelState.RECONNECTING, ChannelState.OPEN]
 
 
-async def test_a_silent_channel_is_dropped_and_redialed(autojump_clock: Any) -> None:
+async def test_a_quiet_channel_is_kept_open_by_keepalives(autojump_clock: Any) -> None:
     config = dataclasses.replace(FAST, channel=ChannelConfig(idle_timeout=20.0))
     async with swarm(2, config) as (_, (a, b)):
         await a.add_agent("probe", Inbox(), tier=3)
         await b.add_agent("io", Inbox(), tier=3)
         await connect_all([a, b])
-        link = a.links.link(b.peer_id)
-        await trio.sleep(19.0 - 1)  # connect_all slept 1 s after the last frame
-        assert link.history == [ChannelState.CONNECTING, ChannelState.OPEN]
-        # Dropped at most a watchdog interval (a quarter of the timeout) after the timeout.
-        await trio.sleep(20.0 / 4 + 3)
-        assert ChannelState.RECONNECTING in link.history
-        assert link.state is ChannelState.OPEN  # redialed at once
+        links = [a.links.link(b.peer_id), b.links.link(a.peer_id)]
+        await trio.sleep(5 * 20.0)  # five idle timeouts without a single envelope
+        for link in links:
+            assert link.history == [ChannelState.CONNECTING, ChannelState.OPEN]
+            assert link.frames_received <= 2  # keepalives are not frames
         assert (await a.request("probe", "io", "still there")).payload == {"echo": "still there"}
+
+
+async def test_a_peer_that_goes_silent_is_dropped_after_the_idle_timeout(
+    autojump_clock: Any,
+) -> None:
+    from p2pnode.channel import SecureChannel, accept_secure, connect_secure
+    from p2pnode.node.channels import PeerLink
+    from p2pnode.secure import SecureIdentity
+
+    client, server = SecureIdentity(Identity.generate()), SecureIdentity(Identity.generate())
+    states: list[tuple[float, ChannelState]] = []
+    async with trio.open_nursery() as nursery:
+
+        async def dial() -> SecureChannel:
+            ours, theirs = trio.testing.memory_stream_pair()
+
+            async def mute_peer() -> None:
+                channel = await accept_secure(theirs, server)
+                with contextlib.suppress(RemoteError):  # until the link hangs up
+                    while True:  # reads (keepalives included), never writes
+                        await channel.receive_message()
+
+            nursery.start_soon(mute_peer)
+            return await connect_secure(ours, client, expected_peer_id=server.peer_id)
+
+        async def on_frame(peer: object, data: bytes) -> None:
+            raise AssertionError("the mute peer sends nothing")
+
+        link = PeerLink(
+            client.peer_id, server.peer_id, nursery, dial, on_frame,
+            lambda _link, state: states.append((trio.current_time(), state)),
+            RetryPolicy(max_redials=1), idle_timeout=20.0,
+        )  # fmt: skip
+        start = trio.current_time()
+        link.adopt(await dial(), client.peer_id)
+        await trio.sleep(60.0)
+        dropped = [at for at, state in states if state is ChannelState.RECONNECTING]
+        assert dropped, states
+        assert 20.0 <= dropped[0] - start <= 20.0 + 20.0 / 4 + 0.1
+        await link.aclose()
+        nursery.cancel_scope.cancel()
 
 
 async def test_delivery_fails_after_retries(autojump_clock: Any) -> None:
@@ -467,10 +507,11 @@ async def test_garbage_frames_do_not_break_the_node(autojump_clock: Any) -> None
         await evil.connect(victim.listen_address)
         await trio.sleep(1)
         link = evil.links.link(victim.peer_id)
-        for junk in (b"", b"\x00", b"\x92\x07\x80", b"\xc1" * 10, b"\x92\x01\x81\xa1x\x01"):
+        for junk in (b"\x00", b"\x92\x07\x80", b"\xc1" * 10, b"\x92\x01\x81\xa1x\x01"):
             await link.send(junk)
+        await link.send(b"")  # an empty message is a keepalive, not a bad frame
         await trio.sleep(1)
-        assert len(victim.events.recent(kind=EventKind.SECURITY)) == 5
+        assert len(victim.events.recent(kind=EventKind.SECURITY)) == 4
         assert (await evil.request("triton", "io", "still fine")).payload == {"echo": "still fine"}
 
 

@@ -25,6 +25,9 @@ Theory of operation (seed R3, Properties 10-12):
   loss. One watchdog task per link checks both (firing up to a quarter of
   the shorter timeout late) instead of a trio cancel scope around every read
   and every write, which would cost microseconds on each message.
+* Keepalive: an empty message. A link that has sent nothing for a third of
+  ``idle_timeout`` sends one, so a quiet but healthy channel stays open and
+  only a peer that is gone (or stuck) hits the idle timeout.
 * Transport loss while idle: the link redials in the background (IK, since
   it knows the peer's static key) with the same backoff, and closes after
   ``max_redials`` failures. The node drops closed links; the next send makes
@@ -124,6 +127,7 @@ class _Outgoing:
     error: LocalError | None = None
 
 
+KEEPALIVE = b""
 Dialer = Callable[[], Awaitable[SecureChannel]]
 FrameHandler = Callable[[PeerId, bytes], Awaitable[None]]
 StateListener = Callable[["PeerLink", ChannelState], None]
@@ -158,9 +162,10 @@ class PeerLink:
         self._on_state = on_state
         self._retry = retry
         self._idle_timeout = idle_timeout
-        # When the watchdog last saw frames_received change: the read path only counts.
-        self._last_heard = trio.current_time()
-        self._heard_count = 0
+        # The read and write paths only count; the watchdog notes when the counts move.
+        self._messages_in = 0  # frames and keepalives
+        self._last_heard = self._last_said = trio.current_time()
+        self._heard_count = self._said_count = 0
         self._write_since: float | None = None  # when the write in progress started
         self._machine = ChannelStateMachine()
         self._channel: SecureChannel | None = None
@@ -231,8 +236,10 @@ class PeerLink:
         try:
             while True:
                 data = await channel.receive_message()
-                self.frames_received += 1
-                await self._on_frame(self.peer_id, data)
+                self._messages_in += 1
+                if data:  # an empty message is a keepalive
+                    self.frames_received += 1
+                    await self._on_frame(self.peer_id, data)
         except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             if channel is self._channel:
                 logger.info("link to %s lost: %s", self.peer_id, exc)
@@ -247,8 +254,10 @@ class PeerLink:
             if channel is None:
                 continue
             now = trio.current_time()
-            if self.frames_received != self._heard_count:
-                self._heard_count, self._last_heard = self.frames_received, now
+            if self._messages_in != self._heard_count:
+                self._heard_count, self._last_heard = self._messages_in, now
+            if self.frames_sent != self._said_count:
+                self._said_count, self._last_said = self.frames_sent, now
             writing = now - self._write_since if self._write_since is not None else 0.0
             silent = now - self._last_heard
             if writing >= self._retry.write_timeout:
@@ -257,6 +266,16 @@ class PeerLink:
             elif self._idle_timeout is not None and silent >= self._idle_timeout:
                 logger.info("nothing from %s for %.1f s: channel dropped", self.peer_id, silent)
                 self._channel_lost(channel)
+            elif self._idle_timeout is not None and now - self._last_said >= self._idle_timeout / 3:
+                self._last_said = now
+                self._nursery.start_soon(self._keepalive, channel)
+
+    async def _keepalive(self, channel: SecureChannel) -> None:
+        try:
+            with trio.fail_after(self._retry.write_timeout):
+                await channel.send_message(KEEPALIVE)
+        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            self._channel_lost(channel)
 
     def _channel_lost(self, channel: SecureChannel) -> None:
         if channel is not self._channel:
