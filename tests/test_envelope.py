@@ -145,7 +145,7 @@ EDGES: dict[str, list[object]] = {
     "sender": ID_EDGES,
     "recipient": ID_EDGES,
     "correlationId": ID_EDGES,
-    "type": [*ALL_TYPES, "Request", "", None, 1],
+    "type": [*ALL_TYPES, "Request", "", None, 1, [], {}],  # unhashable ones once crashed
     "timestamp": [0, 1, 2**63 - 1, 2**63, -1, True, 1.5, "1"],
     "payload": [None, {"a": [1]}, b"\x00"],
     "metadata": [None, {}, [], "m"],
