@@ -351,21 +351,15 @@ class PeerLink:
             # Nothing queued and no write in flight: write inline, saving the hop to the
             # writer task. Later senders queue behind this one, so order is kept.
             self._inline_busy = True
-            self._write_since = trio.current_time()
             try:
-                if len(frames) == 1:
-                    await channel.send_message(frames[0])
-                else:
-                    await channel.send_many(frames)
+                await self._write(channel, frames)
             except LocalError:
                 raise  # a frame over the size limit: the caller's fault, the channel is fine
             except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._channel_lost(channel)  # fall through to the retrying writer
             else:
-                self.frames_sent += len(frames)
                 return
             finally:
-                self._write_since = None
                 self._inline_busy = False
                 if self._inline_done is not None:
                     self._inline_done.set()
@@ -404,6 +398,18 @@ class PeerLink:
                     item.done.set()
                 self._queued -= len(batch)
 
+    async def _write(self, channel: SecureChannel, frames: list[bytes]) -> None:
+        # The watchdog drops the channel when a write stays unfinished (write_timeout).
+        self._write_since = trio.current_time()
+        try:
+            if len(frames) == 1:
+                await channel.send_message(frames[0])
+            else:
+                await channel.send_many(frames)
+        finally:
+            self._write_since = None
+        self.frames_sent += len(frames)
+
     async def _write_batch(self, frames: list[bytes]) -> LocalError | None:
         delays = self._retry.delays(self._retry.max_retries)
         last_error: BaseException | None = None
@@ -417,13 +423,8 @@ class PeerLink:
             except LocalError as exc:
                 last_error = exc
                 continue
-            # The watchdog drops the channel when the peer stops reading (write_timeout).
-            self._write_since = trio.current_time()
             try:
-                if len(frames) == 1:
-                    await channel.send_message(frames[0])
-                else:
-                    await channel.send_many(frames)
+                await self._write(channel, frames)
             except LocalError as exc:
                 if exc.code is not ErrorCode.CHANNEL_CLOSED:
                     return exc
@@ -432,10 +433,7 @@ class PeerLink:
                 last_error = exc
                 self._channel_lost(channel)
             else:
-                self.frames_sent += len(frames)
                 return None
-            finally:
-                self._write_since = None
         return LocalError(
             ErrorCode.DELIVERY_FAILED,
             f"delivery to {self.peer_id} failed ({self.state.value}): {last_error}",

@@ -158,12 +158,7 @@ class Routing:
         Raises LocalError: AGENT_NOT_FOUND, CAPABILITY_NOT_FOUND, TIER_VIOLATION,
         SANDBOX_VIOLATION, ESCALATION_REQUIRED, DELIVERY_FAILED.
         """
-        start = trio.current_time()
-        try:
-            routed = await self._route(envelope, start)
-        except P2PError as exc:
-            self._note_failure(envelope, start, exc)
-            raise
+        routed = await self._route(envelope)
         if isinstance(routed, RoutingResult):
             return routed
         error = await self._write_routes({routed.target.peer_id: [routed]})
@@ -190,11 +185,9 @@ class Routing:
                 remote = {}
                 if error is not None:
                     break
-            start = trio.current_time()
             try:
-                routed = await self._route(envelope, start)
+                routed = await self._route(envelope)
             except P2PError as exc:
-                self._note_failure(envelope, start, exc)
                 error = exc
                 break
             if isinstance(routed, _Route):
@@ -209,6 +202,7 @@ class Routing:
         """Write each peer's routed envelopes in one go; the first failure, if any."""
         error: P2PError | None = None
         for peer_id, routes in remote.items():
+            peer = str(peer_id)
             try:
                 await self.links.link(peer_id).send_many(_frames([r.envelope for r in routes]))
             except P2PError as exc:
@@ -217,15 +211,24 @@ class Routing:
                 error = error or exc
                 continue
             for route in routes:
-                self.events.message_sent(route.envelope, RoutingPath.REMOTE, str(peer_id))
+                self.events.message_sent(route.envelope, RoutingPath.REMOTE, peer)
                 route.result = self._delivered(
                     route.envelope, RoutingPath.REMOTE, route.target, route.start
                 )
         return error
 
-    async def _route(self, envelope: Envelope, start: float) -> RoutingResult | _Route:
+    async def _route(self, envelope: Envelope) -> RoutingResult | _Route:
         """Resolve and check ``envelope``; deliver it when the target is local (or it is a
-        broadcast), else return the route for the caller to write."""
+        broadcast), else return the route for the caller to write. A refusal emits its
+        routing event and is raised."""
+        start = trio.current_time()
+        try:
+            return await self._route_from(envelope, start)
+        except P2PError as exc:
+            self._note_failure(envelope, start, exc)
+            raise
+
+    async def _route_from(self, envelope: Envelope, start: float) -> RoutingResult | _Route:
         source = self.local_agent(envelope.sender)
         self.threads.add(envelope)
         if envelope.is_broadcast:
