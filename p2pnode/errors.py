@@ -56,6 +56,9 @@ class ErrorCode(enum.StrEnum):
     # Generic.
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     INTERNAL = "INTERNAL"
+    #: Processing one input raised an exception that is not a P2PError (a defect,
+    #: contained by the input's failure boundary and logged with a traceback).
+    INPUT_FAILED = "INPUT_FAILED"
 
 
 class P2PError(Exception):

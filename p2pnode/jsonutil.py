@@ -10,6 +10,9 @@ from typing import Any
 JsonValue = Any
 
 _MAX_JSON_DEPTH = 32
+#: Nesting accepted by the parser: a whole document (a card holding schemas, a control
+#: request holding a payload) may nest somewhat deeper than one JSON value inside it.
+MAX_PARSE_DEPTH = 64
 
 
 def b64encode(data: bytes) -> str:
@@ -48,11 +51,34 @@ def dumps(obj: JsonValue) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def loads_untrusted(text: str | bytes, max_size: int) -> JsonValue:
-    """Parse JSON text of at most ``max_size`` bytes; ValueError on anything wrong."""
+def loads_untrusted(
+    text: str | bytes, max_size: int, max_depth: int = MAX_PARSE_DEPTH
+) -> JsonValue:
+    """Parse JSON text of at most ``max_size`` bytes nested at most ``max_depth`` deep;
+    ValueError on anything wrong (including nesting deep enough to exhaust the stack)."""
     if len(text) > max_size:
         raise ValueError(f"{len(text)} bytes exceeds the {max_size}-byte limit")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(f"invalid JSON: {exc}") from exc
+        raise ValueError(f"invalid JSON: {str(exc)[:200]}") from None
+    if _depth_exceeds(value, max_depth):
+        raise ValueError(f"JSON nested deeper than {max_depth}")
+    return value
+
+
+def _depth_exceeds(value: JsonValue, limit: int) -> bool:
+    # Iterative, so checking a deep value cannot exhaust the stack itself.
+    stack: list[tuple[JsonValue, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False

@@ -296,13 +296,14 @@ async def test_garbage_gossip_does_not_stop_sync(autojump_clock: Any) -> None:
             gossip_payload(DOC, pack({"v": 9, "t": 2, "doc": DOC, "vc": {}, "r": False})),
             gossip_payload(DOC, bad_delta.encode()),  # good frame, bad delta
             gossip_payload(DOC, DeltaBatch((b"\x00", good.encode())).encode()),  # one bad, one good
+            gossip_payload(DOC, bytes.fromhex("82a17601a17490")),  # {"v": 1, "t": []}
         ]
         for payload in payloads:
             env = evil.node.envelope(evil.agent, victim.agent, MessageType.STREAM_DATA, payload)
             await link.send(encode_envelope(env))
         await trio.sleep(1)
         security = victim.node.events.recent(kind=EventKind.SECURITY)
-        assert len(security) == 4
+        assert len(security) == 5
         assert {e.code for e in security} <= {
             ErrorCode.MALFORMED_MESSAGE,
             ErrorCode.PROTOCOL_VERSION_MISMATCH,

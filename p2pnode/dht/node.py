@@ -28,7 +28,7 @@ from p2pnode.dht.records import (
     capability_key,
     card_key,
 )
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import PeerId
 
 log = logging.getLogger("p2pnode.dht")
@@ -96,9 +96,9 @@ class DhtNode(DhtPeer):
                 continue
             try:
                 card = AgentCard.from_bytes_untrusted(r.payload)
-            except RemoteError as exc:
+            except Exception as exc:  # each record is one input: a bad one ends only itself
                 self.stats.records_rejected += 1
-                log.info("dht.card_rejected peer=%s reason=%s", peer_id, exc.message)
+                self.boundary.contain(str(peer_id), "card record", exc)
                 continue
             if card.peer_id != peer_id or card.is_expired(self._wall_ms()):
                 continue
@@ -115,7 +115,12 @@ class DhtNode(DhtPeer):
         for r in recs:
             if r.kind is not RecordKind.PROVIDER:
                 continue
-            agent_id = ProviderInfo.from_bytes_untrusted(r.payload).agent_id
+            try:
+                agent_id = ProviderInfo.from_bytes_untrusted(r.payload).agent_id
+            except Exception as exc:
+                self.stats.records_rejected += 1
+                self.boundary.contain(str(r.publisher), "provider record", exc)
+                continue
             if (r.publisher, agent_id) not in providers:
                 providers.append((r.publisher, agent_id))
         providers = providers[:limit]

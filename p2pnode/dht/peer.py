@@ -40,6 +40,7 @@ from typing import Any, Self
 
 import trio
 
+from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.dht import rpcwire
 from p2pnode.dht.lookup import Lookup, RttEstimator
 from p2pnode.dht.records import (
@@ -92,6 +93,8 @@ class DhtStatistics:
     datagrams_dropped: int = 0
     records_rejected: int = 0
     stores_rate_limited: int = 0
+    #: Datagrams and looked-up values whose processing raised (contained, dropped).
+    inputs_failed: int = 0
 
 
 class _Pending:
@@ -104,6 +107,10 @@ class _Pending:
 
 
 _NO_REPLY = object()
+
+
+def _text(address: Address) -> str:
+    return f"{address[0]}:{address[1]}"
 
 
 def _wall_ms() -> int:
@@ -148,6 +155,8 @@ class DhtPeer:
             initial=config.rto_initial, floor=config.rto_floor, ceiling=config.rto_ceiling
         )
         self.stats = DhtStatistics()
+        #: Contains whatever one datagram or one looked-up value raises (p2pnode.boundary).
+        self.boundary = FailureBoundary(log, self._input_failed)
         self._pending: dict[bytes, _Pending] = {}
         self._endpoint: DatagramEndpoint | None = None
         self._nursery: trio.Nursery | None = None
@@ -218,7 +227,10 @@ class DhtPeer:
             with trio.move_on_at(self._next_maintenance):
                 while True:
                     data, source = await self._endpoint.recvfrom()
-                    await self._handle_datagram(data, source)
+                    try:
+                        await self._handle_datagram(data, source)
+                    except Exception as exc:
+                        self.boundary.contain(_text(source), "datagram", exc)
             self._next_maintenance = trio.current_time() + self.config.maintenance_interval
             if not self._maintaining and self._nursery is not None:
                 self._nursery.start_soon(self._maintenance_task)
@@ -238,6 +250,10 @@ class DhtPeer:
                 pending.event.set()
             return
         await self._handle_request(msg, source)
+
+    def _input_failed(self, source: str, what: str, exc: Exception) -> None:
+        self.stats.inputs_failed += 1
+        log.info("dht.input_failed peer=%s input=%s error=%s", source, what, describe(exc))
 
     def _drop(self, source: Address, reason: str) -> None:
         self.stats.datagrams_dropped += 1
@@ -406,7 +422,11 @@ class DhtPeer:
                         continue
                     lookup.handle_response(c.node_id, contacts, trio.current_time())
                     if raw is not None:
-                        hits += self._collect(target, raw, c, found)
+                        try:
+                            hits += self._collect(target, raw, c, found)
+                        except Exception as exc:  # one node's value must not end the lookup
+                            self.boundary.contain(_text(c.address), f"{method} value", exc)
+                            continue
                         if quorum is not None and hits >= quorum:
                             lookup.finish()
             nursery.cancel_scope.cancel()

@@ -22,9 +22,10 @@ from typing import Any
 
 import trio
 
+from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.envelope import MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError
-from p2pnode.jsonutil import is_json_value
+from p2pnode.jsonutil import is_json_value, loads_untrusted
 
 logger = logging.getLogger("p2pnode.control")
 
@@ -57,6 +58,8 @@ class ControlServer:
     def __init__(self, path: Path, ops: dict[str, Op]) -> None:
         self.path = path
         self._ops = ops
+        #: Counts (and logs with a traceback) requests that failed unexpectedly.
+        self.boundary = FailureBoundary(logger)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; reports readiness once the socket accepts connections."""
@@ -82,13 +85,25 @@ class ControlServer:
         async with stream:
             try:
                 while (line := await _read_line(stream, buffer)) is not None:
-                    await stream.send_all(_encode(await self._dispatch(line)))
+                    await stream.send_all(self._encode_reply(await self._dispatch(line)))
             except (trio.BrokenResourceError, trio.ClosedResourceError, LocalError):
                 return
 
-    async def _dispatch(self, line: bytes) -> dict[str, Any]:
+    def _encode_reply(self, reply: dict[str, Any]) -> bytes:
         try:
-            request = json.loads(line)
+            return _encode(reply)
+        except Exception as exc:  # a result JSON cannot carry (say, a map with int keys)
+            self.boundary.contain("control", "control reply", exc)
+            failed = LocalError(ErrorCode.INPUT_FAILED, f"unencodable reply: {describe(exc)}")
+            return _encode({"ok": False, "error": failed.to_dict()})
+
+    async def _dispatch(self, line: bytes) -> dict[str, Any]:
+        """One request's failure boundary: whatever it raises becomes its error reply."""
+        try:
+            try:
+                request = loads_untrusted(line, MAX_LINE)
+            except ValueError as exc:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, f"bad request: {exc}") from None
             if not isinstance(request, dict):
                 raise LocalError(ErrorCode.INVALID_ARGUMENT, "a request is a JSON object")
             op = self._ops.get(str(request.get("op")))
@@ -98,8 +113,13 @@ class ControlServer:
         except P2PError as exc:
             return {"ok": False, "error": exc.to_dict()}
         except (ValueError, KeyError, TypeError) as exc:
-            error = LocalError(ErrorCode.INVALID_ARGUMENT, f"bad request: {exc}")
+            # An op read a field of the wrong type or a missing one: the caller's mistake.
+            error = LocalError(ErrorCode.INVALID_ARGUMENT, f"bad request: {describe(exc)}")
             return {"ok": False, "error": error.to_dict()}
+        except Exception as exc:
+            self.boundary.contain("control", "control request", exc)
+            failed = LocalError(ErrorCode.INPUT_FAILED, f"the request failed: {describe(exc)}")
+            return {"ok": False, "error": failed.to_dict()}
 
 
 async def control_call(path: Path, request: dict[str, Any]) -> Any:
@@ -120,7 +140,12 @@ async def control_call(path: Path, request: dict[str, Any]) -> Any:
         ) from exc
     if line is None:
         raise LocalError(ErrorCode.CHANNEL_CLOSED, "the node closed the control connection")
-    response = json.loads(line)
+    try:
+        response = loads_untrusted(line, MAX_LINE)
+    except ValueError as exc:
+        raise LocalError(ErrorCode.INTERNAL, f"unreadable reply from the node: {exc}") from None
+    if not isinstance(response, dict):
+        raise LocalError(ErrorCode.INTERNAL, "unreadable reply from the node: not an object")
     if not response.get("ok"):
         error = response.get("error", {})
         code = error.get("code", "INTERNAL")

@@ -10,7 +10,9 @@ this node's HELLO. Frames read on any link go to the node's frame handler.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import os
 from collections.abc import Callable, Iterator
 
 import trio
@@ -19,13 +21,19 @@ from p2pnode.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
 from p2pnode.net import Address, Network, StreamListener
-from p2pnode.node.channels import ChannelState, FrameHandler, PeerLink
+from p2pnode.node.channels import ChannelState, FrameHandler, PeerLink, close_quietly
 from p2pnode.node.config import NodeConfig, parse_address
 from p2pnode.node.observability import Observability
 from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
+
+#: accept() failures that mean "no room right now", not "the listener is broken"
+#: (the set trio's serve_listeners pauses on).
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_PAUSE = 0.1
+ACCEPT_PAUSE_MAX = 1.0
 
 
 class LinkManager:
@@ -55,6 +63,7 @@ class LinkManager:
         self._links: dict[PeerId, PeerLink] = {}
         self._addresses: dict[PeerId, list[Address]] = {}
         self._static: dict[PeerId, bytes] = {}
+        self._closing = False
 
     @property
     def local_peer_id(self) -> PeerId:
@@ -71,6 +80,8 @@ class LinkManager:
         """The link to ``peer_id``, made (not yet connected) when there is none open."""
         link = self._links.get(peer_id)
         if link is None or link.state is ChannelState.CLOSED:
+            if self._closing:
+                raise LocalError(ErrorCode.CHANNEL_CLOSED, "the node is closing")
             if len(self._links) >= self._config.max_peers:
                 self._drop_closed()
             link = PeerLink(
@@ -92,6 +103,7 @@ class LinkManager:
             self._addresses[peer_id] = addresses[:16]
 
     async def aclose(self) -> None:
+        self._closing = True
         for link in list(self._links.values()):
             await link.aclose()
 
@@ -146,12 +158,31 @@ class LinkManager:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Accept secure channels until cancelled; closes the listener on the way out."""
+        """Accept secure channels until cancelled; closes the listener on the way out.
+
+        Handshakes run in this loop's own nursery. When the process is out of file
+        descriptors or buffers, accepting pauses (doubling from ACCEPT_PAUSE up to
+        ACCEPT_PAUSE_MAX) and resumes by itself; each pause is reported once.
+        """
         task_status.started()
+        pause = ACCEPT_PAUSE
         try:
-            while True:
-                stream = await listener.accept()
-                self._nursery().start_soon(self._accept_one, stream)
+            async with trio.open_nursery() as nursery:
+                while True:
+                    try:
+                        stream = await listener.accept()
+                    except OSError as exc:
+                        if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                            raise
+                        self._events.error(
+                            ErrorCode.BUSY,
+                            f"accepting paused for {pause:g} s: {os.strerror(exc.errno)}",
+                        )
+                        await trio.sleep(pause)
+                        pause = min(pause * 2, ACCEPT_PAUSE_MAX)
+                        continue
+                    pause = ACCEPT_PAUSE
+                    nursery.start_soon(self._accept_one, stream)
         finally:
             with trio.CancelScope(shield=True):
                 await listener.aclose()
@@ -167,6 +198,10 @@ class LinkManager:
             logger.info("inbound channel failed: %s", exc)
             return
         peer_id = channel.remote_peer_id
+        if self._closing:
+            # The node closed while this handshake ran: nobody will read the channel.
+            await close_quietly(channel)
+            return
         self.link(peer_id).adopt(channel, peer_id)
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.card import AgentCard, Capability, Endpoint, Origin
 from p2pnode.envelope import (
     ROUTING_HINT_CAPABILITY,
@@ -120,6 +121,8 @@ class Node(Routing):
         self.registry = Registry(identity)
         self.policy = Policy(self.config.policy)
         self.events = Observability(clock_ms)
+        #: Contains whatever one peer's frame raises (see :mod:`p2pnode.boundary`).
+        self.boundary = FailureBoundary(logger, self._input_failed)
         self.threads = ThreadStore()
         self._clock_ms = clock_ms
         self._factory = EnvelopeFactory(clock_ms)
@@ -183,6 +186,10 @@ class Node(Routing):
             agent.inbox_send.close()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def _input_failed(self, source: str, what: str, exc: Exception) -> None:
+        code = exc.code if isinstance(exc, P2PError) else ErrorCode.INPUT_FAILED
+        self.events.security(code, f"{what} dropped: {describe(exc)}", source, None)
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -452,18 +459,24 @@ class Node(Routing):
     ) -> Envelope:
         """Send a request and wait for its response.
 
-        Raises RemoteError with the responder's code when it answers with an
-        ``error`` envelope, LocalError(TIMEOUT) when no answer comes within
-        ``config.request_timeout`` (checked every eighth of it, so up to 12.5%
-        later), and what :meth:`send` raises.
+        A request to ``*`` is broadcast and answered by the first reply of any agent
+        it reached (AGENT_NOT_FOUND when it reached none). Raises RemoteError with
+        the responder's code when it answers with an ``error`` envelope,
+        LocalError(TIMEOUT) when no answer comes within ``config.request_timeout``
+        (checked every eighth of it, so up to 12.5% later), and what :meth:`send`
+        raises.
         """
         meta = Metadata(routing_hint=ROUTING_HINT_CAPABILITY) if capability else None
         envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
         pending = self._pending[envelope.id] = PendingRequest()
         try:
             result = await self.send(envelope)
+            if not result.targets:
+                raise LocalError(
+                    ErrorCode.AGENT_NOT_FOUND, f"no reachable agent may receive {recipient!r}"
+                )
             if pending.reply is None:
-                pending.target = result.targets[0]
+                pending.targets = result.targets
             pending.deadline = trio.current_time() + self.config.request_timeout
             await pending.event.wait()  # set by the reply, or by _expire_requests
         finally:

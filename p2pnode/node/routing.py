@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import trio
 
+from p2pnode.boundary import FailureBoundary
 from p2pnode.card import AgentCard, Origin
 from p2pnode.envelope import (
     ROUTING_HINT_CAPABILITY,
@@ -108,13 +109,14 @@ def _frames(envelopes: list[Envelope]) -> list[bytes]:
 class PendingRequest:
     """A request waiting for its response (or for its deadline, on the trio clock)."""
 
-    __slots__ = ("deadline", "event", "reply", "target")
+    __slots__ = ("deadline", "event", "reply", "targets")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.reply: Envelope | None = None
-        # The agent that must answer; known once routing resolved the recipient.
-        self.target: str | None = None
+        # The agents that may answer (several for a broadcast); known once routing
+        # resolved the recipient.
+        self.targets: tuple[str, ...] | None = None
         self.deadline = math.inf  # set once the request is on its way
 
 
@@ -141,6 +143,7 @@ class Routing:
     _allowed_requests: SeenSet
     _stream_interceptors: dict[str, StreamInterceptor]
     _clock_ms: Callable[[], int]
+    boundary: FailureBoundary
 
     if TYPE_CHECKING:
 
@@ -376,7 +379,7 @@ class Routing:
         pending = self._pending.get(envelope.correlation_id)
         if pending is None or pending.reply is not None:
             return False
-        if pending.target is not None and envelope.sender != pending.target:
+        if pending.targets is not None and envelope.sender not in pending.targets:
             return False
         pending.reply = envelope
         pending.event.set()
@@ -385,21 +388,27 @@ class Routing:
     # -- frames in --------------------------------------------------------------------------
 
     async def _on_frame(self, peer_id: PeerId, data: bytes) -> None:
+        """Ingress of one frame: its failure boundary. Whatever processing it raises ends
+        here, as a security event naming the peer (module :mod:`p2pnode.boundary`)."""
+        peer = str(peer_id)
         try:
             frame = decode_frame_untrusted(data)
-        except RemoteError as exc:
-            self.events.security(exc.code, f"bad frame: {exc.message}", str(peer_id), None)
-            return
-        peer = str(peer_id)
-        if isinstance(frame, Envelope):
-            await self._on_envelope(peer_id, peer, frame)
-        elif isinstance(frame, EnvelopeBatch):
-            for problem in frame.rejected:
-                self.events.security(problem.code, f"bad envelope: {problem.message}", peer, None)
-            for envelope in frame.envelopes:
-                await self._on_envelope(peer_id, peer, envelope)
-        else:
-            self._on_hello(peer_id, frame)
+            if isinstance(frame, Envelope):
+                await self._on_envelope(peer_id, peer, frame)
+            elif isinstance(frame, EnvelopeBatch):
+                for problem in frame.rejected:
+                    self.boundary.contain(peer, "envelope", problem)
+                for envelope in frame.envelopes:
+                    # Each envelope of a batch is an input of its own: one that fails
+                    # does not cost the peer the ones after it.
+                    try:
+                        await self._on_envelope(peer_id, peer, envelope)
+                    except Exception as exc:
+                        self.boundary.contain(peer, "envelope", exc)
+            else:
+                self._on_hello(peer_id, frame)
+        except Exception as exc:
+            self.boundary.contain(peer, "frame", exc)
 
     def _learn_card(self, card: AgentCard, peer: str | None = None) -> bool:
         verdict = self.policy.admit_card(card)

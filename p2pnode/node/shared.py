@@ -428,6 +428,8 @@ class SharedState:
                 await self.node.find(CAPABILITY_PREFIX + d.name)
             except P2PError as exc:
                 logger.info("discovery of %s failed: %s", d.name, exc)
+            except Exception as exc:  # what peers published must not stop the refresh loop
+                self.node.boundary.contain("discovery", f"discovery of {d.name!r}", exc)
         self._sync_peers(d)
 
     async def _refresh_loop(self) -> None:
