@@ -1,0 +1,415 @@
+"""The fuzzer's engine: the entry-point table types, the drivers and the reports.
+
+Theory of operation. An entry point is a small object: a name, a generator
+(seeded ``random.Random`` in, one input out) and a runner. Plain parsers are
+:class:`Entry` objects whose runner is synchronous and may raise only the
+entry's expected error type (the project's ``RemoteError`` for ``_untrusted``
+functions). Live handlers are :class:`LiveEntry` objects: their runner is an
+async harness opened once over the in-memory simulator; nothing may escape
+it, and the failure boundaries it names must count no unexpected exception.
+
+Every entry point draws its inputs from its own ``random.Random`` seeded by
+``(seed, name)``, so ``--only NAME`` replays exactly the inputs of a full run.
+
+The drivers fail an entry point on any exception that is not the expected
+type, on any single input slower than :data:`SLOW_INPUT_SECONDS`, and on
+memory growth between the end of a warm-up and the end of the run (resident
+set size and the interpreter's count of allocated blocks, both after a full
+garbage collection). For each unexpected exception type the shortest failing
+input is kept and, for byte inputs, shrunk.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import random
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+from fuzz_mutate import Generator
+
+from p2pnode.boundary import FailureBoundary
+from p2pnode.errors import P2PError, RemoteError
+
+#: Any single input slower than this fails its entry point.
+SLOW_INPUT_SECONDS = 1.0
+#: Growth allowed between warm-up and end (after ``gc.collect()``).
+MAX_RSS_GROWTH = 64 * 1024 * 1024
+MAX_BLOCK_GROWTH = 250_000
+#: Inputs processed before the memory baseline is taken.
+WARMUP_FRACTION = 0.1
+#: Failing inputs kept per exception type (the shortest wins), and shrinking effort.
+MAX_SHRINK_ATTEMPTS = 400
+MAX_SHRINK_SECONDS = 5.0
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A synchronous parser: ``run(input)`` may raise only ``expected``."""
+
+    name: str
+    generate: Generator
+    run: Callable[[Any], object]
+    expected: type[BaseException] = RemoteError
+    #: Share of ``--n`` this entry point runs (expensive ones run fewer inputs).
+    share: float = 1.0
+
+
+class Harness(Protocol):
+    """An opened live handler: feeds one input; names the boundaries to watch."""
+
+    async def feed(self, data: Any) -> None: ...
+
+    def boundaries(self) -> dict[str, FailureBoundary]: ...
+
+    def outcomes(self) -> dict[str, int]:
+        """What the handler did with the inputs (its own counters), for the report."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LiveEntry:
+    """An async handler on the simulator: nothing may escape ``feed`` and every
+    boundary's ``stats.unexpected`` must stay empty."""
+
+    name: str
+    generate: Generator
+    open: Callable[[], AbstractAsyncContextManager[Harness]]
+    share: float = 0.05
+
+
+Target = Entry | LiveEntry
+
+
+# --------------------------------------------------------------------------- reports
+
+
+@dataclass(slots=True)
+class Failure:
+    """The shortest input seen for one unexpected exception type, and where it was raised."""
+
+    kind: str
+    data: Any
+    where: str
+    message: str
+
+
+@dataclass(slots=True)
+class Report:
+    name: str
+    inputs: int = 0
+    seconds: float = 0.0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    failures: dict[str, Failure] = field(default_factory=dict)
+    slowest: float = 0.0
+    slowest_input: Any = None
+    rss_growth: int = 0
+    block_growth: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def slow(self) -> bool:
+        return self.slowest > SLOW_INPUT_SECONDS
+
+    @property
+    def leaked(self) -> bool:
+        return self.rss_growth > MAX_RSS_GROWTH or self.block_growth > MAX_BLOCK_GROWTH
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.slow and not self.leaked
+
+    def problems(self) -> list[str]:
+        out = [
+            f"{f.kind} at {f.where}: {f.message} | input {describe_input(f.data)}"
+            for f in self.failures.values()
+        ]
+        if self.slow:
+            out.append(f"slow input ({self.slowest:.2f} s): {describe_input(self.slowest_input)}")
+        if self.leaked:
+            out.append(
+                f"memory grew {self.rss_growth / 2**20:.1f} MiB RSS, "
+                f"{self.block_growth} blocks after warm-up"
+            )
+        return out + self.notes
+
+
+def describe_input(data: Any, limit: int = 600) -> str:
+    text = f"hex {bytes(data).hex()}" if isinstance(data, bytes | bytearray) else repr(data)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def outcome_key(exc: BaseException) -> str:
+    if isinstance(exc, P2PError):
+        return f"{type(exc).__name__}:{exc.code}"
+    return type(exc).__name__
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    last = frames[-1]
+    return f"{Path(last.filename).name}:{last.lineno} ({last.name})"
+
+
+def record_failure(report: Report, exc: BaseException, data: Any) -> None:
+    kind = type(exc).__name__
+    held = report.failures.get(kind)
+    if held is None or _size(data) < _size(held.data):
+        report.failures[kind] = Failure(kind, data, _where(exc), str(exc)[:200])
+
+
+def _size(data: Any) -> int:
+    return len(data) if isinstance(data, bytes | bytearray | str) else len(repr(data))
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def rss_bytes() -> int:
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * 4096
+
+
+@dataclass(slots=True)
+class MemoryProbe:
+    rss: int = 0
+    blocks: int = 0
+
+    def take(self) -> None:
+        gc.collect()
+        self.rss = rss_bytes()
+        self.blocks = sys.getallocatedblocks()
+
+    def growth_since(self, earlier: MemoryProbe) -> tuple[int, int]:
+        return self.rss - earlier.rss, self.blocks - earlier.blocks
+
+
+def count_for(target: Target, n: int) -> int:
+    return max(1, round(n * target.share))
+
+
+# --------------------------------------------------------------------------- the sync driver
+
+
+def run_entry(entry: Entry, n: int, seed: int, budget: float) -> Report:
+    """Feed ``entry`` with its share of ``n`` inputs (stops early past ``budget`` seconds)."""
+    rng = random.Random(f"{seed}:{entry.name}")
+    report = Report(entry.name)
+    count = count_for(entry, n)
+    warmup = max(1, int(count * WARMUP_FRACTION))
+    base, end = MemoryProbe(), MemoryProbe()
+    start = time.perf_counter()
+    for i in range(count):
+        if i == warmup:
+            base.take()
+        data = entry.generate(rng)
+        t0 = time.perf_counter()
+        try:
+            entry.run(data)
+        except entry.expected as exc:
+            report.outcomes[outcome_key(exc)] += 1
+        except Exception as exc:
+            report.outcomes[outcome_key(exc)] += 1
+            record_failure(report, exc, data)
+        else:
+            report.outcomes["accepted"] += 1
+        took = time.perf_counter() - t0
+        if took > report.slowest:
+            report.slowest, report.slowest_input = took, data
+        report.inputs += 1
+        if time.perf_counter() - start > budget:
+            report.notes.append(f"stopped at the {budget:.0f} s budget")
+            break
+    report.seconds = time.perf_counter() - start
+    if report.inputs > warmup:
+        end.take()
+        report.rss_growth, report.block_growth = end.growth_since(base)
+    for failure in report.failures.values():
+        if isinstance(failure.data, bytes):
+            failure.data = shrink(entry, failure.data, failure.kind)
+    return report
+
+
+def _fails_with(entry: Entry, data: bytes, kind: str) -> bool:
+    try:
+        entry.run(data)
+    except entry.expected:
+        return False
+    except Exception as exc:
+        return type(exc).__name__ == kind
+    return False
+
+
+def shrink(entry: Entry, data: bytes, kind: str) -> bytes:
+    """A shorter input failing with the same exception type (greedy chunk removal, bounded
+    in attempts and time)."""
+    deadline = time.perf_counter() + MAX_SHRINK_SECONDS
+    attempts = 0
+    chunk = max(1, len(data) // 2)
+    while chunk >= 1 and attempts < MAX_SHRINK_ATTEMPTS and time.perf_counter() < deadline:
+        i = 0
+        while i < len(data) and attempts < MAX_SHRINK_ATTEMPTS:
+            candidate = data[:i] + data[i + chunk :]
+            attempts += 1
+            if candidate != data and _fails_with(entry, candidate, kind):
+                data = candidate
+            else:
+                i += chunk
+        chunk //= 2
+    return data
+
+
+# --------------------------------------------------------------------------- the async driver
+
+
+class TracebackCatcher(logging.Handler):
+    """Keeps where each exception type a boundary logged was raised (boundaries log an
+    unexpected exception with its traceback), so a contained defect can be located."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: dict[str, tuple[str, str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            self.seen.setdefault(type(exc).__name__, (_where(exc), str(exc)[:200]))
+
+
+@contextmanager
+def catching_tracebacks(logger_name: str = "p2pnode") -> Iterator[TracebackCatcher]:
+    """Route the package's log to a :class:`TracebackCatcher` only (errors and worse)."""
+    logger = logging.getLogger(logger_name)
+    catcher = TracebackCatcher()
+    saved = (logger.level, logger.propagate, logger.disabled)
+    logger.setLevel(logging.ERROR)
+    logger.propagate = False
+    logger.disabled = False
+    logger.addHandler(catcher)
+    try:
+        yield catcher
+    finally:
+        logger.removeHandler(catcher)
+        logger.level, logger.propagate, logger.disabled = saved
+
+
+async def run_live(entry: LiveEntry, n: int, seed: int, budget: float) -> Report:
+    """Open the harness, feed it its share of ``n`` inputs, then check its boundaries."""
+    with catching_tracebacks() as catcher:
+        return await _run_live(entry, n, seed, budget, catcher)
+
+
+async def _run_live(
+    entry: LiveEntry, n: int, seed: int, budget: float, catcher: TracebackCatcher
+) -> Report:
+    rng = random.Random(f"{seed}:{entry.name}")
+    report = Report(entry.name)
+    count = count_for(entry, n)
+    warmup = max(1, int(count * WARMUP_FRACTION))
+    base, end = MemoryProbe(), MemoryProbe()
+    start = time.perf_counter()
+    try:
+        async with entry.open() as harness:
+            boundaries = harness.boundaries()
+            seen_unexpected: dict[str, int] = {}
+            for i in range(count):
+                if i == warmup:
+                    base.take()
+                data = entry.generate(rng)
+                t0 = time.perf_counter()
+                try:
+                    with trio.fail_after(120):  # virtual seconds: a hung input fails
+                        await harness.feed(data)
+                except Exception as exc:  # nothing may escape a live handler
+                    report.outcomes[f"escaped {outcome_key(exc)}"] += 1
+                    record_failure(report, exc, data)
+                took = time.perf_counter() - t0
+                if took > report.slowest:
+                    report.slowest, report.slowest_input = took, data
+                report.inputs += 1
+                _note_boundaries(report, boundaries, seen_unexpected, data, catcher)
+                if time.perf_counter() - start > budget:
+                    report.notes.append(f"stopped at the {budget:.0f} s budget")
+                    break
+            if report.inputs > warmup:
+                end.take()
+                report.rss_growth, report.block_growth = end.growth_since(base)
+            report.outcomes.update(harness.outcomes())
+            for label, boundary in boundaries.items():
+                report.outcomes[f"{label}.typed"] = boundary.stats.typed
+                for name, k in boundary.stats.unexpected.items():
+                    report.outcomes[f"{label}.unexpected {name}"] = k
+    except Exception as exc:  # setting up or closing the harness failed
+        report.outcomes[f"harness {outcome_key(exc)}"] += 1
+        record_failure(report, exc, "(harness)")
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _note_boundaries(
+    report: Report,
+    boundaries: dict[str, FailureBoundary],
+    seen: dict[str, int],
+    data: Any,
+    catcher: TracebackCatcher,
+) -> None:
+    # The first input that made a boundary count a new unexpected exception is its repro.
+    for label, boundary in boundaries.items():
+        for name, k in boundary.stats.unexpected.items():
+            key = f"{label}:{name}"
+            if k > seen.get(key, 0):
+                seen[key] = k
+                kind = f"{label} contained {name}"
+                where, message = catcher.seen.get(name, (label, "counted as unexpected"))
+                held = report.failures.get(kind)
+                if held is None or _size(data) < _size(held.data):
+                    report.failures[kind] = Failure(kind, data, where, message)
+
+
+def require_boundary(owner: object, attribute: str = "boundary") -> FailureBoundary:
+    """The failure boundary ``owner`` keeps under ``attribute``; raises if there is none, so
+    a live entry point cannot pass for want of the thing it checks."""
+    boundary = getattr(owner, attribute, None)
+    if not isinstance(boundary, FailureBoundary):
+        raise RuntimeError(
+            f"{type(owner).__name__} has no FailureBoundary attribute {attribute!r}: "
+            "the live handler is not behind a boundary"
+        )
+    return boundary
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def format_row(report: Report, width: int = 26) -> str:
+    status = "OK" if report.ok else "FAIL"
+    seen = ", ".join(f"{k} {v}" for k, v in report.outcomes.most_common())
+    return f"{report.name:<{width}} {report.inputs:>8} {report.seconds:>9.1f}  {status:<4}  {seen}"
+
+
+def header(width: int = 26) -> str:
+    columns = f"{'entry point':<{width}} {'inputs':>8} {'seconds':>9}  {'':<4}"
+    return f"{columns}  outcomes (type:code count)"
+
+
+def iter_problems(reports: Sequence[Report]) -> Iterator[str]:
+    for report in reports:
+        for problem in report.problems():
+            yield f"{report.name}: {problem}"

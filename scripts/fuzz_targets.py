@@ -1,0 +1,563 @@
+"""The fuzzer's table of parsers: every function that decodes peer bytes or values.
+
+Each :class:`~fuzz_engine.Entry` names a parser, how its inputs are made
+(mutations of the valid encodings in :mod:`fuzz_seeds`) and how one input is
+run. Runners go a step past the parser where the node would: an accepted
+card is encoded again, an accepted delta is joined into a replica and read
+back, a decoded gossip frame is handled by a gossip core. A value the
+parser accepted but the next step cannot handle is a parser bug too, so
+only the layer's ``RemoteError`` may come out of a runner.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fuzz_engine import Entry
+from fuzz_mutate import (
+    Generator,
+    from_json_seeds,
+    from_seeds,
+    mutate_any,
+    mutate_json,
+    mutate_msgpack,
+    mutate_tree,
+    random_bytes,
+    unpack_plain,
+    wire_value,
+)
+from fuzz_seeds import (
+    DOC,
+    INITIATOR,
+    NOW_MS,
+    OWNER,
+    RESPONDER,
+    FixedKeys,
+    base_replica,
+    cards,
+    clock_seeds,
+    datagram_seeds,
+    delta_seeds,
+    envelope_json_seeds,
+    envelope_seeds,
+    frame_seeds,
+    full_state_seeds,
+    gossip_frames,
+    gossip_payload_seeds,
+    mutate_datagram,
+    provider_payload,
+    records,
+    registry_seed,
+    reply_with_payload,
+    resigned_card,
+    resigned_record,
+    resigned_value,
+    tool_seeds,
+    transcript,
+    transcripts,
+    value_seeds,
+)
+
+from p2pnode.aead import seal_in_place
+from p2pnode.card import AgentCard
+from p2pnode.crdt.clock import VectorClock
+from p2pnode.crdt.gossip import GossipNode, decode_untrusted
+from p2pnode.crdt.replica import Delta, FullState, Replica
+from p2pnode.dht import rpcwire
+from p2pnode.dht.records import (
+    ProviderInfo,
+    RecordKind,
+    SignedRecord,
+    decode_value_untrusted,
+)
+from p2pnode.envelope import Envelope
+from p2pnode.errors import RemoteError
+from p2pnode.framing import TransportCodec
+from p2pnode.identity import PeerId
+from p2pnode.node.docops import decode_gossip_payload_untrusted, value_to_json
+from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted
+from p2pnode.noise import IK, NN, XX, CipherState, HandshakeState, NoiseTransport
+from p2pnode.registry import Registry
+from p2pnode.secure import PROLOGUE, SecureHandshake, SecureIdentity
+from p2pnode.tools import ToolInvocation
+from p2pnode.wire import pack, unpack_untrusted
+
+# --------------------------------------------------------------------------- cards, envelopes
+
+
+def _use_card(card: AgentCard) -> None:
+    # What a node does with a card it accepted: store, sign-check, re-encode.
+    card.to_bytes()
+    card.to_json()
+    card.is_signed_by_owner()
+    card.capability_ids()
+
+
+def run_card_bytes(data: bytes) -> None:
+    _use_card(AgentCard.from_bytes_untrusted(data))
+
+
+def run_card_json(text: str | bytes) -> None:
+    _use_card(AgentCard.from_json_untrusted(text))
+
+
+def run_card_dict(obj: object) -> None:
+    _use_card(AgentCard.from_dict_untrusted(obj))
+
+
+def _card_bytes(rng: random.Random) -> bytes:
+    if rng.random() < 0.25:
+        return resigned_card(rng, OWNER, cards()[:2])
+    return from_seeds([c.to_bytes() for c in cards()])(rng)
+
+
+def _tree_of(seeds: Callable[[], tuple[bytes, ...]], json: bool = False) -> Generator:
+    """Decoded trees with one or two hostile nodes, handed over without an encoding (so
+    values no encoder would produce, like integers past 64 bits, reach the validator)."""
+
+    def generate(rng: random.Random) -> Any:
+        obj = unpack_plain(rng.choice(seeds()))
+        for _ in range(rng.choice((1, 1, 2))):
+            obj = mutate_tree(rng, obj, _dict_value)
+        return obj
+
+    return generate
+
+
+def _dict_value(rng: random.Random) -> Any:
+    return rng.choice((10**30, -(10**20), 2**64)) if rng.random() < 0.1 else wire_value(rng)
+
+
+def _card_seeds() -> tuple[bytes, ...]:
+    return tuple(c.to_bytes() for c in cards())
+
+
+def _use_envelope(envelope: Envelope) -> None:
+    envelope.to_msgpack()
+    envelope.to_dict()
+
+
+def run_envelope_msgpack(data: bytes) -> None:
+    _use_envelope(Envelope.from_msgpack_untrusted(data))
+
+
+def run_envelope_json(text: str | bytes) -> None:
+    _use_envelope(Envelope.from_json_untrusted(text))
+
+
+def run_envelope_dict(obj: object) -> None:
+    _use_envelope(Envelope.from_dict_untrusted(obj))
+
+
+def run_frame(data: bytes) -> None:
+    frame = decode_frame_untrusted(data)
+    if isinstance(frame, Envelope):
+        _use_envelope(frame)
+    elif isinstance(frame, EnvelopeBatch):
+        for envelope in frame.envelopes:
+            _use_envelope(envelope)
+    elif isinstance(frame, Hello):
+        for card in frame.cards:
+            _use_card(card)
+
+
+def _frame_input(rng: random.Random) -> bytes:
+    if rng.random() < 0.15:
+        # A HELLO whose cards are valid after mutation (signed again by their owner).
+        hello = unpack_plain(frame_seeds()[0])
+        hello[1]["cards"] = [resigned_card(rng, OWNER, cards()[:2]) for _ in range(2)]
+        return pack(hello)
+    return from_seeds(frame_seeds())(rng)
+
+
+def run_registry(data: bytes) -> None:
+    registry = Registry.from_bytes_untrusted(data)
+    registry.to_bytes()
+    for card in registry:
+        registry.find_by_capability(next(iter(card.capability_ids()), "x"))
+
+
+def run_tool(text: str | bytes) -> None:
+    ToolInvocation.from_json_untrusted(text).to_json()
+
+
+# --------------------------------------------------------------------------- DHT
+
+
+_REPLY_PARSERS = (
+    rpcwire.parse_ping_reply_untrusted,
+    rpcwire.parse_store_reply_untrusted,
+    rpcwire.parse_contacts_untrusted,
+    rpcwire.parse_find_value_reply_untrusted,
+    rpcwire.parse_stun_reply_untrusted,
+)
+_ARG_PARSERS: dict[str, Callable[[list[Any]], object]] = {
+    "ping": rpcwire.parse_ping_args_untrusted,
+    "store": rpcwire.parse_store_args_untrusted,
+    "find_node": rpcwire.parse_find_args_untrusted,
+    "find_value": rpcwire.parse_find_args_untrusted,
+    "stun": rpcwire.parse_stun_args_untrusted,
+}
+_KEYS = tuple({r.key for r in records()})
+
+
+def read_value(value: Any) -> None:
+    """What a DHT node does with a value: records per key, then their payloads."""
+    for key in _KEYS:
+        try:
+            recs, _ = decode_value_untrusted(value, key, now_ms=NOW_MS)
+        except RemoteError:
+            continue
+        for rec in recs:
+            if rec.kind is RecordKind.CARD:
+                AgentCard.from_bytes_untrusted(rec.payload)
+            else:
+                ProviderInfo.from_bytes_untrusted(rec.payload)
+
+
+def run_datagram(data: bytes) -> None:
+    msg = rpcwire.decode_datagram_untrusted(data)
+    if isinstance(msg, rpcwire.Request):
+        parsed = _ARG_PARSERS[msg.method](msg.args)
+        if msg.method == "store" and isinstance(parsed, tuple):
+            _try_remote(read_value, parsed[2])
+        return
+    for parse in _REPLY_PARSERS:
+        _try_remote(parse, msg.value)
+    if isinstance(msg.value, dict) and set(msg.value) == {"value"}:
+        _try_remote(read_value, msg.value["value"])
+
+
+def _try_remote(run: Callable[[Any], object], value: Any) -> None:
+    # Each reply parser is tried on its own, as the caller that awaits that reply would.
+    try:
+        run(value)
+    except RemoteError:
+        pass
+
+
+def _datagram_input(rng: random.Random) -> bytes:
+    seed = rng.choice(datagram_seeds())
+    return seed if rng.random() < 0.02 else mutate_datagram(rng, seed)
+
+
+def run_value(data: bytes) -> None:
+    read_value(data)
+    decode_value_untrusted(data, _KEYS[0], now_ms=NOW_MS)
+
+
+def _value_input(rng: random.Random) -> bytes:
+    return resigned_value(rng) if rng.random() < 0.5 else from_seeds(value_seeds())(rng)
+
+
+def run_record(data: bytes) -> None:
+    rec = SignedRecord.from_bytes_untrusted(data, now_ms=NOW_MS)
+    if rec.kind is RecordKind.CARD:
+        AgentCard.from_bytes_untrusted(rec.payload)
+
+
+def _record_input(rng: random.Random) -> bytes:
+    if rng.random() < 0.5:
+        return resigned_record(rng).to_bytes()
+    return from_seeds([r.to_bytes() for r in records()])(rng)
+
+
+def run_provider(data: bytes) -> None:
+    ProviderInfo.from_bytes_untrusted(data).to_bytes()
+
+
+# --------------------------------------------------------------------------- Noise
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeInput:
+    """Bytes for one side of a handshake, cut into the chunks they arrive in."""
+
+    initiator: bool
+    pattern: str
+    chunks: tuple[bytes, ...]
+
+
+def run_handshake(x: HandshakeInput) -> None:
+    hs = SecureHandshake(
+        INITIATOR if x.initiator else RESPONDER,
+        initiator=x.initiator,
+        now=0.0,
+        timeout=10.0,
+        remote_static=RESPONDER.static_public if x.initiator and x.pattern == "IK" else None,
+        generate_keypair=FixedKeys(1 if x.initiator else 2),
+    )
+    for i, chunk in enumerate(x.chunks):
+        hs.receive_data_untrusted(chunk, float(i))
+        hs.data_to_send()
+    if hs.stage.value == "done":
+        hs.result()
+
+
+def _cut(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
+    if not data or rng.random() < 0.6:
+        return (data,)
+    cuts = sorted(rng.randrange(len(data) + 1) for _ in range(rng.randrange(1, 4)))
+    pieces, last = [], 0
+    for c in [*cuts, len(data)]:
+        pieces.append(data[last:c])
+        last = c
+    return tuple(p for p in pieces if p) or (data,)
+
+
+def _payload_variant(rng: random.Random, payload: bytes) -> bytes:
+    return mutate_msgpack(rng, payload) if rng.random() < 0.8 else mutate_any(rng, payload)
+
+
+def _handshake_input(rng: random.Random) -> HandshakeInput:
+    pattern = rng.choice(("XX", "IK"))
+    initiator = rng.random() < 0.4
+    t = transcripts()[pattern]
+    roll = rng.random()
+    if initiator:
+        if roll < 0.35:
+            data = reply_with_payload(pattern, _payload_variant(rng, RESPONDER.payload))
+        elif roll < 0.45:
+            data = rng.choice((b"\x00\x00\x01", b"\x00\x00", b"\x04\x01" + bytes(1025)))
+        else:
+            data = mutate_any(rng, t.responder_reply) if roll < 0.97 else t.responder_reply
+    elif roll < 0.35:
+        mutated = _payload_variant(rng, INITIATOR.payload)
+        alt = (
+            transcript(pattern, first_payload=mutated)
+            if pattern == "IK"
+            else transcript(pattern, last_payload=mutated)
+        )
+        data = alt.initiator_first + alt.initiator_last
+    elif roll < 0.45:
+        data = rng.choice((b"\x02X", b"\x01Z", b"\x01", b"\x01X\x00\x00", b"\x01X\xff\xff"))
+        data += random_bytes(rng)
+    else:
+        whole = t.initiator_first + t.initiator_last
+        data = mutate_any(rng, whole) if roll < 0.97 else whole
+    return HandshakeInput(initiator, pattern, _cut(rng, data))
+
+
+def run_payload(data: bytes) -> None:
+    # A fresh identity per input: the verified-payload cache must not hide the parser.
+    verifier = SecureIdentity(RESPONDER.identity, RESPONDER.static, verified_cache=0)
+    verifier.verify_payload_untrusted(data, INITIATOR.static_public)
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseInput:
+    pattern: str
+    message: bytes
+
+
+_NOISE_PATTERNS = {"NN": NN, "XX": XX, "IK": IK}
+
+
+def run_noise(x: NoiseInput) -> None:
+    pattern = _NOISE_PATTERNS[x.pattern]
+    state = HandshakeState(
+        pattern,
+        initiator=False,
+        prologue=PROLOGUE,
+        static=RESPONDER.static,
+        generate_keypair=FixedKeys(3),
+    )
+    state.read_message_untrusted(x.message)
+
+
+def _noise_input(rng: random.Random) -> NoiseInput:
+    pattern = rng.choice(("NN", "XX", "IK"))
+    seed = transcripts()["IK" if pattern == "IK" else "XX"].initiator_first[4:]
+    roll = rng.random()
+    if roll < 0.05:
+        message = bytes(rng.choice((65536, 65535, 0)))
+    elif roll < 0.1:
+        message = random_bytes(rng)
+    else:
+        message = mutate_any(rng, seed)
+    return NoiseInput(pattern, message)
+
+
+# --------------------------------------------------------------------------- transport framing
+
+_KEY = bytes(range(32))
+_MAX_MESSAGE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class TransportInput:
+    """Transport bytes arriving in ``chunks`` at the given times, then maybe EOF."""
+
+    chunks: tuple[tuple[float, bytes], ...]
+    eof: bool
+
+
+def run_transport(x: TransportInput) -> None:
+    transport = NoiseTransport(CipherState(bytes(32)), CipherState(_KEY), b"\x00" * 64, None)
+    codec = TransportCodec(
+        transport, now=0.0, max_message_size=_MAX_MESSAGE, idle_timeout=60.0, frame_timeout=5.0
+    )
+    for now, chunk in x.chunks:
+        codec.handle_timer(now)
+        codec.receive_data_untrusted(chunk, now)
+        while codec.next_message() is not None:
+            pass
+    if x.eof:
+        codec.receive_eof_untrusted()
+
+
+def _records_plaintext(rng: random.Random) -> bytes:
+    out = bytearray()
+    for _ in range(rng.randrange(0, 6)):
+        size = rng.choice((0, 1, 5, 100, 4000, _MAX_MESSAGE, _MAX_MESSAGE + 1, 70_000))
+        announced = size if rng.random() < 0.85 else rng.choice((2**32 - 1, size + 1, 0))
+        out += struct.pack(">I", announced) + rng.randbytes(min(size, 70_000))
+    if rng.random() < 0.2:
+        out += rng.randbytes(rng.randrange(1, 4))  # a record header cut short
+    return bytes(out)
+
+
+def _seal_frames(rng: random.Random, plaintext: bytes) -> list[bytes]:
+    frames: list[bytes] = []
+    pos, nonce = 0, 0
+    while pos < len(plaintext) or not frames:
+        size = min(len(plaintext) - pos, rng.choice((1, 7, 100, 5000, 65519)))
+        buf = bytearray(2 + size + 16)
+        buf[2 : 2 + size] = plaintext[pos : pos + size]
+        seal_in_place(_KEY, struct.pack("<4xQ", nonce), buf, 0, size)
+        frames.append(bytes(buf))
+        pos += size
+        nonce += 1
+    return frames
+
+
+def _transport_input(rng: random.Random) -> TransportInput:
+    frames = _seal_frames(rng, _records_plaintext(rng))
+    roll = rng.random()
+    if roll < 0.1:
+        frames = [random_bytes(rng)]
+    elif roll < 0.4:
+        i = rng.randrange(len(frames))
+        change = rng.randrange(4)
+        if change == 0:
+            frames[i] = mutate_any(rng, frames[i])
+        elif change == 1:
+            del frames[i]  # the nonces after it no longer match
+        elif change == 2:
+            frames.insert(i, frames[i])  # a replay
+        else:
+            frames[i] = rng.choice((b"\x00\x0f", b"\x00\x00", b"\xff\xff")) + frames[i][2:]
+    stream = b"".join(frames)
+    chunks = _cut(rng, stream)
+    times = sorted(rng.choice((0.0, 1.0, 4.0, 6.0, 61.0)) for _ in chunks)
+    return TransportInput(tuple(zip(times, chunks, strict=True)), rng.random() < 0.2)
+
+
+# --------------------------------------------------------------------------- CRDT
+
+
+def run_clock(data: bytes) -> None:
+    clock = VectorClock.decode_untrusted(data)
+    clock.merge(VectorClock({"a": 1}))
+    clock.encode()
+
+
+def _check_replica(replica: Replica, doc: str) -> None:
+    # An accepted update must leave a document that reads, serves and encodes.
+    value_to_json(replica.value(doc))
+    missing = replica.missing_for(doc, VectorClock())
+    if isinstance(missing, FullState):
+        FullState.decode_untrusted(missing.encode())
+    replica.full_state(doc).encode()
+
+
+def run_delta(data: bytes) -> None:
+    delta = Delta.decode_untrusted(data)
+    replica = base_replica()
+    replica.apply_delta(delta)
+    _check_replica(replica, delta.doc)
+
+
+def run_full_state(data: bytes) -> None:
+    full = FullState.decode_untrusted(data)
+    replica = base_replica()
+    replica.apply_full_state(full)
+    _check_replica(replica, full.doc)
+
+
+def run_gossip(data: bytes) -> None:
+    msg = decode_untrusted(data)
+    replica = base_replica()
+    core = GossipNode(replica, peers=["p1", "p2", "p3"], docs=[DOC], rng=random.Random(0), now=0.0)
+    core.receive("p1", msg)
+    for _, out in core.take_outgoing():
+        out.encode()
+    _check_replica(replica, DOC)
+
+
+def run_gossip_payload(data: bytes) -> None:
+    _, frame = decode_gossip_payload_untrusted(unpack_untrusted(data))
+    decode_untrusted(frame)
+
+
+def run_peer_id(data: bytes) -> None:
+    obj = unpack_untrusted(data)
+    if isinstance(obj, bytes):
+        PeerId.from_bytes_untrusted(obj)
+    else:
+        PeerId.parse_untrusted(obj)
+
+
+_PEER_ID_SEEDS = (pack(str(OWNER.peer_id)), pack(OWNER.peer_id.raw), pack(str(OWNER.peer_id)[:31]))
+
+
+def _json_input(seeds: Callable[[], tuple[str, ...]]) -> Generator:
+    def generate(rng: random.Random) -> str | bytes:
+        seed = rng.choice(seeds())
+        return seed if rng.random() < 0.02 else mutate_json(rng, seed)
+
+    return generate
+
+
+def _lazy(seeds: Callable[[], tuple[bytes, ...]]) -> Generator:
+    def generate(rng: random.Random) -> bytes:
+        return from_seeds(seeds())(rng)
+
+    return generate
+
+
+def _card_json_seeds() -> tuple[str, ...]:
+    return tuple(c.to_json() for c in cards())
+
+
+ENTRIES: list[Entry] = [
+    Entry("frame", _frame_input, run_frame),
+    Entry("card.msgpack", _card_bytes, run_card_bytes),
+    Entry("card.json", _json_input(_card_json_seeds), run_card_json),
+    Entry("card.dict", _tree_of(_card_seeds), run_card_dict),
+    Entry("envelope.msgpack", _lazy(envelope_seeds), run_envelope_msgpack),
+    Entry("envelope.json", _json_input(envelope_json_seeds), run_envelope_json),
+    Entry("envelope.dict", _tree_of(envelope_seeds), run_envelope_dict),
+    Entry("registry", _lazy(lambda: (registry_seed(),)), run_registry, share=0.3),
+    Entry("tool.json", from_json_seeds(tool_seeds()), run_tool),
+    Entry("dht.datagram", _datagram_input, run_datagram),
+    Entry("dht.value", _value_input, run_value),
+    Entry("dht.record", _record_input, run_record),
+    Entry(
+        "dht.provider", _lazy(lambda: (provider_payload(), provider_payload("a", ""))), run_provider
+    ),
+    Entry("secure.handshake", _handshake_input, run_handshake, share=0.5),
+    Entry("secure.payload", _lazy(lambda: (INITIATOR.payload,)), run_payload),
+    Entry("noise.message", _noise_input, run_noise),
+    Entry("framing", _transport_input, run_transport),
+    Entry("crdt.clock", _lazy(clock_seeds), run_clock),
+    Entry("crdt.delta", _lazy(delta_seeds), run_delta),
+    Entry("crdt.full_state", _lazy(full_state_seeds), run_full_state, share=0.5),
+    Entry("crdt.gossip", _lazy(gossip_frames), run_gossip),
+    Entry("crdt.gossip_payload", _lazy(gossip_payload_seeds), run_gossip_payload),
+    Entry("peer_id", _lazy(lambda: _PEER_ID_SEEDS), run_peer_id),
+]
