@@ -30,7 +30,8 @@ from p2pnode.node.channels import (
 )
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.frames import FrameKind, encode_envelope, encode_hello
-from p2pnode.node.node import BoundedSet, Node
+from p2pnode.node.node import Node
+from p2pnode.node.router import BoundedSet
 from p2pnode.node.observability import EventKind, Outcome
 from p2pnode.node.policy import PolicyConfig, TierRule
 from p2pnode.simnet import SimNetwork
@@ -208,7 +209,7 @@ async def test_a_request_without_an_answer_times_out(autojump_clock: Any) -> Non
         assert info.value.code is ErrorCode.TIMEOUT
         waited = trio.current_time() - start
         assert FAST.request_timeout <= waited <= FAST.request_timeout * 1.125 + 0.01
-        assert a._pending == {}
+        assert a.routing.pending == {}
 
 
 async def test_send_many_routes_each_envelope_and_keeps_order(autojump_clock: Any) -> None:

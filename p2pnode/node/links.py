@@ -20,6 +20,7 @@ import trio
 from p2pnode.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
+from p2pnode.lifetime import TaskOwner
 from p2pnode.net import Address, Network, StreamListener
 from p2pnode.node.channels import ChannelState, FrameHandler, PeerLink, close_quietly
 from p2pnode.node.config import NodeConfig, parse_address
@@ -36,8 +37,9 @@ ACCEPT_PAUSE = 0.1
 ACCEPT_PAUSE_MAX = 1.0
 
 
-class LinkManager:
-    """Links by peer id (see the module docstring)."""
+class LinkManager(TaskOwner):
+    """Links by peer id (see the module docstring). Use ``async with``: every link's
+    tasks and the accept loop run in the manager's nursery."""
 
     def __init__(
         self,
@@ -46,7 +48,6 @@ class LinkManager:
         config: NodeConfig,
         registry: Registry,
         events: Observability,
-        nursery: Callable[[], trio.Nursery],
         on_frame: FrameHandler,
         hello: Callable[[], bytes],
     ) -> None:
@@ -55,7 +56,6 @@ class LinkManager:
         self._config = config
         self._registry = registry
         self._events = events
-        self._nursery = nursery
         self._on_frame = on_frame
         self._hello = hello
         # Links enforce the idle timeout themselves (a watchdog, not a cancel scope per read).
@@ -87,7 +87,7 @@ class LinkManager:
             link = PeerLink(
                 self.local_peer_id,
                 peer_id,
-                self._nursery(),
+                self.nursery,
                 lambda: self._dial(peer_id),
                 self._on_frame,
                 _log_state,
@@ -102,10 +102,14 @@ class LinkManager:
         if addresses:
             self._addresses[peer_id] = addresses[:16]
 
-    async def aclose(self) -> None:
+    async def close_all(self) -> None:
+        """Close every link; from now on no link is made and accepted channels are closed."""
         self._closing = True
         for link in list(self._links.values()):
             await link.aclose()
+
+    async def _stop(self) -> None:
+        await self.close_all()
 
     def _drop_closed(self) -> None:
         for peer_id in [p for p, link in self._links.items() if link.state is ChannelState.CLOSED]:

@@ -33,8 +33,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Callable
-from types import TracebackType
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -52,7 +52,8 @@ from p2pnode.envelope import (
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity, PeerId
-from p2pnode.net import Address, Network
+from p2pnode.lifetime import TaskOwner
+from p2pnode.net import Address, Network, StreamListener
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig, format_address
 from p2pnode.node.discovery import Discovery, NoDiscovery
@@ -60,14 +61,9 @@ from p2pnode.node.frames import encode_hello
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Policy
-from p2pnode.node.routing import (
-    Handler,
-    LocalAgent,
-    PendingRequest,
-    Routing,
-    RoutingResult,
-    StreamInterceptor,
-)
+from p2pnode.node.router import BoundedSet, Interceptor, Router, RoutingResult
+from p2pnode.node.routing import Handler, LocalAgent, PendingRequest, Routing
+from p2pnode.node.service import Service
 from p2pnode.node.shared import SharedConfig, SharedState
 from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
@@ -75,33 +71,7 @@ from p2pnode.secure import SecureIdentity
 logger = logging.getLogger("p2pnode.node")
 
 
-class BoundedSet:
-    """Remembers at least the last ``size`` keys, and at most twice as many.
-
-    Two generations of plain sets: when the newer one fills up it becomes the
-    older one and the previous older one is forgotten. Set operations are the
-    cheapest membership test Python has, and this runs for every envelope.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._new: set[str] = set()
-        self._old: set[str] = set()
-
-    def add(self, key: str) -> bool:
-        """Add ``key``; False when it was already there."""
-        if key in self._new or key in self._old:
-            return False
-        if len(self._new) >= self._size:
-            self._old, self._new = self._new, set()
-        self._new.add(key)
-        return True
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._new or key in self._old
-
-
-class Node(Routing):
+class Node(TaskOwner):
     """A full peer. Use ``async with Node(...) as node``."""
 
     def __init__(
@@ -116,86 +86,108 @@ class Node(Routing):
         self.identity = identity
         self.config = config if config is not None else NodeConfig()
         self.network = network
-        self.discovery: Discovery = discovery if discovery is not None else NoDiscovery()
         self.secure_identity = SecureIdentity(identity)
         self.registry = Registry(identity)
         self.policy = Policy(self.config.policy)
         self.events = Observability(clock_ms)
         #: Contains whatever one peer's frame raises (see :mod:`p2pnode.boundary`).
         self.boundary = FailureBoundary(logger, self._input_failed)
-        self.threads = ThreadStore()
         self._clock_ms = clock_ms
         self._factory = EnvelopeFactory(clock_ms)
         self._agents: dict[str, LocalAgent] = {}
+
+        def on_frame(peer_id: PeerId, data: bytes) -> Awaitable[None]:
+            return self.routing.on_frame(peer_id, data)
+
         self.links = LinkManager(
             self.secure_identity,
             network,
             self.config,
             self.registry,
             self.events,
-            lambda: self.nursery,
-            self._on_frame,
+            on_frame,  # frames go to the routing driver, made just below
             self._hello_bytes,
         )
-        self._pending: dict[str, PendingRequest] = {}
-        self._hellos: dict[PeerId, trio.Event] = {}
-        self._seen = BoundedSet(self.config.dedup_window)
-        self._allowed_requests = BoundedSet(self.config.dedup_window)
-        self._stream_interceptors: dict[str, StreamInterceptor] = {}
+        router = Router(
+            self.registry, self.policy, self._agents, BoundedSet(self.config.dedup_window)
+        )
+        self.routing = Routing(
+            router,
+            self._agents,
+            self.registry,
+            self.policy,
+            self.links,
+            self.events,
+            self._factory,
+            self.boundary,
+            discovery if discovery is not None else NoDiscovery(),
+            dedup_window=self.config.dedup_window,
+            max_peers=self.config.max_peers,
+            clock_ms=clock_ms,
+        )
         self._shared: SharedState | None = None
-        self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
         self._listen_address: Address | None = None
-        self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Node:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        try:
-            listener = await self.network.listen_stream(self.config.listen)
-            self._listen_address = listener.local_address
-            await self._nursery.start(self.links.accept_loop, listener)
-            self._nursery.start_soon(self._expire_requests)
-        except BaseException as exc:
-            self._nursery.cancel_scope.cancel()
-            await self._nursery_cm.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        return self
+    async def _start(self, nursery: trio.Nursery) -> None:
+        listener = await self.network.listen_stream(self.config.listen)
+        self._listen_address = listener.local_address
+        await nursery.start(self._run_links, listener)
+        nursery.start_soon(self.routing.expire_requests, self.config.request_timeout / 8)
 
-    async def __aexit__(
+    async def _run_links(
         self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        await self.aclose()
-        assert self._nursery_cm is not None
-        result: bool | None = await self._nursery_cm.__aexit__(exc_type, exc, tb)
-        return result
+        listener: StreamListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with self.links:
+            await self.links.nursery.start(self.links.accept_loop, listener)
+            task_status.started()
+            await trio.sleep_forever()
 
-    async def aclose(self) -> None:
-        """Close every link and cancel every task of the node."""
-        if self._closed:
-            return
-        self._closed = True
-        with trio.CancelScope(shield=True):
-            await self.links.aclose()
+    async def _stop(self) -> None:
+        await self.links.close_all()
         for agent in self._agents.values():
             agent.inbox_send.close()
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
 
     def _input_failed(self, source: str, what: str, exc: Exception) -> None:
         code = exc.code if isinstance(exc, P2PError) else ErrorCode.INPUT_FAILED
         self.events.security(code, f"{what} dropped: {describe(exc)}", source, None)
 
+    # -- routing (see p2pnode.node.routing) -------------------------------------------------
+
     @property
-    def nursery(self) -> trio.Nursery:
-        if self._nursery is None or self._closed:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "the node is not open; use `async with`")
-        return self._nursery
+    def discovery(self) -> Discovery:
+        """How the node finds agents it has not met (the DHT, once :func:`open_node` set it)."""
+        return self.routing.discovery
+
+    @discovery.setter
+    def discovery(self, discovery: Discovery) -> None:
+        self.routing.discovery = discovery
+
+    @property
+    def threads(self) -> ThreadStore:
+        """Envelopes sent and received, by conversation."""
+        return self.routing.threads
+
+    @property
+    def data_dir(self) -> Path | None:
+        return self.config.data_dir
+
+    async def send(self, envelope: Envelope) -> RoutingResult:
+        """Route one envelope from a local agent (see :meth:`Routing.send`).
+
+        Raises LocalError: AGENT_NOT_FOUND, CAPABILITY_NOT_FOUND, TIER_VIOLATION,
+        SANDBOX_VIOLATION, ESCALATION_REQUIRED, DELIVERY_FAILED.
+        """
+        return await self.routing.send(envelope)
+
+    async def send_many(self, envelopes: Iterable[Envelope]) -> list[RoutingResult]:
+        """Route envelopes in order, each as :meth:`send` would; each peer's share leaves
+        in one coalesced write (see :meth:`Routing.send_many`)."""
+        return await self.routing.send_many(envelopes)
 
     @property
     def peer_id(self) -> PeerId:
@@ -292,7 +284,7 @@ class Node(Routing):
         card = dataclasses.replace(agent.card, capabilities=(*agent.card.capabilities, capability))
         return await self.add_agent_card(card, agent.handler)
 
-    def intercept_stream(self, marker: str, interceptor: StreamInterceptor | None) -> None:
+    def intercept_stream(self, marker: str, interceptor: Interceptor | None) -> None:
         """Send inbound ``stream-data`` envelopes whose payload is a map holding the key
         ``marker`` to ``interceptor`` instead of the recipient's handler (``None``
         removes it). It runs after sender authentication and ingress policy, once per
@@ -301,12 +293,20 @@ class Node(Routing):
 
         Raises LocalError(INVALID_ARGUMENT) when ``marker`` is already intercepted.
         """
-        if interceptor is None:
-            self._stream_interceptors.pop(marker, None)
-        elif marker in self._stream_interceptors:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"stream marker {marker!r} is taken")
-        else:
-            self._stream_interceptors[marker] = interceptor
+        self.routing.intercept_stream(marker, interceptor)
+
+    def intercept_types(
+        self, types: Iterable[MessageType], interceptor: Interceptor | None
+    ) -> None:
+        """Like :meth:`intercept_stream`, for every inbound envelope of the given types
+        (checked before payload markers). Raises LocalError(INVALID_ARGUMENT) when one
+        of the types is already intercepted."""
+        self.routing.intercept_types(types, interceptor)
+
+    async def start_service(self, service: Service) -> None:
+        """Run ``service`` (see :mod:`p2pnode.node.service`) until the node closes; returns
+        once it reported readiness."""
+        await self.nursery.start(service.run)
 
     async def open_shared(
         self, config: SharedConfig | None = None, *, rng: random.Random | None = None
@@ -319,7 +319,7 @@ class Node(Routing):
             shared = SharedState(self, config, rng=rng)
             self._shared = shared
             try:
-                await self.nursery.start(shared.run)
+                await self.start_service(shared)
             except BaseException:
                 self._shared = None
                 raise
@@ -362,7 +362,7 @@ class Node(Routing):
         """Agents offering ``capability``: the registry, refreshed from the DHT."""
         for card in await self.discovery.find_providers(capability):
             if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
-                self._learn_card(card)
+                self.routing.learn_card(card)
         return self.registry.find_by_capability(capability)
 
     def local_agent(self, agent_id: str) -> AgentCard:
@@ -406,23 +406,16 @@ class Node(Routing):
             result = await agent.handler(envelope)
         except P2PError as exc:
             if envelope.type is MessageType.REQUEST:
-                await self._reply(agent.card.id, envelope, MessageType.ERROR, exc.to_dict())
+                await self.routing.reply(agent.card.id, envelope, MessageType.ERROR, exc.to_dict())
             return
         except Exception as exc:  # a buggy handler must not take the node down
             logger.exception("handler of %s failed", agent.card.id)
             if envelope.type is MessageType.REQUEST:
                 error = {"code": str(ErrorCode.INTERNAL), "message": repr(exc), "details": {}}
-                await self._reply(agent.card.id, envelope, MessageType.ERROR, error)
+                await self.routing.reply(agent.card.id, envelope, MessageType.ERROR, error)
             return
         if envelope.type is MessageType.REQUEST:
-            await self._reply(agent.card.id, envelope, MessageType.RESPONSE, result)
-
-    async def _reply(self, sender: str, to: Envelope, type: MessageType, payload: Any) -> None:
-        reply = self._factory.reply(to, sender, type, payload)
-        try:
-            await self.send(reply)
-        except P2PError as exc:
-            logger.info("reply %s to %s not delivered: %s", reply.id, to.sender, exc)
+            await self.routing.reply(agent.card.id, envelope, MessageType.RESPONSE, result)
 
     # -- envelopes out ----------------------------------------------------------------------
 
@@ -468,7 +461,7 @@ class Node(Routing):
         """
         meta = Metadata(routing_hint=ROUTING_HINT_CAPABILITY) if capability else None
         envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
-        pending = self._pending[envelope.id] = PendingRequest()
+        pending = self.routing.pending[envelope.id] = PendingRequest()
         try:
             result = await self.send(envelope)
             if not result.targets:
@@ -478,9 +471,9 @@ class Node(Routing):
             if pending.reply is None:
                 pending.targets = result.targets
             pending.deadline = trio.current_time() + self.config.request_timeout
-            await pending.event.wait()  # set by the reply, or by _expire_requests
+            await pending.event.wait()  # set by the reply, or when it expires
         finally:
-            del self._pending[envelope.id]
+            del self.routing.pending[envelope.id]
         reply = pending.reply
         if reply is None:
             raise LocalError(ErrorCode.TIMEOUT, f"no response to {envelope.id} from {recipient}")
@@ -494,17 +487,6 @@ class Node(Routing):
             )
         return reply
 
-    async def _expire_requests(self) -> None:
-        # One timer for all pending requests instead of a cancel scope per request, which
-        # costs about 10 microseconds of every round trip.
-        interval = self.config.request_timeout / 8
-        while True:
-            await trio.sleep(interval)
-            now = trio.current_time()
-            for pending in list(self._pending.values()):
-                if pending.deadline <= now:
-                    pending.event.set()
-
     # -- links ------------------------------------------------------------------------------
 
     async def connect(self, address: Address) -> PeerId:
@@ -512,16 +494,8 @@ class Node(Routing):
         HELLO (its agents' cards) has arrived, or after the dial timeout."""
         peer_id = await self.links.connect(address)
         with trio.move_on_after(self.config.retry.dial_timeout):
-            await self._hello_seen(peer_id).wait()
+            await self.routing.hello_seen(peer_id).wait()
         return peer_id
-
-    def _hello_seen(self, peer_id: PeerId) -> trio.Event:
-        event = self._hellos.get(peer_id)
-        if event is None:
-            if len(self._hellos) >= self.config.max_peers:
-                self._hellos.clear()  # only a wait aid: forgetting costs one short wait
-            event = self._hellos[peer_id] = trio.Event()
-        return event
 
     # -- status -----------------------------------------------------------------------------
 
@@ -549,4 +523,4 @@ class Node(Routing):
         }
 
 
-__all__ = ["Handler", "Node", "RoutingResult", "StreamInterceptor"]
+__all__ = ["Handler", "Interceptor", "Node", "RoutingResult"]

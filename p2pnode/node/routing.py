@@ -1,8 +1,15 @@
-"""The routing half of the node: envelopes out (egress) and frames in (ingress).
+"""The routing driver of a node: envelopes out (egress) and frames in (ingress).
 
-Mixed into :class:`p2pnode.node.node.Node`, which owns the state these methods
-use (declared below for the type checker). See the node module's docstring
-for the rules; docs/protocol/node.md has them in protocol terms.
+:class:`Routing` performs what the pure :class:`~p2pnode.node.router.Router`
+decides: it asks discovery when the registry does not know a target, writes
+routed envelopes to the peers' links (a burst for one peer as one frame),
+delivers to local agents' inboxes, hands intercepted payloads to services,
+matches replies to pending requests, and emits the events. It is given the
+parts it uses (registry, policy, links, events, envelope factory, failure
+boundary, discovery) and owns the rest of the routing state: pending
+requests, the duplicate window, HELLO arrivals and interceptors. The node
+module's docstring has the rules; docs/protocol/node.md has them in protocol
+terms.
 """
 
 from __future__ import annotations
@@ -10,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any
 
 import trio
 
@@ -21,6 +28,7 @@ from p2pnode.card import AgentCard, Origin
 from p2pnode.envelope import (
     ROUTING_HINT_CAPABILITY,
     Envelope,
+    EnvelopeFactory,
     MessageType,
     Metadata,
     ThreadStore,
@@ -40,26 +48,12 @@ from p2pnode.node.frames import (
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
+from p2pnode.node.router import BoundedSet, Interceptor, Refusal, Router, RoutingResult
 from p2pnode.registry import Registry
 
 logger = logging.getLogger("p2pnode.node")
 
 Handler = Callable[[Envelope], Awaitable[Any]]
-#: ``(authenticated source card, local recipient agent id, envelope)``.
-StreamInterceptor = Callable[[AgentCard, str, Envelope], Awaitable[None]]
-REPLY_TYPES = frozenset(
-    {MessageType.RESPONSE, MessageType.ERROR, MessageType.TASK_ACCEPT, MessageType.TASK_REJECT}
-)
-
-
-class RoutingResult(NamedTuple):
-    """What :meth:`Node.send` did with an envelope (a tuple: one is built per envelope)."""
-
-    envelope_id: str
-    path: str  # "local", "remote" or "broadcast"
-    targets: tuple[str, ...]
-    delivered: int
-    latency_ms: float
 
 
 @dataclass(slots=True)
@@ -120,40 +114,97 @@ class PendingRequest:
         self.deadline = math.inf  # set once the request is on its way
 
 
-class SeenSet(Protocol):
-    """What :class:`Routing` needs of a bounded set of ids."""
-
-    def add(self, key: str) -> bool: ...
-
-    def __contains__(self, key: object) -> bool: ...
-
-
 class Routing:
-    """Egress and ingress routing of a node (a mixin of :class:`Node`)."""
+    """The routing driver of one node: performs what :class:`~p2pnode.node.router.Router`
+    decides (see the module docstring)."""
 
-    events: Observability
-    registry: Registry
-    policy: Policy
-    discovery: Discovery
-    threads: ThreadStore
-    links: LinkManager
-    _agents: dict[str, LocalAgent]
-    _pending: dict[str, PendingRequest]
-    _seen: SeenSet
-    _allowed_requests: SeenSet
-    _stream_interceptors: dict[str, StreamInterceptor]
-    _clock_ms: Callable[[], int]
-    boundary: FailureBoundary
+    def __init__(
+        self,
+        router: Router,
+        agents: dict[str, LocalAgent],
+        registry: Registry,
+        policy: Policy,
+        links: LinkManager,
+        events: Observability,
+        factory: EnvelopeFactory,
+        boundary: FailureBoundary,
+        discovery: Discovery,
+        *,
+        dedup_window: int,
+        max_peers: int,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.router = router
+        self.discovery = discovery
+        self.threads = ThreadStore()
+        #: Requests sent by local agents and waiting for a reply, by envelope id.
+        self.pending: dict[str, PendingRequest] = {}
+        self._agents = agents
+        self._registry = registry
+        self._policy = policy
+        self._links = links
+        self._events = events
+        self._factory = factory
+        self._boundary = boundary
+        self._clock_ms = clock_ms
+        self._max_peers = max_peers
+        self._seen = BoundedSet(dedup_window)
+        self._hellos: dict[PeerId, trio.Event] = {}
+        self._interceptors: dict[str, Interceptor] = {}
+        self._type_interceptors: dict[MessageType, Interceptor] = {}
 
-    if TYPE_CHECKING:
+    def intercept_stream(self, marker: str, interceptor: Interceptor | None) -> None:
+        """See :meth:`p2pnode.node.node.Node.intercept_stream`."""
+        if interceptor is None:
+            self._interceptors.pop(marker, None)
+        elif marker in self._interceptors:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"stream marker {marker!r} is taken")
+        else:
+            self._interceptors[marker] = interceptor
 
-        def local_agent(self, agent_id: str) -> AgentCard: ...
+    def intercept_types(
+        self, types: Iterable[MessageType], interceptor: Interceptor | None
+    ) -> None:
+        """See :meth:`p2pnode.node.node.Node.intercept_types`."""
+        types = list(types)
+        if interceptor is not None:
+            taken = [t.value for t in types if t in self._type_interceptors]
+            if taken:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, f"message types taken: {taken}")
+        for type_ in types:
+            if interceptor is None:
+                self._type_interceptors.pop(type_, None)
+            else:
+                self._type_interceptors[type_] = interceptor
 
-        def _hello_seen(self, peer_id: PeerId) -> trio.Event: ...
+    def hello_seen(self, peer_id: PeerId) -> trio.Event:
+        """Set once a HELLO from ``peer_id`` has been processed."""
+        event = self._hellos.get(peer_id)
+        if event is None:
+            if len(self._hellos) >= self._max_peers:
+                self._hellos.clear()  # only a wait aid: forgetting costs one short wait
+            event = self._hellos[peer_id] = trio.Event()
+        return event
 
-        async def _reply(
-            self, sender: str, to: Envelope, type: MessageType, payload: Any
-        ) -> None: ...
+    async def reply(self, sender: str, to: Envelope, type: MessageType, payload: Any) -> None:
+        """Answer ``to`` from local agent ``sender``; a reply that cannot be delivered is
+        logged, not raised (the requester times out)."""
+        reply = self._factory.reply(to, sender, type, payload)
+        try:
+            await self.send(reply)
+        except P2PError as exc:
+            logger.info("reply %s to %s not delivered: %s", reply.id, to.sender, exc)
+
+    async def expire_requests(self, interval: float) -> None:
+        """Wake requests whose deadline passed, every ``interval`` seconds, forever."""
+        # One timer for all pending requests instead of a cancel scope per request, which
+        # costs about 10 microseconds of every round trip.
+        while True:
+            await trio.sleep(interval)
+            now = trio.current_time()
+            for pending in list(self.pending.values()):
+                if pending.deadline <= now:
+                    pending.event.set()
 
     async def send(self, envelope: Envelope) -> RoutingResult:
         """Route one envelope from a local agent (see the module docstring).
@@ -207,14 +258,14 @@ class Routing:
         for peer_id, routes in remote.items():
             peer = str(peer_id)
             try:
-                await self.links.link(peer_id).send_many(_frames([r.envelope for r in routes]))
+                await self._links.link(peer_id).send_many(_frames([r.envelope for r in routes]))
             except P2PError as exc:
                 for route in routes:
                     self._note_failure(route.envelope, route.start, exc)
                 error = error or exc
                 continue
             for route in routes:
-                self.events.message_sent(route.envelope, RoutingPath.REMOTE, peer)
+                self._events.message_sent(route.envelope, RoutingPath.REMOTE, peer)
                 route.result = self._delivered(
                     route.envelope, RoutingPath.REMOTE, route.target, route.start
                 )
@@ -232,7 +283,7 @@ class Routing:
             raise
 
     async def _route_from(self, envelope: Envelope, start: float) -> RoutingResult | _Route:
-        source = self.local_agent(envelope.sender)
+        source = self.router.source(envelope.sender)
         self.threads.add(envelope)
         if envelope.is_broadcast:
             return await self._broadcast(source, envelope, start)
@@ -244,23 +295,23 @@ class Routing:
                 metadata=dataclasses.replace(envelope.metadata, routing_hint=None),
             )
         else:
-            found = self.registry.find(envelope.recipient)
+            found = self.router.known_target(envelope.recipient)
             target = found if found is not None else await self._resolve_agent(envelope.recipient)
-        verdict = self._check(source, target, envelope)
+        verdict = self.router.check(source, target, envelope)
         self._note_verdict(verdict, envelope, None)
         if verdict is not None and not verdict.allowed:
             raise verdict.to_local_error()
         if target.origin is not Origin.LOCAL:
             return _Route(envelope, target, start)
         await self._deliver_local(envelope, [target.id])
-        self.events.message_sent(envelope, RoutingPath.LOCAL, str(target.peer_id))
+        self._events.message_sent(envelope, RoutingPath.LOCAL, str(target.peer_id))
         return self._delivered(envelope, RoutingPath.LOCAL, target, start)
 
     def _delivered(
         self, envelope: Envelope, path: RoutingPath, target: AgentCard, start: float
     ) -> RoutingResult:
         latency = (trio.current_time() - start) * 1000
-        self.events.routing_decision(envelope, path, Outcome.DELIVERED, latency, target=target.id)
+        self._events.routing_decision(envelope, path, Outcome.DELIVERED, latency, target=target.id)
         return RoutingResult(envelope.id, path, (target.id,), 1, latency)
 
     def _note_failure(self, envelope: Envelope, start: float, exc: P2PError) -> None:
@@ -271,35 +322,23 @@ class Routing:
             local = envelope.recipient in self._agents
             path = RoutingPath.LOCAL if local else RoutingPath.REMOTE
         outcome = Outcome.FAILED if exc.code is ErrorCode.DELIVERY_FAILED else Outcome.REJECTED
-        self.events.routing_decision(envelope, path, outcome, latency, code=exc.code)
+        self._events.routing_decision(envelope, path, outcome, latency, code=exc.code)
 
     async def _resolve_agent(self, agent_id: str) -> AgentCard:
-        card = self.registry.find(agent_id)
-        if card is not None:
-            return card
         for found in await self.discovery.find_agent(agent_id):
-            self._learn_card(found)
-        card = self.registry.find(agent_id)
+            self.learn_card(found)
+        card = self.router.known_target(agent_id)
         if card is None:
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
         return card
 
-    def _candidates(self, source: AgentCard, capability: str) -> list[AgentCard]:
-        cards = self.registry.find_by_capability(capability)
-        return [
-            c
-            for c in self.policy.filter_discoverable(source, cards)
-            if c.id != source.id
-            and self.policy.check_message(source, c, MessageType.REQUEST, None).allowed
-        ]
-
     async def _resolve_capability(self, source: AgentCard, envelope: Envelope) -> AgentCard:
         capability = envelope.recipient
-        candidates = self._candidates(source, capability)
+        candidates = self.router.candidates(source, capability)
         if not candidates:
             for found in await self.discovery.find_providers(capability):
-                self._learn_card(found)
-            candidates = self._candidates(source, capability)
+                self.learn_card(found)
+            candidates = self.router.candidates(source, capability)
         if not candidates:
             raise LocalError(
                 ErrorCode.CAPABILITY_NOT_FOUND,
@@ -308,64 +347,48 @@ class Routing:
             )
         return candidates[0]
 
-    def _check(self, source: AgentCard, target: AgentCard, envelope: Envelope) -> Verdict | None:
-        """None when the envelope is a reply to a request this node allowed."""
-        if envelope.type in REPLY_TYPES and envelope.correlation_id in self._allowed_requests:
-            return None
-        return self.policy.check_envelope(source, target, envelope)
-
     def _note_verdict(self, verdict: Verdict | None, envelope: Envelope, peer: str | None) -> None:
         if verdict is None:
             return
         if not verdict.allowed:
-            self.events.security(verdict.code or ErrorCode.INTERNAL, verdict.reason, peer, envelope)
+            code = verdict.code or ErrorCode.INTERNAL
+            self._events.security(code, verdict.reason, peer, envelope)
         elif verdict.cross_tier and verdict.source_tier is not None:
             assert verdict.target_tier is not None
-            self.events.audit_cross_tier(envelope, verdict.source_tier, verdict.target_tier)
+            self._events.audit_cross_tier(envelope, verdict.source_tier, verdict.target_tier)
 
     async def _broadcast(
         self, source: AgentCard, envelope: Envelope, start: float
     ) -> RoutingResult:
-        local_targets: list[str] = []
-        peers: dict[PeerId, list[str]] = {}
-        for card in self.registry:
-            if card.id == source.id:
-                continue
-            verdict = self.policy.check_envelope(source, card, envelope)
-            if not verdict.allowed:
-                continue
-            if card.origin is Origin.LOCAL:
-                local_targets.append(card.id)
-            else:
-                peers.setdefault(card.peer_id, []).append(card.id)
-        await self._deliver_local(envelope, local_targets)
-        delivered = len(local_targets)
+        fanout = self.router.fan_out(source, envelope)
+        await self._deliver_local(envelope, fanout.local)
         frame = encode_envelope(envelope)
         async with trio.open_nursery() as nursery:
-            for peer_id, agent_ids in peers.items():
+            for peer_id, agent_ids in fanout.peers.items():
                 nursery.start_soon(self._broadcast_to_peer, peer_id, agent_ids, frame)
-        delivered += sum(len(ids) for ids in peers.values())
-        self.events.message_sent(envelope, path=RoutingPath.BROADCAST)
+        self._events.message_sent(envelope, path=RoutingPath.BROADCAST)
         latency = (trio.current_time() - start) * 1000
-        targets = tuple(local_targets) + tuple(i for ids in peers.values() for i in ids)
-        self.events.routing_decision(
+        targets = fanout.targets
+        self._events.routing_decision(
             envelope, RoutingPath.BROADCAST, Outcome.DELIVERED, latency, target=",".join(targets)
         )
-        return RoutingResult(envelope.id, "broadcast", targets, delivered, latency)
+        return RoutingResult(envelope.id, "broadcast", targets, len(targets), latency)
 
-    async def _broadcast_to_peer(self, peer_id: PeerId, agent_ids: list[str], frame: bytes) -> None:
+    async def _broadcast_to_peer(
+        self, peer_id: PeerId, agent_ids: tuple[str, ...], frame: bytes
+    ) -> None:
         try:
-            await self.links.link(peer_id).send(frame)
+            await self._links.link(peer_id).send(frame)
         except P2PError as exc:
-            self.events.error(exc.code, f"broadcast to {peer_id} ({agent_ids}): {exc.message}")
+            self._events.error(exc.code, f"broadcast to {peer_id} ({agent_ids}): {exc.message}")
 
-    async def _deliver_local(self, envelope: Envelope, agent_ids: list[str]) -> None:
+    async def _deliver_local(self, envelope: Envelope, agent_ids: Sequence[str]) -> None:
         for agent_id in agent_ids:
             agent = self._agents.get(agent_id)
             if agent is None:
                 continue
             if envelope.type is MessageType.REQUEST:
-                self._allowed_requests.add(envelope.correlation_id or envelope.id)
+                self.router.note_request(envelope)
             if self._resolve_pending(envelope):
                 continue
             try:
@@ -374,12 +397,12 @@ class Routing:
                 await agent.inbox_send.send(envelope)  # back-pressure on a full inbox
 
     def _resolve_pending(self, envelope: Envelope) -> bool:
-        if envelope.type not in REPLY_TYPES or envelope.correlation_id is None:
+        if envelope.correlation_id is None:
             return False
-        pending = self._pending.get(envelope.correlation_id)
+        pending = self.pending.get(envelope.correlation_id)
         if pending is None or pending.reply is not None:
             return False
-        if pending.targets is not None and envelope.sender not in pending.targets:
+        if not Router.answers(envelope, pending.targets):
             return False
         pending.reply = envelope
         pending.event.set()
@@ -387,7 +410,7 @@ class Routing:
 
     # -- frames in --------------------------------------------------------------------------
 
-    async def _on_frame(self, peer_id: PeerId, data: bytes) -> None:
+    async def on_frame(self, peer_id: PeerId, data: bytes) -> None:
         """Ingress of one frame: its failure boundary. Whatever processing it raises ends
         here, as a security event naming the peer (module :mod:`p2pnode.boundary`)."""
         peer = str(peer_id)
@@ -397,109 +420,99 @@ class Routing:
                 await self._on_envelope(peer_id, peer, frame)
             elif isinstance(frame, EnvelopeBatch):
                 for problem in frame.rejected:
-                    self.boundary.contain(peer, "envelope", problem)
+                    self._boundary.contain(peer, "envelope", problem)
                 for envelope in frame.envelopes:
                     # Each envelope of a batch is an input of its own: one that fails
                     # does not cost the peer the ones after it.
                     try:
                         await self._on_envelope(peer_id, peer, envelope)
                     except Exception as exc:
-                        self.boundary.contain(peer, "envelope", exc)
+                        self._boundary.contain(peer, "envelope", exc)
             else:
                 self._on_hello(peer_id, frame)
         except Exception as exc:
-            self.boundary.contain(peer, "frame", exc)
+            self._boundary.contain(peer, "frame", exc)
 
-    def _learn_card(self, card: AgentCard, peer: str | None = None) -> bool:
-        verdict = self.policy.admit_card(card)
+    def learn_card(self, card: AgentCard, peer: str | None = None) -> bool:
+        """Admit a remote card (policy, then the registry's merge rules); False if refused."""
+        verdict = self._policy.admit_card(card)
         if not verdict.allowed:
-            self.events.security(
+            self._events.security(
                 verdict.code or ErrorCode.INVALID_ENDORSEMENT, verdict.reason, peer, None
             )
             return False
         try:
-            self.registry.merge_remote(card, self._clock_ms())
+            self._registry.merge_remote(card, self._clock_ms())
         except RemoteError as exc:
-            self.events.security(exc.code, exc.message, peer, None)
+            self._events.security(exc.code, exc.message, peer, None)
             return False
         return True
 
     def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
         for card in hello.cards:
             if card.peer_id != peer_id:
-                self.events.security(
+                self._events.security(
                     ErrorCode.SENDER_MISMATCH,
                     f"peer {peer_id} sent the card of {card.id} owned by {card.peer_id}",
                     str(peer_id),
                     None,
                 )
                 continue
-            self._learn_card(card, str(peer_id))
+            self.learn_card(card, str(peer_id))
         addresses = []
         for text in hello.addresses:
             try:
                 addresses.append(parse_address(text))
             except LocalError:
                 continue
-        self.links.learn_addresses(peer_id, addresses)
-        self._hello_seen(peer_id).set()
+        self._links.learn_addresses(peer_id, addresses)
+        self.hello_seen(peer_id).set()
 
     async def _on_envelope(self, peer_id: PeerId, peer: str, envelope: Envelope) -> None:
         """Ingress of one envelope from the authenticated ``peer_id`` (text: ``peer``)."""
-        source = self.registry.find(envelope.sender)
-        if source is None or source.origin is Origin.LOCAL or source.peer_id != peer_id:
-            self.events.security(
-                ErrorCode.SENDER_MISMATCH,
-                f"peer {peer} sent an envelope as {envelope.sender!r}, not one of its agents",
-                peer,
-                envelope,
-            )
+        source = self.router.authenticate(peer_id, envelope)
+        if isinstance(source, Refusal):
+            self._events.security(source.code, source.reason, peer, envelope)
             return
         if not self._seen.add(envelope.id):
             return
         self.threads.add(envelope)
-        self.events.message_received(envelope, peer=peer)
+        self._events.message_received(envelope, peer=peer)
         if self._resolve_pending(envelope):
             return
-        if envelope.is_broadcast:
-            targets = list(self._agents.values())
-        else:
-            agent = self._agents.get(envelope.recipient)
-            if agent is None:
-                self.events.security(
-                    ErrorCode.AGENT_NOT_FOUND,
-                    f"no local agent {envelope.recipient!r}",
-                    peer,
-                    envelope,
-                )
-                return
-            targets = [agent]
+        ingress = self.router.ingress(source, envelope)
+        if ingress.refusal is not None:
+            self._events.security(ingress.refusal.code, ingress.refusal.reason, peer, envelope)
+            return
         allowed = []
-        for agent in targets:
-            verdict = self._check(source, agent.card, envelope)
+        for agent_id, verdict in ingress.verdicts:
             self._note_verdict(verdict, envelope, peer)
             if verdict is None or verdict.allowed:
-                allowed.append(agent)
+                allowed.append(self._agents[agent_id])
             elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
                 error = verdict.to_remote_error().to_dict()
-                await self._reply(agent.card.id, envelope, MessageType.ERROR, error)
+                await self.reply(agent_id, envelope, MessageType.ERROR, error)
         interceptor = self._interceptor_for(envelope)
         if interceptor is not None:
             for agent in allowed:
                 await interceptor(source, agent.card.id, envelope)
             return
         if allowed and envelope.type is MessageType.REQUEST:
-            self._allowed_requests.add(envelope.correlation_id or envelope.id)
+            self.router.note_request(envelope)
         for agent in allowed:
             try:
                 agent.inbox_send.send_nowait(envelope)
             except trio.WouldBlock:
                 await agent.inbox_send.send(envelope)  # back-pressure on a full inbox
 
-    def _interceptor_for(self, envelope: Envelope) -> StreamInterceptor | None:
+    def _interceptor_for(self, envelope: Envelope) -> Interceptor | None:
+        if self._type_interceptors:
+            by_type = self._type_interceptors.get(envelope.type)
+            if by_type is not None:
+                return by_type
         if envelope.type is not MessageType.STREAM_DATA or not isinstance(envelope.payload, dict):
             return None
-        for marker, interceptor in self._stream_interceptors.items():
+        for marker, interceptor in self._interceptors.items():
             if marker in envelope.payload:
                 return interceptor
         return None

@@ -49,8 +49,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -62,6 +61,7 @@ from p2pnode.crdt.replica import Delta, Replica
 from p2pnode.crdt.store import AsyncCRDTStore
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError
+from p2pnode.lifetime import TaskOwner
 from p2pnode.node.docops import (
     CAPABILITY_PREFIX,
     GOSSIP_MARKER,
@@ -69,9 +69,7 @@ from p2pnode.node.docops import (
     doc_capability,
     gossip_payload,
 )
-
-if TYPE_CHECKING:
-    from p2pnode.node.node import Node
+from p2pnode.node.service import ServiceHost
 
 logger = logging.getLogger("p2pnode.shared")
 
@@ -163,28 +161,31 @@ class Watch:
         return self._shared.read(self.doc)
 
 
-class SharedState:
-    """Replicated CRDT documents of one node (see the module docstring).
+class SharedState(TaskOwner):
+    """Replicated CRDT documents of one node (see the module docstring): a protocol
+    service on the node's :class:`~p2pnode.node.service.ServiceHost`.
 
-    Run it with ``await node.open_shared()`` (tasks in the node's nursery) or
+    Run it with ``await node.open_shared()`` (the node runs it) or
     ``async with SharedState(node) as shared``.
     """
 
     def __init__(
-        self, node: Node, config: SharedConfig | None = None, *, rng: random.Random | None = None
+        self,
+        host: ServiceHost,
+        config: SharedConfig | None = None,
+        *,
+        rng: random.Random | None = None,
     ) -> None:
-        self.node = node
+        self.host = host
         self.config = config or SharedConfig()
         self._rng = rng or random.Random()
-        self.replica_id = str(node.peer_id)
+        self.replica_id = str(host.peer_id)
         self._replica: Replica | None = None
         self._store: AsyncCRDTStore | None = None
         self._docs: dict[str, _Doc] = {}
         self._queues: dict[str, trio.MemorySendChannel[_Outgoing]] = {}
         self._suspended: dict[str, float] = {}
         self._nursery: trio.Nursery | None = None
-        self._own: Any = None
-        self._own_nursery: trio.Nursery | None = None
         self._dirty = trio.Event()
         self._save_lock = trio.Lock()
         self._local_gen = 0
@@ -197,7 +198,7 @@ class SharedState:
 
     @property
     def data_dir(self) -> Path | None:
-        return self.node.config.data_dir
+        return self.host.data_dir
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load the replica, restore saved subscriptions and serve until cancelled.
@@ -205,7 +206,7 @@ class SharedState:
         Raises LocalError(INVALID_ARGUMENT) when the node already runs one, and
         LocalError(CONFIG_ERROR) when the store cannot be opened.
         """
-        self.node.intercept_stream(GOSSIP_MARKER, self._on_gossip)
+        self.host.intercept_stream(GOSSIP_MARKER, self._on_gossip)
         try:
             if self.data_dir is not None:
                 self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -221,7 +222,7 @@ class SharedState:
                 if self._store is not None:
                     nursery.start_soon(self._commit_loop)
                 for agent_id, doc in self._saved_subscriptions():
-                    card = self.node.registry.find(agent_id)
+                    card = self.host.registry.find(agent_id)
                     if card is None or card.origin is not Origin.LOCAL:
                         continue  # kept on disk for when the agent is hosted again
                     try:
@@ -231,7 +232,7 @@ class SharedState:
                 task_status.started()
         finally:
             self._nursery = None
-            self.node.intercept_stream(GOSSIP_MARKER, None)
+            self.host.intercept_stream(GOSSIP_MARKER, None)
             for queue in self._queues.values():
                 queue.close()
             for d in self._docs.values():
@@ -241,27 +242,8 @@ class SharedState:
                 # Synchronous on purpose: no commit is running once the nursery is done.
                 self._store.store.close()
 
-    async def __aenter__(self) -> SharedState:
-        self._own = trio.open_nursery()
-        self._own_nursery = await self._own.__aenter__()
-        try:
-            await self._own_nursery.start(self.run)
-        except BaseException:
-            self._own_nursery.cancel_scope.cancel()
-            await self._own.__aexit__(None, None, None)  # the failed start left no task
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._own is not None and self._own_nursery is not None
-        self._own_nursery.cancel_scope.cancel()
-        result: bool | None = await self._own.__aexit__(exc_type, exc, tb)
-        return result
+    async def _start(self, nursery: trio.Nursery) -> None:
+        await nursery.start(self.run)
 
     def _running(self) -> trio.Nursery:
         if self._nursery is None:
@@ -287,12 +269,12 @@ class SharedState:
         """
         capability = doc_capability(doc)
         nursery = self._running()
-        card = self.node.local_agent(agent_id)
+        card = self.host.local_agent(agent_id)
         d = self._docs.get(doc)
         if d is not None and agent_id not in d.members:
             for other in d.members:
-                self._check_mutual(card, self.node.local_agent(other))
-        await self.node.add_capability(
+                self._check_mutual(card, self.host.local_agent(other))
+        await self.host.add_capability(
             agent_id, Capability(capability, f"CRDT document {doc}", "replicated by gossip")
         )
         d = self._docs.get(doc)  # add_capability yielded
@@ -383,12 +365,12 @@ class SharedState:
 
     def _check_mutual(self, a: AgentCard, b: AgentCard) -> None:
         for source, target in ((a, b), (b, a)):
-            verdict = self.node.policy.check_message(source, target, MessageType.STREAM_DATA, None)
+            verdict = self.host.policy.check_message(source, target, MessageType.STREAM_DATA, None)
             if not verdict.allowed:
                 raise verdict.to_local_error()
 
     def _mutual(self, a: AgentCard, b: AgentCard) -> bool:
-        policy = self.node.policy
+        policy = self.host.policy
         return (
             policy.can_discover(a, b)
             and policy.check_message(a, b, MessageType.STREAM_DATA, None).allowed
@@ -397,10 +379,10 @@ class SharedState:
 
     def _eligible(self, d: _Doc) -> dict[str, str]:
         """Remote agent -> local member, at most one agent per remote node."""
-        now_ms, now = self.node.events.now_ms(), trio.current_time()
-        members = [self.node.local_agent(m) for m in sorted(d.members)]
+        now_ms, now = self.host.events.now_ms(), trio.current_time()
+        members = [self.host.local_agent(m) for m in sorted(d.members)]
         best: dict[Any, tuple[str, str]] = {}
-        for card in self.node.registry.find_by_capability(CAPABILITY_PREFIX + d.name):
+        for card in self.host.registry.find_by_capability(CAPABILITY_PREFIX + d.name):
             if card.origin is Origin.LOCAL or card.is_expired(now_ms):
                 continue
             if self._suspended.get(card.id, -1.0) > now:
@@ -425,11 +407,11 @@ class SharedState:
     async def _discover(self, d: _Doc) -> None:
         with trio.move_on_after(self.config.discovery_timeout):
             try:
-                await self.node.find(CAPABILITY_PREFIX + d.name)
+                await self.host.find(CAPABILITY_PREFIX + d.name)
             except P2PError as exc:
                 logger.info("discovery of %s failed: %s", d.name, exc)
             except Exception as exc:  # what peers published must not stop the refresh loop
-                self.node.boundary.contain("discovery", f"discovery of {d.name!r}", exc)
+                self.host.boundary.contain("discovery", f"discovery of {d.name!r}", exc)
         self._sync_peers(d)
 
     async def _refresh_loop(self) -> None:
@@ -480,9 +462,9 @@ class SharedState:
             async for item in receive:
                 while self._durable_gen < item.gen:
                     await self._durable_changed.wait()
-                envelope = self.node.envelope(item.via, peer, MessageType.STREAM_DATA, item.payload)
+                envelope = self.host.envelope(item.via, peer, MessageType.STREAM_DATA, item.payload)
                 try:
-                    await self.node.send(envelope)
+                    await self.host.send(envelope)
                 except P2PError as exc:
                     logger.info("gossip of %s to %s failed: %s", item.doc, peer, exc)
                     self._suspend(peer)
@@ -508,7 +490,7 @@ class SharedState:
                 exc.message,
                 extra={"source_agent": peer, "code": str(exc.code)},
             )
-            self.node.events.security(
+            self.host.events.security(
                 exc.code,
                 f"bad gossip from agent {peer}: {exc.message}",
                 str(source.peer_id),
@@ -520,7 +502,7 @@ class SharedState:
             return  # not replicated here: ignored (gossip.md §5)
         if peer not in d.routes or d.routes[peer] not in d.members:
             d.routes[peer] = target
-        if peer not in d.core.peers and self._mutual(self.node.local_agent(target), source):
+        if peer not in d.core.peers and self._mutual(self.host.local_agent(target), source):
             self._suspended.pop(peer, None)  # it reached us: worth trying again
             d.core.add_peer(peer)
         errors = d.core.statistics().errors
@@ -528,7 +510,7 @@ class SharedState:
         skipped = d.core.statistics().errors - errors
         if skipped:
             last = self.replica.errors[-1] if self.replica.errors else None
-            self.node.events.error(
+            self.host.events.error(
                 ErrorCode.CRDT_DESERIALIZATION_FAILED,
                 f"skipped {skipped} bad CRDT update(s) of {doc!r} from agent {peer}: "
                 f"{last.message if last else ''}",
@@ -563,7 +545,7 @@ class SharedState:
             try:
                 await self._store.commit(self.replica)
             except LocalError as exc:
-                self.node.events.error(exc.code, f"shared state commit failed: {exc.message}")
+                self.host.events.error(exc.code, f"shared state commit failed: {exc.message}")
                 await trio.sleep(1.0)
                 self._dirty.set()
             else:

@@ -1,0 +1,267 @@
+"""Routing decisions, pure: no trio, no I/O, no clock.
+
+The :class:`Router` answers every question the node's routing driver
+(:mod:`p2pnode.node.routing`) asks about an envelope, from what it is given:
+a view of the registry, the policy, the cards of the node's local agents and
+the ids of requests the node allowed. It never sends, waits or emits: it
+returns decisions, and the driver performs them (DHT fallbacks, writes,
+events). That keeps the rules testable on their own (tests/test_router.py).
+
+Egress (docs/protocol/node.md "Routing"):
+
+* :meth:`Router.source` — the sender must be a local agent.
+* :meth:`Router.known_target` — a recipient known to the registry (local
+  agents are registered too); None means "ask discovery".
+* :meth:`Router.candidates` — agents offering a capability that the source
+  may discover and send a request to, local ones first.
+* :meth:`Router.check` — the policy verdict for one (source, target) pair;
+  None for a reply to a request this node allowed (not tier-checked again).
+* :meth:`Router.fan_out` — a broadcast's allowed targets: local agents, and
+  remote agents grouped by the peer that hosts them.
+
+Ingress (docs/protocol/node.md "Acceptance rules"):
+
+* :meth:`Router.authenticate` — the envelope's sender must be an agent whose
+  signed card belongs to the authenticated peer; returns the source card.
+* :meth:`Router.ingress` — the local recipients, each with its verdict.
+
+Replies: :meth:`Router.answers` tells whether an envelope answers a pending
+request, and from an agent that request may be answered by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from p2pnode.card import AgentCard, Origin
+from p2pnode.envelope import Envelope, MessageType
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.identity import PeerId
+from p2pnode.node.policy import Policy, Verdict
+
+
+class RoutingResult(NamedTuple):
+    """What :meth:`Node.send` did with an envelope (a tuple: one is built per envelope)."""
+
+    envelope_id: str
+    path: str  # "local", "remote" or "broadcast"
+    targets: tuple[str, ...]
+    delivered: int
+    latency_ms: float
+
+
+#: An interceptor of inbound envelopes: ``(authenticated source card, local recipient
+#: agent id, envelope)``; see :mod:`p2pnode.node.service`.
+Interceptor = Callable[[AgentCard, str, Envelope], Awaitable[None]]
+
+REPLY_TYPES = frozenset(
+    {MessageType.RESPONSE, MessageType.ERROR, MessageType.TASK_ACCEPT, MessageType.TASK_REJECT}
+)
+
+
+class RegistryView(Protocol):
+    """What routing reads of the registry."""
+
+    def find(self, agent_id: str) -> AgentCard | None: ...
+
+    def find_by_capability(self, capability_id: str) -> list[AgentCard]: ...
+
+    def __iter__(self) -> Iterator[AgentCard]: ...
+
+
+class HostedAgent(Protocol):
+    """What routing reads of a local agent: its current card."""
+
+    @property
+    def card(self) -> AgentCard: ...
+
+
+class SeenSet(Protocol):
+    """A bounded set of ids (the requests this node allowed)."""
+
+    def add(self, key: str) -> bool: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+
+class BoundedSet:
+    """Remembers at least the last ``size`` keys, and at most twice as many.
+
+    Two generations of plain sets: when the newer one fills up it becomes the
+    older one and the previous older one is forgotten. Set operations are the
+    cheapest membership test Python has, and this runs for every envelope.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._new: set[str] = set()
+        self._old: set[str] = set()
+
+    def add(self, key: str) -> bool:
+        """Add ``key``; False when it was already there."""
+        if key in self._new or key in self._old:
+            return False
+        if len(self._new) >= self._size:
+            self._old, self._new = self._new, set()
+        self._new.add(key)
+        return True
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._new or key in self._old
+
+
+@dataclass(frozen=True, slots=True)
+class Fanout:
+    """Where a broadcast goes: local agent ids, and remote agent ids by hosting peer."""
+
+    local: tuple[str, ...]
+    peers: Mapping[PeerId, tuple[str, ...]]
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.local + tuple(i for ids in self.peers.values() for i in ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why an inbound envelope is dropped before any agent sees it (a security event)."""
+
+    code: ErrorCode
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ingress:
+    """The local recipients of an authenticated inbound envelope.
+
+    ``verdicts`` pairs each recipient with its policy verdict (None: a reply to
+    a request this node allowed). ``refusal`` is set when there is no such
+    recipient.
+    """
+
+    verdicts: tuple[tuple[str, Verdict | None], ...] = ()
+    refusal: Refusal | None = None
+
+    @property
+    def allowed(self) -> list[str]:
+        return [a for a, v in self.verdicts if v is None or v.allowed]
+
+
+class Router:
+    """Routing decisions over a registry view, a policy and the local agents' cards."""
+
+    __slots__ = ("_allowed_requests", "_local", "_policy", "_registry")
+
+    def __init__(
+        self,
+        registry: RegistryView,
+        policy: Policy,
+        local: Mapping[str, HostedAgent],
+        allowed_requests: SeenSet,
+    ) -> None:
+        self._registry = registry
+        self._policy = policy
+        self._local = local
+        self._allowed_requests = allowed_requests
+
+    # -- egress ---------------------------------------------------------------------------------
+
+    def source(self, agent_id: str) -> AgentCard:
+        """The card of local agent ``agent_id``. Raises LocalError(AGENT_NOT_FOUND)."""
+        agent = self._local.get(agent_id)
+        if agent is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
+        return agent.card
+
+    def known_target(self, agent_id: str) -> AgentCard | None:
+        """The registry's card for ``agent_id``; None when only discovery can tell."""
+        return self._registry.find(agent_id)
+
+    def candidates(self, source: AgentCard, capability: str) -> list[AgentCard]:
+        """Agents offering ``capability`` that ``source`` may discover and send a request to,
+        in registry order (local agents first), ``source`` itself excluded."""
+        cards = self._registry.find_by_capability(capability)
+        policy = self._policy
+        return [
+            c
+            for c in policy.filter_discoverable(source, cards)
+            if c.id != source.id
+            and policy.check_message(source, c, MessageType.REQUEST, None).allowed
+        ]
+
+    def check(self, source: AgentCard, target: AgentCard, envelope: Envelope) -> Verdict | None:
+        """The policy verdict; None when ``envelope`` replies to a request this node allowed."""
+        if envelope.type in REPLY_TYPES and envelope.correlation_id in self._allowed_requests:
+            return None
+        return self._policy.check_envelope(source, target, envelope)
+
+    def fan_out(self, source: AgentCard, envelope: Envelope) -> Fanout:
+        """Every agent the node knows, other than ``source``, that policy lets it reach."""
+        local: list[str] = []
+        peers: dict[PeerId, list[str]] = {}
+        for card in self._registry:
+            if card.id == source.id:
+                continue
+            if not self._policy.check_envelope(source, card, envelope).allowed:
+                continue
+            if card.origin is Origin.LOCAL:
+                local.append(card.id)
+            else:
+                peers.setdefault(card.peer_id, []).append(card.id)
+        return Fanout(tuple(local), {p: tuple(ids) for p, ids in peers.items()})
+
+    def note_request(self, envelope: Envelope) -> None:
+        """Remember that this node let request ``envelope`` through, so its replies pass."""
+        self._allowed_requests.add(envelope.correlation_id or envelope.id)
+
+    # -- ingress --------------------------------------------------------------------------------
+
+    def authenticate(self, peer_id: PeerId, envelope: Envelope) -> AgentCard | Refusal:
+        """The source card when ``envelope``'s sender is an agent of ``peer_id``."""
+        source = self._registry.find(envelope.sender)
+        if source is None or source.origin is Origin.LOCAL or source.peer_id != peer_id:
+            return Refusal(
+                ErrorCode.SENDER_MISMATCH,
+                f"peer {peer_id} sent an envelope as {envelope.sender!r}, not one of its agents",
+            )
+        return source
+
+    def ingress(self, source: AgentCard, envelope: Envelope) -> Ingress:
+        """The local recipients of ``envelope`` from ``source``, with their verdicts."""
+        if envelope.is_broadcast:
+            cards = [a.card for a in self._local.values()]
+        else:
+            agent = self._local.get(envelope.recipient)
+            if agent is None:
+                return Ingress(
+                    refusal=Refusal(
+                        ErrorCode.AGENT_NOT_FOUND, f"no local agent {envelope.recipient!r}"
+                    )
+                )
+            cards = [agent.card]
+        return Ingress(tuple((c.id, self.check(source, c, envelope)) for c in cards))
+
+    # -- replies --------------------------------------------------------------------------------
+
+    @staticmethod
+    def answers(envelope: Envelope, targets: tuple[str, ...] | None) -> bool:
+        """True when ``envelope`` is a reply its sender may give to a request sent to
+        ``targets`` (None: not yet resolved, any sender)."""
+        return envelope.type in REPLY_TYPES and (targets is None or envelope.sender in targets)
+
+
+__all__ = [
+    "REPLY_TYPES",
+    "BoundedSet",
+    "Fanout",
+    "HostedAgent",
+    "Ingress",
+    "Interceptor",
+    "Refusal",
+    "RegistryView",
+    "Router",
+    "RoutingResult",
+    "SeenSet",
+]
