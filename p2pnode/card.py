@@ -54,6 +54,7 @@ _CARD_LIMITS = WireLimits(max_size=MAX_CARD_BYTES, max_array_len=1024, max_map_l
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _ADDRESS_PATTERN = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
 ENDPOINT_TRANSPORTS = frozenset({"local", "tcp+noise", "websocket"})
+_ORIGINS = frozenset({"local", "remote"})
 _UNSIGNED_FIELDS = ("signature", "origin", "lastSeenAt", "endorsement")
 
 
@@ -375,6 +376,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_text_in(value: object, allowed: frozenset[str]) -> bool:
+    # A membership test hashes its operand: a peer's list or map must not reach it.
+    return isinstance(value, str) and value in allowed
+
+
 def _check_bytes(
     problems: list[str], data: Mapping[str, Any], key: str, sizes: tuple[int, ...]
 ) -> None:
@@ -413,7 +419,8 @@ def _capability_problems(caps: object) -> list[str]:
                 problems.append(f"{where}.{key}: must be JSON data")
         unknown = set(cap) - {"id", "name", "description", "inputSchema", "outputSchema"}
         if unknown:
-            problems.append(f"{where}: unknown fields {sorted(unknown)}")
+            # Peer keys may mix bytes and str, which do not compare: sort their text.
+            problems.append(f"{where}: unknown fields {sorted(map(str, unknown))}")
     return problems
 
 
@@ -441,7 +448,7 @@ def _endpoint_problems(value: object) -> list[str]:
     for i, ep in enumerate(value):
         if not isinstance(ep, Mapping):
             problems.append(f"endpoints[{i}]: must be an object")
-        elif ep.get("transport") not in ENDPOINT_TRANSPORTS:
+        elif not _is_text_in(ep.get("transport"), ENDPOINT_TRANSPORTS):
             problems.append(f"endpoints[{i}].transport: one of {sorted(ENDPOINT_TRANSPORTS)}")
         elif not (ep.get("address") is None or isinstance(ep.get("address"), str)):
             problems.append(f"endpoints[{i}].address: must be a string")
@@ -498,7 +505,7 @@ def card_problems(data: object) -> list[str]:
     sandbox = data.get("sandboxId")
     if sandbox is not None and (not isinstance(sandbox, str) or not _ID_PATTERN.match(sandbox)):
         problems.append(f"sandboxId: must match {_ID_PATTERN.pattern}")
-    if data.get("origin", "local") not in ("local", "remote"):
+    if not _is_text_in(data.get("origin", "local"), _ORIGINS):
         problems.append("origin: must be 'local' or 'remote'")
     if "publicKey" not in data:
         problems.append("publicKey: required")

@@ -10,6 +10,8 @@ from typing import Any
 JsonValue = Any
 
 _MAX_JSON_DEPTH = 32
+_MIN_INT = -(2**63)
+_MAX_INT = 2**64 - 1
 #: Nesting accepted by the parser: a whole document (a card holding schemas, a control
 #: request holding a payload) may nest somewhat deeper than one JSON value inside it.
 MAX_PARSE_DEPTH = 64
@@ -32,11 +34,18 @@ def b64decode(text: object) -> bytes | None:
 
 def is_json_value(value: object, depth: int = 0) -> bool:
     """True when ``value`` is plain JSON data (dict with str keys, list, str, int, float, bool,
-    None) nested at most 32 deep, so it survives a JSON round trip unchanged."""
+    None) nested at most 32 deep, so it survives a JSON round trip unchanged.
+
+    Integers must fit 64 bits (``-2**63 .. 2**64 - 1``) and floats be finite: the same data
+    travels as msgpack too (cards are signed over it, envelopes forwarded in it), which
+    carries no larger integer, and strict JSON has no NaN or infinity.
+    """
     if depth > _MAX_JSON_DEPTH:
         return False
-    if value is None or isinstance(value, bool | int | str):
+    if value is None or isinstance(value, bool | str):
         return True
+    if isinstance(value, int):
+        return _MIN_INT <= value <= _MAX_INT
     if isinstance(value, float):
         return value == value and value not in (float("inf"), float("-inf"))
     if isinstance(value, list):

@@ -206,3 +206,62 @@ def test_json_garbage_is_remote_error() -> None:
     for text in ("", "{", "[]", "null", json.dumps({"id": 1}), "x" * 70_000):
         with pytest.raises(RemoteError):
             AgentCard.from_json_untrusted(text)
+
+
+# -- regressions: peer values that used to escape as TypeError or LocalError -------------------
+
+
+def test_unhashable_endpoint_transport_is_remote_error() -> None:
+    # {"endpoints": [{"transport": []}]}: the transport reached a frozenset membership test.
+    data = bytes.fromhex("81a9656e64706f696e74739181a97472616e73706f727490")
+    with pytest.raises(RemoteError) as info:
+        AgentCard.from_bytes_untrusted(data)
+    assert info.value.code is ErrorCode.INVALID_CARD
+    plain = make_card().to_dict()
+    transports: list[object] = [[], {"a": 1}, {b"k": 1, "k": 2}, 1.5, None]
+    for transport in transports:
+        plain["endpoints"] = [{"transport": transport, "address": None}]
+        with pytest.raises(RemoteError) as info:
+            AgentCard.from_bytes_untrusted(pack(plain))
+        assert any("endpoints[0].transport" in p for p in info.value.details["problems"])
+
+
+@pytest.mark.parametrize("origin", [[], {"x": 1}, ["local"]])
+def test_unhashable_origin_is_invalid_card(origin: object) -> None:
+    plain = make_card().to_dict()
+    plain["origin"] = origin
+    with pytest.raises(RemoteError) as info:
+        AgentCard.from_bytes_untrusted(pack(plain), verify=False)
+    assert any("origin" in p for p in info.value.details["problems"])
+
+
+def test_unknown_capability_keys_mixing_bytes_and_str_are_reported() -> None:
+    plain = make_card().signed(OWNER).to_dict()
+    plain["capabilities"][0]["zz"] = 1
+    plain["capabilities"][0][b"unknown"] = 2
+    with pytest.raises(RemoteError) as info:
+        AgentCard.from_bytes_untrusted(pack(plain))
+    problems = info.value.details["problems"]
+    assert any("unknown fields" in p and "zz" in p and "unknown" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    "schema", ["1" * 40, "-18446744073709551617", "NaN", "[Infinity]", '{"a": 1e999}']
+)
+def test_json_schema_numbers_msgpack_cannot_carry_are_rejected(schema: str) -> None:
+    # A card is signed over its msgpack form: a JSON card it could not encode used to pass
+    # validation, then raise LocalError from to_bytes() and verify().
+    text = make_card().signed(OWNER).to_json()
+    tampered = text.replace('"inputSchema":{"type":"object"}', f'"inputSchema":{schema}')
+    assert tampered != text
+    with pytest.raises(RemoteError) as info:
+        AgentCard.from_json_untrusted(tampered)
+    assert any("inputSchema" in p for p in info.value.details["problems"])
+
+
+def test_json_schema_with_64_bit_extremes_round_trips() -> None:
+    schema = {"min": -(2**63), "max": 2**64 - 1}
+    card = make_card(capabilities=(Capability("design.ui", "UI", "", schema),)).signed(OWNER)
+    decoded = AgentCard.from_json_untrusted(card.to_json())
+    assert decoded == card
+    assert AgentCard.from_bytes_untrusted(decoded.to_bytes()).capabilities[0].input_schema == schema
