@@ -167,11 +167,22 @@ class Envelope:
 
     @classmethod
     def from_json_untrusted(cls, text: str | bytes) -> Envelope:
+        """Parse JSON text. Raises EnvelopeError (MALFORMED_MESSAGE, SCHEMA_VERSION_MISMATCH,
+        INVALID_ENVELOPE)."""
         try:
             data = loads_untrusted(text, MAX_ENVELOPE_BYTES)
         except ValueError as exc:
             raise EnvelopeError(ErrorCode.MALFORMED_MESSAGE, str(exc)) from None
-        return cls.from_dict_untrusted(data)
+        envelope = cls.from_dict_untrusted(data)
+        # JSON text can hold what no envelope may carry (NaN, integers past 64 bits): an
+        # envelope accepted here must encode again, as JSON and as msgpack.
+        if not is_json_value(envelope.payload):
+            raise EnvelopeError(
+                ErrorCode.INVALID_ENVELOPE,
+                "payload: must be JSON data (finite numbers, 64-bit integers)",
+                problems=["payload: must be JSON data"],
+            )
+        return envelope
 
     def to_msgpack(self) -> bytes:
         return pack(self.to_dict())

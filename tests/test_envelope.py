@@ -287,3 +287,22 @@ def test_metadata_round_trip_keeps_escalation_justification() -> None:
     )
     env = EnvelopeFactory().create("a", "b", MessageType.TASK_PROPOSAL, {}, metadata=meta)
     assert Envelope.from_json_untrusted(env.to_json()).metadata == meta
+
+
+@pytest.mark.parametrize("payload", ["NaN", "[1, -Infinity]", '{"n": ' + "9" * 30 + "}", "1e999"])
+def test_json_payload_no_encoder_could_send_is_rejected(payload: str) -> None:
+    # JSON text can carry NaN and integers past 64 bits; an envelope holding them used to be
+    # accepted and then fail with LocalError when encoded to be forwarded.
+    env = EnvelopeFactory().create("a", "b", MessageType.NOTIFICATION, 0)
+    text = env.to_json().replace('"payload":0', f'"payload":{payload}')
+    with pytest.raises(EnvelopeError) as info:
+        Envelope.from_json_untrusted(text)
+    assert info.value.code is ErrorCode.INVALID_ENVELOPE
+
+
+def test_json_payload_with_64_bit_extremes_is_accepted() -> None:
+    payload = [-(2**63), 2**64 - 1, 1.5]
+    env = EnvelopeFactory().create("a", "b", MessageType.NOTIFICATION, payload)
+    decoded = Envelope.from_json_untrusted(env.to_json())
+    assert decoded == env
+    assert Envelope.from_msgpack_untrusted(decoded.to_msgpack()) == env
