@@ -87,15 +87,23 @@ class ToolInvocation:
                 isinstance(record.tool, str),
                 isinstance(record.agent_id, str),
                 record.error is None or isinstance(record.error, str),
-                isinstance(record.duration_ms, int | float)
-                and not isinstance(record.duration_ms, bool),
+                _is_duration(record.duration_ms),
                 isinstance(record.started_at, int) and not isinstance(record.started_at, bool),
+                # What to_json() would refuse (NaN, infinities, integers past 64 bits) is
+                # refused here, so an accepted record always encodes again.
+                is_json_value(record.arguments),
+                is_json_value(record.result),
             )
             if not all(checks):
                 raise ValueError("wrongly typed field")
         except (KeyError, ValueError, TypeError) as exc:
             raise RemoteError(ErrorCode.MALFORMED_MESSAGE, f"bad tool invocation: {exc}") from None
         return record
+
+
+def _is_duration(value: object) -> bool:
+    # A number JSON and msgpack both carry: finite, and an integer fits 64 bits.
+    return isinstance(value, int | float) and not isinstance(value, bool) and is_json_value(value)
 
 
 class ToolRegistry:

@@ -66,3 +66,31 @@ async def test_registry_namespaces_and_rejects_duplicates() -> None:
     registry.unregister_agent("venus")
     with pytest.raises(LocalError):
         registry.handler("venus.search")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("result", "NaN"),
+        ("result", "[1, -Infinity]"),
+        ("arguments", '{"n": Infinity}'),
+        ("arguments", "1" * 30),
+        ("durationMs", "NaN"),
+        ("durationMs", "1e999"),
+        ("durationMs", "1" * 400),
+    ],
+)
+def test_values_to_json_would_refuse_are_rejected(field: str, value: str) -> None:
+    # An accepted record must encode again (the round trip of Property 34); these used to
+    # pass, then to_json() raised LocalError, or isfinite() raised OverflowError.
+    good = ToolInvocation("t", "a", {}, None, None, 1.0, 5).to_json()
+    defaults = {
+        "result": '"result":null',
+        "arguments": '"arguments":{}',
+        "durationMs": '"durationMs":1.0',
+    }
+    bad = good.replace(defaults[field], f'"{field}":{value}')
+    assert bad != good
+    with pytest.raises(RemoteError) as info:
+        ToolInvocation.from_json_untrusted(bad)
+    assert info.value.code is ErrorCode.MALFORMED_MESSAGE
