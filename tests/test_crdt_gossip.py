@@ -281,3 +281,29 @@ def test_local_update_requires_subscription() -> None:
     with pytest.raises(LocalError):
         n.local_update("other", SetAdd(("s",), 1))
     assert "other" not in n.replica.documents()
+
+
+@pytest.mark.parametrize(
+    ("obj", "code"),
+    [
+        # {"v": 1, "t": []}: the type used to reach a dict lookup unhashed (TypeError).
+        ({"v": 1, "t": []}, ErrorCode.MALFORMED_MESSAGE),
+        ({"v": 1, "t": {"a": 1}}, ErrorCode.MALFORMED_MESSAGE),
+        ({"v": 1, "t": True, "ds": []}, ErrorCode.MALFORMED_MESSAGE),
+        ({"v": 1, "t": 3.0, "ds": []}, ErrorCode.MALFORMED_MESSAGE),
+        ({"v": [], "t": 3, "ds": []}, ErrorCode.PROTOCOL_VERSION_MISMATCH),
+        ({"v": True, "t": 3, "ds": []}, ErrorCode.PROTOCOL_VERSION_MISMATCH),
+        ({"v": 1.0, "t": 3, "ds": []}, ErrorCode.PROTOCOL_VERSION_MISMATCH),
+    ],
+)
+def test_frame_version_and_type_must_be_integers(obj: object, code: ErrorCode) -> None:
+    with pytest.raises(GossipError) as info:
+        decode_untrusted(pack(obj))
+    assert info.value.code is code
+
+
+def test_unhashable_frame_type_regression_bytes() -> None:
+    with pytest.raises(GossipError) as info:
+        decode_untrusted(bytes.fromhex("82a17601a17490"))
+    assert info.value.code is ErrorCode.MALFORMED_MESSAGE
+    assert decode_untrusted(pack({"v": 1, "t": 3, "ds": []})) == DeltaBatch(())

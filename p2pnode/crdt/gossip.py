@@ -205,13 +205,13 @@ def decode_untrusted(data: bytes) -> GossipMessage:
         raise GossipError(exc.code, exc.message) from exc
     if not isinstance(obj, dict):
         raise _fail("frame is not a map")
-    if obj.get("v") != GOSSIP_VERSION:
-        raise GossipError(
-            ErrorCode.PROTOCOL_VERSION_MISMATCH, f"gossip version {obj.get('v')!r:.20}"
-        )
-    entry = _DECODERS.get(obj.get("t"))  # type: ignore[arg-type]
+    version, kind = obj.get("v"), obj.get("t")
+    if type(version) is not int or version != GOSSIP_VERSION:
+        raise GossipError(ErrorCode.PROTOCOL_VERSION_MISMATCH, f"gossip version {version!r:.20}")
+    # The type is checked before the table lookup: a peer's list or map is unhashable.
+    entry = _DECODERS.get(kind) if type(kind) is int else None
     if entry is None:
-        raise _fail(f"unknown frame type {obj.get('t')!r:.20}")
+        raise _fail(f"unknown frame type {kind!r:.20}")
     decoder, names = entry
     if set(obj) != names | {"v", "t"}:
         raise _fail("frame fields do not match its type")
