@@ -2,13 +2,49 @@
 
 The names most programs need are re-exported here; each layer's module has
 the rest (``p2pnode.channel``, ``p2pnode.dht``, ``p2pnode.crdt``, ...).
+
+The node-level names (``open_node``, ``Node``, ``NodeConfig``, the networks)
+are loaded on first use, so that importing a sans-IO core such as
+``p2pnode.dht.routing`` or ``p2pnode.crdt.gossip`` does not load trio.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from p2pnode.card import AgentCard, Capability, Endpoint, Origin, Tier
 from p2pnode.envelope import BROADCAST, Envelope, EnvelopeFactory, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity, PeerId
 from p2pnode.registry import Registry
+
+if TYPE_CHECKING:
+    from p2pnode.net import TrioNetwork
+    from p2pnode.node.config import NodeConfig
+    from p2pnode.node.node import Node
+    from p2pnode.node.router import RoutingResult
+    from p2pnode.node.runtime import open_node
+    from p2pnode.simnet import SimNetwork
+
+_LAZY = {
+    "Node": "p2pnode.node.node",
+    "NodeConfig": "p2pnode.node.config",
+    "RoutingResult": "p2pnode.node.router",
+    "SimNetwork": "p2pnode.simnet",
+    "TrioNetwork": "p2pnode.net",
+    "open_node": "p2pnode.node.runtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'p2pnode' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
 
 __all__ = [
     "BROADCAST",
@@ -22,12 +58,18 @@ __all__ = [
     "LocalError",
     "MessageType",
     "Metadata",
+    "Node",
+    "NodeConfig",
     "Origin",
     "P2PError",
     "PeerId",
     "Registry",
     "RemoteError",
+    "RoutingResult",
+    "SimNetwork",
     "Tier",
+    "TrioNetwork",
+    "open_node",
 ]
 
 __version__ = "0.1.0"

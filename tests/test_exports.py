@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import p2pnode
 
 PACKAGE = Path(p2pnode.__file__).parent
@@ -24,13 +26,17 @@ LAYERS = {
 def test_public_names() -> None:
     assert set(p2pnode.__all__) == {
         "BROADCAST", "AgentCard", "Capability", "Endpoint", "Envelope", "EnvelopeFactory",
-        "ErrorCode", "Identity", "LocalError", "MessageType", "Metadata", "Origin",
-        "P2PError", "PeerId", "Registry", "RemoteError", "Tier",
+        "ErrorCode", "Identity", "LocalError", "MessageType", "Metadata", "Node", "NodeConfig",
+        "Origin", "P2PError", "PeerId", "Registry", "RemoteError", "RoutingResult", "SimNetwork",
+        "Tier", "TrioNetwork", "open_node",
     }  # fmt: skip
     for name in p2pnode.__all__:
         value = getattr(p2pnode, name)
+        assert value is not None
         if isinstance(value, type):
             assert value.__module__.startswith("p2pnode.")
+    with pytest.raises(AttributeError):
+        p2pnode.no_such_name  # noqa: B018
 
 
 def _layer(path: Path) -> str:

@@ -74,6 +74,19 @@ class LocalAgent:
         self.card = card
         self.metadata = Metadata(int(card.tier), card.sandbox_id)
 
+    async def deliver(self, envelope: Envelope) -> None:
+        """Queue ``envelope`` for the agent's handler; waits while the inbox is full
+        (back-pressure). Raises LocalError(CHANNEL_CLOSED) once the node closed it."""
+        try:
+            try:
+                self.inbox_send.send_nowait(envelope)
+            except trio.WouldBlock:
+                await self.inbox_send.send(envelope)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise LocalError(
+                ErrorCode.CHANNEL_CLOSED, f"agent {self.card.id} is closed: the node is closing"
+            ) from None
+
 
 @dataclass(slots=True)
 class _Route:
@@ -391,10 +404,7 @@ class Routing:
                 self.router.note_request(envelope)
             if self._resolve_pending(envelope):
                 continue
-            try:
-                agent.inbox_send.send_nowait(envelope)
-            except trio.WouldBlock:
-                await agent.inbox_send.send(envelope)  # back-pressure on a full inbox
+            await agent.deliver(envelope)
 
     def _resolve_pending(self, envelope: Envelope) -> bool:
         if envelope.correlation_id is None:
@@ -500,10 +510,7 @@ class Routing:
         if allowed and envelope.type is MessageType.REQUEST:
             self.router.note_request(envelope)
         for agent in allowed:
-            try:
-                agent.inbox_send.send_nowait(envelope)
-            except trio.WouldBlock:
-                await agent.inbox_send.send(envelope)  # back-pressure on a full inbox
+            await agent.deliver(envelope)
 
     def _interceptor_for(self, envelope: Envelope) -> Interceptor | None:
         if self._type_interceptors:
