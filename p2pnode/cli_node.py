@@ -28,8 +28,8 @@ from p2pnode.node.control import (
     parse_message_type,
 )
 from p2pnode.node.docops import op_from_json, value_to_json
+from p2pnode.node.logs import configure_logging
 from p2pnode.node.node import Node
-from p2pnode.node.observability import configure_logging
 from p2pnode.node.policy import PolicyConfig
 from p2pnode.node.runtime import open_node
 

@@ -17,14 +17,13 @@ from hypothesis import strategies as st
 
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.node.logs import JsonLinesFormatter, configure_logging
 from p2pnode.node.observability import (
     Event,
     EventKind,
-    JsonLinesFormatter,
     Observability,
     Outcome,
     RoutingPath,
-    configure_logging,
     percentile,
 )
 

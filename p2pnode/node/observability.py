@@ -33,15 +33,12 @@ Theory of operation:
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import math
-import sys
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from typing import IO, Any
+from typing import Any
 
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError
@@ -597,51 +594,3 @@ def _with_envelope(event: Event, envelope: Envelope | None) -> Event:
         recipient=envelope.recipient,
         message_type=envelope.type,
     )
-
-
-# -- log output ------------------------------------------------------------------------------
-
-
-class JsonLinesFormatter(logging.Formatter):
-    """One JSON object per line: time (ISO 8601 UTC), level, logger, message, the
-    ``event`` dict when the record carries one, and ``exc`` for exceptions."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        event = getattr(record, "event", None)
-        if event is not None:
-            out["event"] = event
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        # default=str: a foreign record may carry values JSON cannot encode.
-        return json.dumps(out, ensure_ascii=False, default=str, separators=(",", ":"))
-
-
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_CONFIGURED = "_p2pnode_configured"
-
-
-def configure_logging(
-    level: str = "INFO", json_lines: bool = False, stream: IO[str] | None = None
-) -> logging.Handler:
-    """Send the ``p2pnode`` loggers to ``stream`` (stderr by default) as text or JSON
-    lines, at ``level``. Calling again replaces the handler this function installed.
-    Returns the handler. Raises LocalError(CONFIG_ERROR) for an unknown level name.
-    """
-    numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        raise LocalError(ErrorCode.CONFIG_ERROR, f"unknown log level {level!r}")
-    root = logging.getLogger("p2pnode")
-    for old in [h for h in root.handlers if getattr(h, _CONFIGURED, False)]:
-        root.removeHandler(old)
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonLinesFormatter() if json_lines else logging.Formatter(TEXT_FORMAT))
-    setattr(handler, _CONFIGURED, True)
-    root.addHandler(handler)
-    root.setLevel(numeric)
-    return handler

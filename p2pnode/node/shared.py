@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +60,7 @@ from p2pnode.crdt.replica import Delta, Replica
 from p2pnode.crdt.store import AsyncCRDTStore
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError
+from p2pnode.identity import write_private_file
 from p2pnode.lifetime import TaskOwner
 from p2pnode.node.docops import (
     CAPABILITY_PREFIX,
@@ -573,10 +573,9 @@ class SharedState(TaskOwner):
         except (OSError, ValueError) as exc:
             logger.warning("ignoring unreadable %s: %s", path, exc)
             return []
+        items = data.get("subscriptions") if isinstance(data, dict) else None
         out = []
-        for item in (
-            data.get("subscriptions", [])[:_MAX_SUBSCRIPTIONS] if isinstance(data, dict) else []
-        ):
+        for item in items[:_MAX_SUBSCRIPTIONS] if isinstance(items, list) else []:
             if isinstance(item, list) and len(item) == 2 and all(isinstance(s, str) for s in item):
                 out.append((item[0], item[1]))
         return out
@@ -589,16 +588,7 @@ class SharedState(TaskOwner):
         text = json.dumps({"subscriptions": sorted([list(p) for p in pairs])}, indent=1)
         async with self._save_lock:
             path = self.data_dir / SUBSCRIPTIONS_FILE_NAME
-            await trio.to_thread.run_sync(_write_durably, path, text)
-
-
-def _write_durably(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+            await trio.to_thread.run_sync(write_private_file, path, text.encode())
 
 
 __all__ = ["STORE_FILE_NAME", "SUBSCRIPTIONS_FILE_NAME", "SharedConfig", "SharedState", "Watch"]
