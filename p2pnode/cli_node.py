@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import logging
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from p2pnode.boundary import describe
 from p2pnode.cardfile import CARD_FILE_NAME, card_from_template, read_card_file, starter_template
+from p2pnode.datalock import hold_data_dir
 from p2pnode.demo import add_demo_command
 from p2pnode.envelope import Envelope, wall_clock_ms
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import default_data_dir, load_identity, load_or_create_identity
 from p2pnode.jsonutil import b64decode
-from p2pnode.net import TrioNetwork
-from p2pnode.node.config import NodeConfig, parse_address
+from p2pnode.net import Address, DatagramEndpoint, StreamListener, TrioNetwork
+from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.control import (
     CONTROL_SOCKET_NAME,
     ControlServer,
@@ -34,6 +38,7 @@ from p2pnode.node.policy import PolicyConfig
 from p2pnode.node.runtime import open_node
 
 CONTROL_TIMEOUT = 60.0
+logger = logging.getLogger("p2pnode.node")
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -125,8 +130,90 @@ def _doc_ops(node: Node) -> dict[str, Any]:
     return {"doc.subscribe": subscribe, "doc.update": update, "doc.read": read}
 
 
+class _Phase(enum.Enum):
+    """Where the daemon is, as far as SIGINT and SIGTERM care."""
+
+    STARTING = "starting"  # a signal cancels the startup
+    SERVING = "serving"  # a signal asks for an orderly stop
+    STOPPING = "stopping"  # a second signal cancels what the stop still waits on
+
+
+class _Stopper:
+    """What SIGINT and SIGTERM do to ``p2pnode run`` (see :class:`_Phase`).
+
+    The orderly stop leaves the node's ``async with`` normally, so the node
+    closes its links and writes its state; cancelling is kept for a startup
+    that may be stuck dialing and for an impatient second signal.
+    """
+
+    def __init__(self) -> None:
+        self.phase = _Phase.STARTING
+        self.requested = trio.Event()
+        self.scope = trio.CancelScope()
+
+    def serving(self) -> None:
+        if self.phase is _Phase.STARTING:
+            self.phase = _Phase.SERVING
+
+    def on_signal(self, signum: int) -> None:
+        logger.info("signal %s while %s: shutting down", signum, self.phase.value)
+        if self.phase is _Phase.SERVING:
+            self.phase = _Phase.STOPPING
+            self.requested.set()
+        else:
+            self.scope.cancel()
+
+    async def watch(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            self.on_signal(signum)
+
+
+class _DaemonNetwork(TrioNetwork):
+    """The real network; a listener it cannot bind is the user's ``--listen`` (or
+    another program on that port), so it says which protocol, address and OS reason
+    in a LocalError(CONFIG_ERROR) instead of an OSError from deep in a traceback."""
+
+    async def bind_datagram(self, address: Address) -> DatagramEndpoint:
+        try:
+            return await super().bind_datagram(address)
+        except OSError as exc:
+            raise _bind_error("UDP", address, exc) from exc
+
+    async def listen_stream(self, address: Address) -> StreamListener:
+        try:
+            return await super().listen_stream(address)
+        except OSError as exc:
+            raise _bind_error("TCP", address, exc) from exc
+
+
+def _bind_error(protocol: str, address: Address, exc: OSError) -> LocalError:
+    reason = exc.strerror or str(exc)
+    where = format_address(address)
+    return LocalError(
+        ErrorCode.CONFIG_ERROR, f"cannot listen on {protocol} {where}: {reason}", address=where
+    )
+
+
 async def run_daemon(args: argparse.Namespace) -> int:
+    """``p2pnode run``: returns 0 after SIGINT or SIGTERM. Raises LocalError(BUSY) when
+    another daemon holds the data directory, LocalError(CONFIG_ERROR) for bad options,
+    an unreadable card file or a port that cannot be bound."""
     data_dir = _data_dir(args)
+    control = data_dir / CONTROL_SOCKET_NAME
+    # The lock comes first: a second daemon must not touch the first one's files
+    # (identity, routing snapshot, CRDT store, control socket) at all.
+    with hold_data_dir(data_dir, control):
+        stopper = _Stopper()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stopper.watch, signals)
+                with stopper.scope:
+                    await _serve(args, data_dir, stopper)
+                nursery.cancel_scope.cancel()
+    return 0
+
+
+async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) -> None:
     identity = load_or_create_identity(data_dir)
     card_paths = [Path(p) for p in args.card] if args.card else [data_dir / CARD_FILE_NAME]
     templates = [
@@ -145,7 +232,7 @@ async def run_daemon(args: argparse.Namespace) -> int:
         policy=PolicyConfig(authority_key=_authority_key(args)),
     )
     endorser = load_identity(Path(args.endorse_with)) if args.endorse_with else None
-    async with open_node(identity, TrioNetwork(), config) as node:
+    async with open_node(identity, _DaemonNetwork(), config) as node:
         for template in templates:
             now = wall_clock_ms()
             card = card_from_template(
@@ -168,16 +255,51 @@ async def run_daemon(args: argparse.Namespace) -> int:
                         "control": str(data_dir / CONTROL_SOCKET_NAME)}),
             flush=True,
         )  # fmt: skip
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                logging.getLogger("p2pnode.node").info("signal %s: shutting down", signum)
-                break
-    return 0
+        stopper.serving()
+        await stopper.requested.wait()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run the daemon. Whatever ends it, the user sees at most one line: a P2PError
+    is raised on to the command line's handler; anything else becomes
+    P2PError(INTERNAL) naming the exception, its traceback logged at DEBUG."""
     configure_logging(args.log_level, json_lines=args.log_json, stream=sys.stderr)
-    return trio.run(run_daemon, args)
+    try:
+        return trio.run(run_daemon, args)
+    except (Exception, BaseExceptionGroup) as exc:
+        leaves = _leaves(exc)
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            raise KeyboardInterrupt from None  # a second Ctrl-C during startup or shutdown
+        failure = _one_failure(leaves)
+        if failure is not exc:
+            logger.debug("the node stopped", exc_info=exc)
+        raise failure from None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _one_failure(leaves: list[BaseException]) -> P2PError:
+    """The error to report for what ended the daemon: its first P2PError (those carry
+    a message meant for the user), else the first exception, described."""
+    first = next((e for e in leaves if isinstance(e, P2PError)), leaves[0])
+    more = f" (and {len(leaves) - 1} more failures)" if len(leaves) > 1 else ""
+    if isinstance(first, P2PError):
+        if not more:
+            return first
+        return P2PError(first.code, first.message + more, **first.details)
+    if isinstance(first, OSError):
+        # The system refused something (a full disk, a path too long for a socket): its
+        # reason is the message.
+        return LocalError(ErrorCode.CONFIG_ERROR, f"{describe(first)}{more}")
+    return P2PError(
+        ErrorCode.INTERNAL,
+        f"the node stopped on an unexpected {describe(first)}{more} "
+        "(the traceback is logged at --log-level DEBUG)",
+    )
 
 
 def _control(args: argparse.Namespace, request: dict[str, Any]) -> Any:
