@@ -12,7 +12,7 @@ Every entry point draws its inputs from its own ``random.Random`` seeded by
 ``(seed, name)``, so ``--only NAME`` replays exactly the inputs of a full run.
 
 The drivers fail an entry point on any exception that is not the expected
-type, on any single input slower than :data:`SLOW_INPUT_SECONDS`, and on
+type, on any single input slower than :attr:`Limits.slow_seconds`, and on
 memory growth between the end of a warm-up and the end of the run (resident
 set size and the interpreter's count of allocated blocks, both after a full
 garbage collection). For each unexpected exception type the shortest failing
@@ -40,11 +40,22 @@ from fuzz_mutate import Generator
 from p2pnode.boundary import FailureBoundary
 from p2pnode.errors import P2PError, RemoteError
 
-#: Any single input slower than this fails its entry point.
-SLOW_INPUT_SECONDS = 1.0
-#: Growth allowed between warm-up and end (after ``gc.collect()``).
-MAX_RSS_GROWTH = 64 * 1024 * 1024
-MAX_BLOCK_GROWTH = 250_000
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What fails an entry point besides an exception of the wrong type."""
+
+    #: Any single input slower than this (seconds of real time).
+    slow_seconds: float = 1.0
+    #: Growth from the end of the warm-up to the end (after ``gc.collect()``): resident
+    #: set size, and blocks the interpreter holds (``sys.getallocatedblocks()``).
+    max_rss_growth: int = 64 * 1024 * 1024
+    max_block_growth: int = 250_000
+    #: Seconds after which an entry point stops early (a note, not a failure).
+    budget: float = 1800.0
+
+
+DEFAULT_LIMITS = Limits()
 #: Inputs processed before the memory baseline is taken.
 WARMUP_FRACTION = 0.1
 #: Failing inputs kept per exception type (the shortest wins), and shrinking effort.
@@ -87,7 +98,7 @@ class LiveEntry:
     name: str
     generate: Generator
     open: Callable[[], AbstractAsyncContextManager[Harness]]
-    share: float = 0.05
+    share: float = 1.0
 
 
 Target = Entry | LiveEntry
@@ -109,6 +120,7 @@ class Failure:
 @dataclass(slots=True)
 class Report:
     name: str
+    limits: Limits = field(default_factory=Limits)
     inputs: int = 0
     seconds: float = 0.0
     outcomes: Counter[str] = field(default_factory=Counter)
@@ -121,11 +133,14 @@ class Report:
 
     @property
     def slow(self) -> bool:
-        return self.slowest > SLOW_INPUT_SECONDS
+        return self.slowest > self.limits.slow_seconds
 
     @property
     def leaked(self) -> bool:
-        return self.rss_growth > MAX_RSS_GROWTH or self.block_growth > MAX_BLOCK_GROWTH
+        limits = self.limits
+        return (
+            self.rss_growth > limits.max_rss_growth or self.block_growth > limits.max_block_growth
+        )
 
     @property
     def ok(self) -> bool:
@@ -208,11 +223,11 @@ def count_for(target: Target, n: int) -> int:
 # --------------------------------------------------------------------------- the sync driver
 
 
-def run_entry(entry: Entry, n: int, seed: int, budget: float) -> Report:
-    """Feed ``entry`` with its share of ``n`` inputs (stops early past ``budget`` seconds)."""
+def run_entry(entry: Entry, count: int, seed: int, limits: Limits = DEFAULT_LIMITS) -> Report:
+    """Feed ``entry`` ``count`` generated inputs (fewer if it runs past ``limits.budget``)."""
     rng = random.Random(f"{seed}:{entry.name}")
-    report = Report(entry.name)
-    count = count_for(entry, n)
+    report = Report(entry.name, limits)
+    budget = limits.budget
     warmup = max(1, int(count * WARMUP_FRACTION))
     base, end = MemoryProbe(), MemoryProbe()
     start = time.perf_counter()
@@ -310,18 +325,20 @@ def catching_tracebacks(logger_name: str = "p2pnode") -> Iterator[TracebackCatch
         logger.level, logger.propagate, logger.disabled = saved
 
 
-async def run_live(entry: LiveEntry, n: int, seed: int, budget: float) -> Report:
-    """Open the harness, feed it its share of ``n`` inputs, then check its boundaries."""
+async def run_live(
+    entry: LiveEntry, count: int, seed: int, limits: Limits = DEFAULT_LIMITS
+) -> Report:
+    """Open the harness, feed it ``count`` inputs, then check its boundaries."""
     with catching_tracebacks() as catcher:
-        return await _run_live(entry, n, seed, budget, catcher)
+        return await _run_live(entry, count, seed, limits, catcher)
 
 
 async def _run_live(
-    entry: LiveEntry, n: int, seed: int, budget: float, catcher: TracebackCatcher
+    entry: LiveEntry, count: int, seed: int, limits: Limits, catcher: TracebackCatcher
 ) -> Report:
     rng = random.Random(f"{seed}:{entry.name}")
-    report = Report(entry.name)
-    count = count_for(entry, n)
+    report = Report(entry.name, limits)
+    budget = limits.budget
     warmup = max(1, int(count * WARMUP_FRACTION))
     base, end = MemoryProbe(), MemoryProbe()
     start = time.perf_counter()

@@ -423,8 +423,8 @@ _CONTROL_SEEDS = tuple(
 
 
 LIVE_ENTRIES: list[LiveEntry] = [
-    LiveEntry("live.dht_datagram", _datagram_input, open_dht_datagram, share=0.05),
-    LiveEntry("live.dht_lookup", _lookup_input, open_dht_lookup, share=0.02),
-    LiveEntry("live.node_frame", _frame_input, open_node_frame, share=0.05),
-    LiveEntry("live.control", from_json_seeds(_CONTROL_SEEDS), open_control, share=0.02),
+    LiveEntry("live.dht_datagram", _datagram_input, open_dht_datagram),
+    LiveEntry("live.dht_lookup", _lookup_input, open_dht_lookup, share=0.5),
+    LiveEntry("live.node_frame", _frame_input, open_node_frame),
+    LiveEntry("live.control", from_json_seeds(_CONTROL_SEEDS), open_control),
 ]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 from hypothesis import strategies as st
 
 from p2pnode.card import AgentCard, Capability, Endpoint
@@ -91,3 +94,89 @@ envelopes = st.builds(
     correlation_id=st.none() | ident_text,
     metadata=st.none() | metadata,
 )
+
+
+# -- one field of the wrong type ------------------------------------------------------------------
+
+
+def _nested_list(depth: int) -> Any:
+    obj: Any = None
+    for _ in range(depth):
+        obj = [obj]
+    return obj
+
+
+def _mixed_keys(key: str, value: Any) -> dict[Any, Any]:
+    # The same key as bytes and as text: keys that do not compare with each other.
+    return {key.encode(): value, key: value}
+
+
+_small = st.none() | st.booleans() | st.integers(0, 3) | st.text(max_size=3)
+
+#: Values a msgpack decoder can produce, to put where a field of another type is expected:
+#: scalars of every type (NaN and infinities among the floats), unhashable lists and maps,
+#: maps mixing bytes and str keys, and nesting deeper than any limit.
+wrong_values: st.SearchStrategy[Any] = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=20),
+    st.binary(max_size=40),
+    st.lists(_small, max_size=3),
+    st.dictionaries(st.text(max_size=3), _small, max_size=3),
+    st.builds(_mixed_keys, st.text(min_size=1, max_size=4), _small),
+    st.integers(2, 60).map(_nested_list),
+)
+
+#: The same for JSON decoders: no bytes, but integers of any size.
+json_wrong_values: st.SearchStrategy[Any] = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=20),
+    st.lists(_small, max_size=3),
+    st.dictionaries(st.text(max_size=3), _small, max_size=3),
+    st.integers(2, 60).map(_nested_list),
+)
+
+
+def _paths(obj: Any) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = [()]
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), obj)]
+    while stack:
+        path, node = stack.pop()
+        children = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
+        for key, child in children:
+            out.append((*path, key))
+            stack.append(((*path, key), child))
+    return out
+
+
+@st.composite
+def one_field_replaced(
+    draw: st.DrawFn, plain: Any, values: st.SearchStrategy[Any] = wrong_values
+) -> Any:
+    """A copy of the decoded form ``plain`` (maps, lists, scalars) with exactly one node, at
+    any depth and the root included, replaced by one of ``values``; or, for a map entry
+    when ``values`` may hold bytes, its key replaced by the bytes twin (mixed key types)."""
+    obj = copy.deepcopy(plain)
+    path = draw(st.sampled_from(_paths(obj)))
+    if not path:
+        return draw(values)
+    parent = obj
+    for key in path[:-1]:
+        parent = parent[key]
+    key = path[-1]
+    if values is wrong_values and isinstance(key, str) and draw(st.integers(0, 4)) == 0:
+        parent[key.encode()] = parent.pop(key)
+    else:
+        parent[key] = draw(values)
+    return obj
