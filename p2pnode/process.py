@@ -27,15 +27,40 @@ STOP_TIMEOUT = 5.0
 _LOG_LINES = 100
 
 
-class NodeProcess:
-    """One ``python -m p2pnode run`` process with its own data directory."""
+# ``python -m p2pnode ARGS`` with RLIMIT_NOFILE (soft and hard) lowered to argv[1] first.
+# A launcher rather than ``preexec_fn``: that runs Python between fork and exec, which
+# Python documents as unsafe in a process with threads, and trio keeps worker threads.
+_FD_LIMITED = (
+    "import resource, runpy, sys; n = int(sys.argv.pop(1)); "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); "
+    "runpy.run_module('p2pnode', run_name='__main__', alter_sys=True)"
+)
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+
+class NodeProcess:
+    """One ``python -m p2pnode run`` process with its own data directory.
+
+    ``log_lines`` is how many of the last stderr lines :attr:`log` keeps;
+    ``fd_limit`` starts the daemon with that many file descriptors at most
+    (tests of descriptor exhaustion).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        log_lines: int = _LOG_LINES,
+        fd_limit: int | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.env = dict(env if env is not None else os.environ, PYTHONUNBUFFERED="1")
         self.process: trio.Process | None = None
         self.address = ""
         self.log: list[str] = []
+        self._log_lines = log_lines
+        self._fd_limit = fd_limit
+        self._drained = trio.Event()
 
     def prepare(
         self, agent: str, tier: int, capabilities: list[dict[str, Any]] | None = None
@@ -52,16 +77,25 @@ class NodeProcess:
     def control(self) -> Path:
         return self.data_dir / CONTROL_SOCKET_NAME
 
-    async def start(self, nursery: trio.Nursery, bootstrap: str | None) -> None:
+    async def start(
+        self, nursery: trio.Nursery, bootstrap: str | None, *, listen: str = "127.0.0.1:0"
+    ) -> None:
         """Start the daemon and wait for its ``ready`` line.
 
-        Raises LocalError(TIMEOUT) when it is not ready within READY_TIMEOUT.
+        Raises LocalError(TIMEOUT) when it is not ready within READY_TIMEOUT, or
+        at once when it exits first (the error names the exit code and the last
+        lines of its log).
         """
-        argv = [sys.executable, "-m", "p2pnode", "--data-dir", str(self.data_dir), "run",
-                "--listen", "127.0.0.1:0", "--log-level", "WARNING"]  # fmt: skip
+        args = ["--data-dir", str(self.data_dir), "run", "--listen", listen,
+                "--log-level", "WARNING"]  # fmt: skip
         if bootstrap:
-            argv += ["--bootstrap", bootstrap]
+            args += ["--bootstrap", bootstrap]
+        if self._fd_limit is None:
+            argv = [sys.executable, "-m", "p2pnode", *args]
+        else:
+            argv = [sys.executable, "-c", _FD_LIMITED, str(self._fd_limit), *args]
         self.address = ""
+        self._drained = trio.Event()
         self.process = await trio.lowlevel.open_process(
             argv,
             stdout=-1,
@@ -74,8 +108,14 @@ class NodeProcess:
         with trio.move_on_after(READY_TIMEOUT):
             await ready.wait()
         if not self.address:
+            if self._drained.is_set():
+                code = await self.process.wait()
+                what = f"exited with code {code}"
+            else:
+                what = f"was not ready within {READY_TIMEOUT:g} s"
             raise LocalError(
-                ErrorCode.TIMEOUT, f"{self.data_dir} did not start: {' | '.join(self.log[-5:])}"
+                ErrorCode.TIMEOUT,
+                f"{self.data_dir} {what}: {' | '.join(self.log[-5:])}",
             )
 
     async def _read(self, process: trio.Process, ready: trio.Event) -> None:
@@ -83,29 +123,47 @@ class NodeProcess:
         stderr = process.stderr
 
         async def drain_stderr() -> None:
+            pending = b""
             async for chunk in stderr:
-                self.log.extend(chunk.decode(errors="replace").splitlines())
-                del self.log[:-_LOG_LINES]
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                self.log.extend(line.decode(errors="replace") for line in lines)
+                del self.log[: -self._log_lines]
+            if pending:
+                self.log.append(pending.decode(errors="replace"))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(drain_stderr)
-            buffer = b""
-            async for chunk in process.stdout:
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(event, dict) and event.get("event") == "ready":
-                        self.address = event["addresses"][0]
-                        ready.set()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drain_stderr)
+                buffer = b""
+                async for chunk in process.stdout:
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        try:
+                            event = json.loads(line)
+                        except ValueError:
+                            continue
+                        if isinstance(event, dict) and event.get("event") == "ready":
+                            self.address = event["addresses"][0]
+                            ready.set()
+        finally:
+            # Both pipes are at their end: the process is gone (or closed them), and the
+            # log holds everything it wrote.
+            self._drained.set()
+            ready.set()
 
     async def call(self, request: dict[str, Any]) -> Any:
         """One control-socket request (see :mod:`p2pnode.node.control`)."""
         with trio.fail_after(CALL_TIMEOUT):
             return await control_call(self.control, request)
+
+    async def wait(self) -> int:
+        """Wait until the process has exited and its output is read; its exit code."""
+        assert self.process is not None
+        code = await self.process.wait()
+        await self._drained.wait()
+        return code
 
     async def kill(self) -> None:
         """SIGKILL, and wait for the process to be gone."""
