@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -404,7 +404,7 @@ def _capability_problems(caps: object) -> list[str]:
             problems.append(f"{where}: must be an object")
             continue
         cap_id = cap.get("id")
-        if not isinstance(cap_id, str) or not _ID_PATTERN.match(cap_id):
+        if not isinstance(cap_id, str) or not _ID_PATTERN.fullmatch(cap_id):
             problems.append(f"{where}.id: must match {_ID_PATTERN.pattern}")
         elif cap_id in seen:
             problems.append(f"{where}.id: duplicate {cap_id!r}")
@@ -424,8 +424,18 @@ def _capability_problems(caps: object) -> list[str]:
     return problems
 
 
+def is_address(text: object) -> bool:
+    """True when ``text`` is ``host:port`` or ``[v6]:port`` with a port of 0-65535: what a
+    node can dial (:func:`p2pnode.node.config.parse_address` accepts every such text)."""
+    return (
+        isinstance(text, str)
+        and _ADDRESS_PATTERN.fullmatch(text) is not None
+        and int(text.rpartition(":")[2]) <= 65535
+    )
+
+
 def _list_problems(
-    data: Mapping[str, Any], key: str, pattern: re.Pattern[str] | None, limit: int
+    data: Mapping[str, Any], key: str, check: Callable[[str], bool] | None, limit: int
 ) -> list[str]:
     value = data.get(key, [])
     if not isinstance(value, list):
@@ -436,7 +446,7 @@ def _list_problems(
     for i, item in enumerate(value):
         if not isinstance(item, str) or len(item) > 256:
             problems.append(f"{key}[{i}]: must be a string of at most 256 characters")
-        elif pattern is not None and not pattern.match(item):
+        elif check is not None and not check(item):
             problems.append(f"{key}[{i}]: {item!r} must look like host:port")
     return problems
 
@@ -475,7 +485,7 @@ def card_problems(data: object) -> list[str]:
     agent_id = data.get("id")
     if "id" not in data:
         problems.append("id: required")
-    elif not isinstance(agent_id, str) or not _ID_PATTERN.match(agent_id):
+    elif not isinstance(agent_id, str) or not _ID_PATTERN.fullmatch(agent_id):
         problems.append(f"id: must match {_ID_PATTERN.pattern}")
     _check_text(problems, data, "name", required=True, allow_empty=False)
     _check_text(problems, data, "version", required=True, allow_empty=False)
@@ -489,7 +499,7 @@ def card_problems(data: object) -> list[str]:
     else:
         problems.extend(_capability_problems(data["capabilities"]))
     problems.extend(_list_problems(data, "protocols", None, MAX_LIST_ITEMS))
-    problems.extend(_list_problems(data, "addresses", _ADDRESS_PATTERN, MAX_ADDRESSES))
+    problems.extend(_list_problems(data, "addresses", is_address, MAX_ADDRESSES))
     problems.extend(_endpoint_problems(data.get("endpoints", [])))
     for key in ("revision", "lastSeenAt", "issuedAt"):
         if key in data and (not _is_int(data[key]) or not 0 <= data[key] < 2**63):
@@ -503,7 +513,7 @@ def card_problems(data: object) -> list[str]:
     elif _is_int(issued) and expires <= issued:
         problems.append("expiresAt: must be after issuedAt")
     sandbox = data.get("sandboxId")
-    if sandbox is not None and (not isinstance(sandbox, str) or not _ID_PATTERN.match(sandbox)):
+    if sandbox is not None and (not isinstance(sandbox, str) or not _ID_PATTERN.fullmatch(sandbox)):
         problems.append(f"sandboxId: must match {_ID_PATTERN.pattern}")
     if not _is_text_in(data.get("origin", "local"), _ORIGINS):
         problems.append("origin: must be 'local' or 'remote'")

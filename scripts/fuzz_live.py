@@ -359,12 +359,27 @@ def _peer_frames() -> tuple[bytes, ...]:
     return (hello, *frame_seeds()[1:], encode_envelopes(envs))
 
 
+#: Addresses a HELLO may announce: out of range, empty parts, digits int() refuses.
+_HOSTILE_ADDRESSES = [
+    "10.0.0.2:65536",
+    "[::1]:99999999999999999999",
+    ":7000",
+    "10.0.0.2:",
+    "host:\u00b2",
+    "host:\u0663",
+    "[]:1",
+    "a" * 300 + ":1",
+    "10.0.0.2:-1",
+]
+
+
 def _frame_input(rng: random.Random) -> bytes:
     seeds = _peer_frames()
     roll = rng.random()
     if roll < 0.15:
         owned = (card(PEER, "bravo", tier=2), card(PEER, "gamma", tier=3, rich=False))
-        hello = [0, {"cards": [resigned_card(rng, PEER, owned)], "addresses": ["10.0.0.2:7000"]}]
+        addresses = ["10.0.0.2:7000", *rng.sample(_HOSTILE_ADDRESSES, rng.randrange(3))]
+        hello = [0, {"cards": [resigned_card(rng, PEER, owned)], "addresses": addresses}]
         return pack(hello)
     frame = _with_fresh_ids(rng, rng.choice(seeds[1:]))
     return frame if roll < 0.25 else mutate_any(rng, frame)

@@ -78,6 +78,7 @@ from p2pnode.envelope import Envelope
 from p2pnode.errors import RemoteError
 from p2pnode.framing import TransportCodec
 from p2pnode.identity import PeerId
+from p2pnode.node.config import parse_address
 from p2pnode.node.docops import decode_gossip_payload_untrusted, value_to_json
 from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted
 from p2pnode.noise import IK, NN, XX, CipherState, HandshakeState, NoiseTransport
@@ -90,11 +91,13 @@ from p2pnode.wire import pack, unpack_untrusted
 
 
 def _use_card(card: AgentCard) -> None:
-    # What a node does with a card it accepted: store, sign-check, re-encode.
+    # What a node does with a card it accepted: store, sign-check, re-encode, dial.
     card.to_bytes()
     card.to_json()
     card.is_signed_by_owner()
     card.capability_ids()
+    for address in card.addresses:
+        parse_address(address)
 
 
 def run_card_bytes(data: bytes) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard, Capability, card_problems
+from p2pnode.card import AgentCard, Capability, card_problems, is_address
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.identity import Identity
 from p2pnode.jsonutil import b64encode
@@ -265,3 +265,26 @@ def test_json_schema_with_64_bit_extremes_round_trips() -> None:
     decoded = AgentCard.from_json_untrusted(card.to_json())
     assert decoded == card
     assert AgentCard.from_bytes_untrusted(decoded.to_bytes()).capabilities[0].input_schema == schema
+
+
+@pytest.mark.parametrize(
+    "address", ["10.0.0.1:65536", "10.0.0.1:99999", "host:7000\n", "[::1]:1\n", ":1", "h:"]
+)
+def test_addresses_a_node_cannot_dial_are_rejected(address: str) -> None:
+    # A port past 65535 matched the pattern, then dialing the card's owner raised
+    # CONFIG_ERROR from the address parser; `$` let a trailing newline through.
+    with pytest.raises(LocalError) as info:
+        make_card(addresses=("10.0.0.1:7000", address))
+    assert any("addresses[1]" in p for p in info.value.details["problems"])
+    assert is_address("10.0.0.1:65535") and is_address("[::1]:0")
+
+
+@pytest.mark.parametrize("field", ["id", "sandbox_id"])
+def test_ids_with_a_trailing_newline_are_rejected(field: str) -> None:
+    with pytest.raises(LocalError) as info:
+        make_card(**{field: "venus\n"})
+    assert info.value.code is ErrorCode.INVALID_CARD
+    plain = make_card(capabilities=()).to_dict()
+    plain["capabilities"] = [{"id": "design.ui\n", "name": "UI"}]
+    with pytest.raises(LocalError):
+        AgentCard.from_dict(plain)

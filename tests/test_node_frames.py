@@ -87,3 +87,12 @@ def test_malformed_frames_are_typed_errors(obj: object) -> None:
     with pytest.raises(RemoteError) as info:
         decode_frame_untrusted(pack(obj))
     assert info.value.code is ErrorCode.MALFORMED_MESSAGE
+
+
+def test_hello_keeps_only_addresses_a_node_can_dial() -> None:
+    # "host:²" passed str.isdigit() and then made int() raise ValueError in the node's
+    # address parser; a port past 65535 made dialing raise CONFIG_ERROR.
+    announced = ["10.0.0.1:7000", "host:\u00b2", "host:\u0663", "10.0.0.1:65536", ":7000",
+                 "[::1]:7001", "h:1\n", "10.0.0.2:"]  # fmt: skip
+    decoded = decode_frame_untrusted(encode_hello([], announced))
+    assert decoded == Hello((), ("10.0.0.1:7000", "[::1]:7001"))

@@ -6,7 +6,8 @@ Every application message on a node-to-node channel is one msgpack array
 * ``[0, {"cards": [card bytes, ...], "addresses": ["host:port", ...]}]`` —
   HELLO, sent by both sides right after the handshake and again whenever the
   sender's local cards change. Each card must be owned by the authenticated
-  peer; the receiver rejects the whole frame otherwise.
+  peer; the receiver rejects the whole frame otherwise. Addresses that are
+  not ``host:port`` (port 0-65535) are dropped.
 * ``[1, envelope plain form]`` — ENVELOPE (see the data-model chapter).
 * ``[2, [envelope plain form, ...]]`` — ENVELOPES: several envelopes in one
   message, as :meth:`Node.send_many` writes a burst for one peer. Each one is
@@ -23,7 +24,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from p2pnode.card import AgentCard
+from p2pnode.card import AgentCard, is_address
 from p2pnode.envelope import Envelope, EnvelopeError
 from p2pnode.errors import ErrorCode, RemoteError
 from p2pnode.wire import WireLimits, pack, unpack_untrusted
@@ -100,7 +101,8 @@ def _decode_hello_untrusted(body: Any) -> Hello:
         if not isinstance(raw, bytes):
             raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello card must be bytes")
         cards.append(AgentCard.from_bytes_untrusted(raw))
-    return Hello(tuple(cards), tuple(addresses[:16]))
+    # Only what a node can dial: anything else is dropped here, not handed on.
+    return Hello(tuple(cards), tuple([a for a in addresses if is_address(a)][:16]))
 
 
 def decode_frame_untrusted(data: bytes) -> Frame:
