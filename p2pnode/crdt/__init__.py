@@ -1,4 +1,9 @@
-"""Shared state: vector clocks, delta-state CRDTs, replicas, gossip and durable storage."""
+"""Shared state: vector clocks, delta-state CRDTs, replicas and gossip.
+
+This namespace holds the sans-IO parts only, so importing it loads neither
+trio nor sqlite3: durable storage is :mod:`p2pnode.crdt.store`
+(``CRDTStore``, ``AsyncCRDTStore``, ``Batch``).
+"""
 
 from p2pnode.crdt.clock import CRDTError, Ordering, VectorClock
 from p2pnode.crdt.dots import Dot, DotContext
@@ -17,7 +22,6 @@ from p2pnode.crdt.gossip import (
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.crdt.replica import Changes, Delta, Document, FullState, Replica
 from p2pnode.crdt.simulate import GossipSimulation, NetConfig
-from p2pnode.crdt.store import AsyncCRDTStore, Batch, CRDTStore
 from p2pnode.crdt.types import (
     CRDT,
     DocState,
@@ -32,10 +36,7 @@ from p2pnode.crdt.types import (
 
 __all__ = [
     "CRDT",
-    "AsyncCRDTStore",
-    "Batch",
     "CRDTError",
-    "CRDTStore",
     "Changes",
     "CounterAdd",
     "Delta",

@@ -1,11 +1,14 @@
-"""Kademlia DHT: routing table, iterative lookups, UDP RPC and signed records.
+"""Kademlia DHT: routing table, iterative lookups, the RPC core and signed records.
 
 Wire-compatible with the PyPI ``kademlia`` package (see docs/protocol/dht.md).
+
+This package namespace holds the sans-IO parts only, so importing it loads
+no trio: the trio driver is :class:`p2pnode.dht.peer.DhtPeer` and the node
+with the Agent Card API is :class:`p2pnode.dht.node.DhtNode`.
 """
 
-from p2pnode.dht.lookup import Lookup, PeerState, RttEstimator
-from p2pnode.dht.node import DhtConfig, DhtNode, DhtStatistics
-from p2pnode.dht.peer import DhtPeer
+from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.lookup import Lookup, PeerState, RecordCollector, RttEstimator, merge_records
 from p2pnode.dht.records import (
     ProviderInfo,
     RecordError,
@@ -18,26 +21,46 @@ from p2pnode.dht.records import (
     encode_value,
 )
 from p2pnode.dht.routing import Contact, RoutingTable
+from p2pnode.dht.rpc import (
+    CallState,
+    CallTimedOut,
+    DatagramDropped,
+    DropReason,
+    OutgoingCall,
+    ReplyReceived,
+    RequestReceived,
+    RpcCore,
+    RpcEvent,
+)
 from p2pnode.dht.rpcwire import RpcError
 
 __all__ = [
+    "CallState",
+    "CallTimedOut",
     "Contact",
+    "DatagramDropped",
     "DhtConfig",
-    "DhtNode",
-    "DhtPeer",
     "DhtStatistics",
+    "DropReason",
     "Lookup",
+    "OutgoingCall",
     "PeerState",
     "ProviderInfo",
+    "RecordCollector",
     "RecordError",
     "RecordKind",
     "RecordStore",
+    "ReplyReceived",
+    "RequestReceived",
     "RoutingTable",
+    "RpcCore",
     "RpcError",
+    "RpcEvent",
     "RttEstimator",
     "SignedRecord",
     "capability_key",
     "card_key",
     "decode_value_untrusted",
     "encode_value",
+    "merge_records",
 ]

@@ -22,6 +22,12 @@ instead of lockstep rounds):
   that keep inventing nearer ids). The driver may also :meth:`Lookup.finish`
   early (a value lookup that found what it wanted).
 
+Value lookups (§6 of docs/protocol/dht.md) read records from every node that
+returns a hit: a :class:`RecordCollector` verifies each hit's value
+(:func:`~p2pnode.dht.records.decode_value_untrusted`, a record already seen
+is not verified twice) and keeps the newest record per publisher and kind
+(:func:`merge_records`, the §4.4 merge rule).
+
 No clock reads: every method that needs the time takes ``now``.
 """
 
@@ -29,9 +35,11 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from p2pnode.dht.records import SignedRecord, decode_value_untrusted
 from p2pnode.dht.routing import Contact, id_int
 
 
@@ -233,3 +241,58 @@ class Lookup:
             return False
         e.state = new
         return True
+
+
+# ---------------------------------------------------------------------- values
+
+
+def merge_records(*groups: Iterable[SignedRecord]) -> list[SignedRecord]:
+    """The newest record per (publisher, kind) of ``groups`` (§4.4: higher
+    ``(revision, expires_at)`` wins), in order of first appearance."""
+    merged: dict[tuple[bytes, str], SignedRecord] = {}
+    for group in groups:
+        for r in group:
+            slot = (r.public_key, r.kind.value)
+            held = merged.get(slot)
+            if held is None or r.newer_than(held):
+                merged[slot] = r
+    return list(merged.values())
+
+
+class RecordCollector:
+    """The merged records of one value lookup for ``key`` (sans-IO)."""
+
+    def __init__(self, key: bytes, known: Callable[[bytes], SignedRecord | None]) -> None:
+        """``known`` maps record bytes verified earlier (the node's store) to the record."""
+        self.key = key
+        #: Replies whose value held at least one valid record.
+        self.hits = 0
+        self._known = known
+        self._found: dict[tuple[bytes, str], SignedRecord] = {}
+        self._seen: dict[bytes, SignedRecord] = {}
+
+    def add_untrusted(self, value: Any, now_ms: int) -> int:
+        """Merge the records of one hit's ``value``; returns how many of them were rejected.
+
+        Raises RecordError when the value as a whole is not a record list.
+        """
+        # Replies from different nodes mostly repeat the same records: verify once.
+        seen = self._seen
+
+        def known(encoded: bytes) -> SignedRecord | None:
+            return seen.get(encoded) or self._known(encoded)
+
+        recs, rejected = decode_value_untrusted(value, self.key, now_ms=now_ms, known=known)
+        for r in recs:
+            seen[r.encoded] = r
+            slot = (r.public_key, r.kind.value)
+            held = self._found.get(slot)
+            if held is None or r.newer_than(held):
+                self._found[slot] = r
+        if recs:
+            self.hits += 1
+        return rejected
+
+    def records(self) -> list[SignedRecord]:
+        """The newest record per (publisher, kind) read so far."""
+        return list(self._found.values())

@@ -1,25 +1,28 @@
-"""The DHT node with the Agent Card API: provide, find_card, find_providers.
+"""The DHT node with the Agent Card API: provide, find_card, find_providers, find_agent.
 
 Theory of operation (docs/protocol/dht.md §4): :class:`DhtNode` is a
 :class:`~p2pnode.dht.peer.DhtPeer` that publishes an agent's signed card under
 ``p2pnode:card:<peer id>/<agent id>``, one provider record per capability
 under ``p2pnode:cap:<capability>`` and one under ``p2pnode:cap:agent:<agent
-id>`` (lookup by id), all signed by the agent's key and republished by the
-maintenance pass. Readers accept a provider only when the publisher's own
-card for that agent, fetched and verified, lists the capability.
+id>`` (lookup by id), all signed by the agent's key
+(:func:`~p2pnode.dht.publish.card_makers`) and kept republished by the
+peer's :class:`~p2pnode.dht.publish.Publisher`. Readers accept a provider
+only when the publisher's own card for that agent, fetched and verified,
+lists the capability. Each card or provider record read is one input behind
+the peer's failure boundary: one that fails to decode is skipped alone.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import trio
 
 from p2pnode.card import AgentCard
-from p2pnode.dht.peer import DhtConfig, DhtPeer, DhtStatistics
+from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.peer import DhtPeer
+from p2pnode.dht.publish import card_makers
 from p2pnode.dht.records import (
-    MAX_TTL_MS,
     MAX_VALUE_BYTES,
     ProviderInfo,
     RecordKind,
@@ -40,13 +43,6 @@ class DhtNode(DhtPeer):
     Use as ``async with DhtNode(net, identity=..., ...) as node:``.
     """
 
-    def _sign(
-        self, kind: RecordKind, key: bytes, revision: int, expires: int, payload: bytes
-    ) -> SignedRecord:
-        if self.identity is None:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "publishing needs an identity")
-        return SignedRecord.create(self.identity, kind, key, revision, expires, payload)
-
     async def provide(self, card: AgentCard) -> int:
         """Publish ``card`` and a provider record for each of its capabilities.
 
@@ -56,31 +52,18 @@ class DhtNode(DhtPeer):
         if self.identity is None or card.public_key != self.identity.public_key:
             raise LocalError(ErrorCode.INVALID_CARD, "can only provide our own card")
         card.verify()
-        addresses = tuple(
-            a for a in (_split_address(t) for t in card.addresses[:8]) if a is not None
+        makers = card_makers(
+            card,
+            self.identity,
+            ttl_ms=self.config.record_ttl_ms,
+            wall_clock_ms=self.wall_clock_ms,
         )
-        card_bytes = card.to_bytes()
-        ttl = min(self.config.record_ttl_ms, MAX_TTL_MS)
-
-        def maker(kind: RecordKind, key: bytes, payload: bytes) -> Callable[[], SignedRecord]:
-            def make() -> SignedRecord:
-                expires = min(card.expires_at, self._wall_ms() + ttl)
-                return self._sign(kind, key, card.revision, expires, payload)
-
-            return make
-
-        ck = card_key(card.peer_id, card.id)
-        makers = [(ck, RecordKind.CARD, maker(RecordKind.CARD, ck, card_bytes))]
-        for cap in [agent_capability(card.id), *sorted(card.capability_ids())]:
-            key = capability_key(cap)
-            info = ProviderInfo(cap, card.id, addresses).to_bytes()
-            makers.append((key, RecordKind.PROVIDER, maker(RecordKind.PROVIDER, key, info)))
         first = makers[0][2]()
         if len(first.encoded) + 8 > MAX_VALUE_BYTES:
             raise LocalError(ErrorCode.MESSAGE_TOO_LARGE, "card too large for a DHT value")
         for key, kind, make in makers:
-            self._published[(key, kind)] = make
-        return await self._publish(makers)
+            self.publisher.keep(key, kind, make)
+        return await self.publisher.publish([(key, make) for key, _, make in makers])
 
     async def find_card(self, peer_id: PeerId, agent_id: str) -> AgentCard | None:
         """The newest verified card of agent ``agent_id`` owned by ``peer_id``, or None."""
@@ -100,7 +83,7 @@ class DhtNode(DhtPeer):
                 self.stats.records_rejected += 1
                 self.boundary.contain(str(peer_id), "card record", exc)
                 continue
-            if card.peer_id != peer_id or card.is_expired(self._wall_ms()):
+            if card.peer_id != peer_id or card.is_expired(self.wall_clock_ms()):
                 continue
             if best is None or card.revision > best.revision:
                 best = card
@@ -144,15 +127,5 @@ class DhtNode(DhtPeer):
         use one; the node's registry keeps the first owner it met)."""
         return await self.find_providers(agent_capability(agent_id))
 
-
-def _split_address(text: str) -> tuple[str, int] | None:
-    host, _, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return None
-    return (host, int(port))
-
-
-# RPC dispatch table (shared by all nodes: no per-node dict of bound methods).
 
 __all__ = ["DhtConfig", "DhtNode", "DhtStatistics"]

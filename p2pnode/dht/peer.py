@@ -1,40 +1,45 @@
-"""The trio DHT peer: UDP RPC, lookups, records and maintenance over ``net``.
+"""The trio DHT peer: a thin driver of the sans-IO RPC core over one datagram endpoint.
 
 Theory of operation: a :class:`DhtPeer` binds one datagram endpoint from a
 :class:`p2pnode.net.Network` (real sockets or the simulator) and runs one
-long-lived task in its own nursery, the receive loop, which also wakes at the
-maintenance deadline and starts a short-lived maintenance task (so a
-thousand simulated nodes cost a thousand tasks, not two thousand).
+long-lived task in a nursery it owns (``async with``): the receive loop.
+Everything protocol-shaped happens in sans-IO objects it drives:
 
-* **RPC** (docs/protocol/dht.md §2-3): requests are decoded by
-  :mod:`p2pnode.dht.rpcwire`, dispatched through a handler table, answered
-  inline (no task per request). A reply is matched by message id *and* by the
-  address the request went to; anything else is dropped and logged on the
-  ``p2pnode.dht`` logger. Each outgoing call waits at most
-  ``rpc_hard_timeout``; no reply counts as a failure for the routing table.
-* **Lookups** are driven from the sans-IO :class:`~p2pnode.dht.lookup.Lookup`:
-  one task per request in flight, results come back over a memory channel,
-  the loop wakes at ``next_deadline()`` to mark slow nodes.
-* **Records**: ``store`` accepts only values that decode to valid signed
-  records (:mod:`p2pnode.dht.records`), merged into a bounded store; a
-  ``find_value`` hit returns the merged value. Publishing is a value lookup
-  (read) followed by stores of the merged value at the k closest (write), so
-  stock nodes, which overwrite, carry everyone's records too.
-* **Maintenance** (every ``maintenance_interval``): drop expired records,
-  look up a random id in every stale bucket (Kademlia §2.3), republish our
-  own records when ``republish_interval`` has passed (before they expire).
+* :class:`~p2pnode.dht.rpc.RpcCore` (docs/protocol/dht.md §2-3) holds the
+  pending calls, matches replies by message id *and* address, and turns
+  each datagram into events. The receive loop feeds it every datagram, behind
+  :attr:`DhtPeer.boundary`, and dispatches the events through a table:
+  requests go to the handler table ``_HANDLERS`` and are answered inline (no
+  task per request); a reply or a timeout goes to the callback its call
+  registered. Datagrams the core queues are sent by whoever made them due.
+* **Timers** are a query, not a cancel scope per call: the receive loop
+  sleeps in one cancel scope until the earliest of the core's
+  ``next_deadline()`` and the maintenance schedule, then runs
+  ``handle_timer(now)``. A call that needs an earlier wake-up pulls the
+  scope's deadline in.
+* **Lookups** (§6) are driven from the sans-IO :class:`~p2pnode.dht.lookup.Lookup`
+  without a task per request: each request's callback puts its reply on the
+  lookup's memory channel, and the lookup wakes at its own
+  ``next_deadline()`` to mark slow nodes. When a lookup ends, its
+  outstanding calls are abandoned in the core.
+* **Records** (§4): ``store`` accepts only values that decode to valid
+  signed records (:mod:`p2pnode.dht.records`), merged into a bounded store;
+  a ``find_value`` hit returns the merged value. Publishing is
+  :class:`~p2pnode.dht.publish.Publisher`'s read-merge-write, maintenance is
+  :mod:`p2pnode.dht.maintenance` (expire, refresh stale buckets, republish),
+  snapshots are :mod:`p2pnode.dht.snapshot`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any, Self
 
@@ -42,71 +47,58 @@ import trio
 
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.dht import rpcwire
-from p2pnode.dht.lookup import Lookup, RttEstimator
+from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.lookup import Lookup, RecordCollector, RttEstimator, merge_records
+from p2pnode.dht.maintenance import MaintenanceSchedule, maintenance_pass, mark_fresh
+from p2pnode.dht.publish import Publisher
 from p2pnode.dht.records import (
     RecordError,
-    RecordKind,
     RecordStore,
     SignedRecord,
     decode_value_untrusted,
     encode_value,
 )
-from p2pnode.dht.routing import Contact, RoutingTable, random_id_in_range
+from p2pnode.dht.routing import Contact, RoutingTable
+from p2pnode.dht.rpc import (
+    CallTimedOut,
+    DatagramDropped,
+    ReplyReceived,
+    RequestReceived,
+    RpcCore,
+    RpcEvent,
+)
+from p2pnode.dht.snapshot import restore_table, snapshot_table
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.identity import Identity
 from p2pnode.net import Address, DatagramEndpoint, Network
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
 log = logging.getLogger("p2pnode.dht")
 
-_SNAPSHOT_LIMITS = WireLimits(max_size=1 << 20, max_array_len=8192, max_depth=3)
+_DEFAULT_CONFIG = DhtConfig()
 
 
-@dataclass(frozen=True, slots=True)
-class DhtConfig:
-    """Tunables; defaults follow Kademlia §2.3-§4 and the stock package."""
-
-    k: int = 20
-    alpha: int = 3
-    rto_initial: float = 1.0
-    rto_floor: float = 0.05
-    rto_ceiling: float = 2.0
-    rpc_hard_timeout: float = 5.0
-    refresh_interval: float = 3600.0
-    republish_interval: float = 1800.0
-    maintenance_interval: float = 60.0
-    record_ttl_ms: int = 2 * 3600 * 1000
-    value_quorum: int = 3
-    replacement_size: int = 8
-    card_quorum: int = 1
-    max_pending: int = 1024
+class _NoReply(enum.Enum):
+    NO_REPLY = "no reply"
 
 
-@dataclass(slots=True)
-class DhtStatistics:
-    """Counters for benchmarks and tests."""
-
-    rpcs_sent: int = 0
-    rpcs_answered: int = 0
-    rpcs_timed_out: int = 0
-    requests_handled: int = 0
-    datagrams_dropped: int = 0
-    records_rejected: int = 0
-    stores_rate_limited: int = 0
-    #: Datagrams and looked-up values whose processing raised (contained, dropped).
-    inputs_failed: int = 0
+#: What a call delivers when nobody answered before the hard timeout.
+NO_REPLY = _NoReply.NO_REPLY
+#: Gets a call's raw reply value, or :data:`NO_REPLY`.
+OnResult = Callable[[Any], None]
 
 
-class _Pending:
-    __slots__ = ("address", "event", "value")
+class _Result:
+    """One awaited call's outcome."""
 
-    def __init__(self, address: Address) -> None:
-        self.address = address
-        self.event = trio.Event()
-        self.value: Any = _NO_REPLY
+    __slots__ = ("done", "value")
 
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: Any = NO_REPLY
 
-_NO_REPLY = object()
+    def set(self, value: Any) -> None:
+        self.value = value
+        self.done.set()
 
 
 def _text(address: Address) -> str:
@@ -117,8 +109,37 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _to_channel(send: trio.MemorySendChannel[tuple[Contact, Any]], c: Contact) -> OnResult:
+    def deliver(value: Any) -> None:
+        send.send_nowait((c, value))
+
+    return deliver
+
+
+@asynccontextmanager
+async def _task_nursery() -> AsyncIterator[trio.Nursery]:
+    """A nursery whose tasks are cancelled when the body ends.
+
+    The body's own exception is handed on as it is, not inside the nursery's
+    ExceptionGroup: it is the caller's business, not the tasks'.
+    """
+    failure: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            yield nursery
+        except BaseException as exc:  # re-raised below, outside the nursery
+            failure = exc
+        nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+
+
 class DhtPeer:
-    """A Kademlia node without the Agent Card API (see :class:`p2pnode.dht.node.DhtNode`)."""
+    """A Kademlia node without the Agent Card API (see :class:`p2pnode.dht.node.DhtNode`).
+
+    Use as ``async with DhtPeer(net, ...) as peer:``; the node answers
+    requests until the block ends.
+    """
 
     def __init__(
         self,
@@ -127,14 +148,18 @@ class DhtPeer:
         identity: Identity | None = None,
         node_id: bytes | None = None,
         address: Address = ("127.0.0.1", 0),
-        config: DhtConfig = DhtConfig(),
+        config: DhtConfig = _DEFAULT_CONFIG,
         rng: random.Random | None = None,
         wall_clock_ms: Callable[[], int] = _wall_ms,
         store: RecordStore | None = None,
     ) -> None:
         """``identity`` signs what this node publishes; ``node_id`` defaults to its peer id.
 
-        Raises LocalError(INVALID_ARGUMENT) when neither is given or the id is not 20 bytes.
+        ``rng`` drives maintenance jitter, refresh ids and (when given) message
+        ids; without it message ids come from the operating system, so peers
+        cannot predict them from ids they saw. Raises
+        LocalError(INVALID_ARGUMENT) when neither ``identity`` nor ``node_id``
+        is given or the id is not 20 bytes.
         """
         if node_id is None:
             if identity is None:
@@ -145,10 +170,11 @@ class DhtPeer:
         self.node_id = node_id
         self.identity = identity
         self.config = config
+        #: The wall clock (unix ms) that record expiry is measured on.
+        self.wall_clock_ms = wall_clock_ms
         self._network = network
         self._bind_address = address
         self._rng = rng if rng is not None else random.Random()
-        self._wall_ms = wall_clock_ms
         self.table = RoutingTable(node_id, k=config.k, replacement_size=config.replacement_size)
         self.records = store if store is not None else RecordStore()
         self.rtt = RttEstimator(
@@ -157,31 +183,32 @@ class DhtPeer:
         self.stats = DhtStatistics()
         #: Contains whatever one datagram or one looked-up value raises (p2pnode.boundary).
         self.boundary = FailureBoundary(log, self._input_failed)
-        self._pending: dict[bytes, _Pending] = {}
+        self.rpc = RpcCore(
+            rng=rng if rng is not None else random.SystemRandom(),
+            timeout=config.rpc_hard_timeout,
+            max_pending=config.max_pending,
+        )
+        self.publisher = Publisher(
+            self.records,
+            self._lookup_value,
+            self._store,
+            wall_clock_ms=wall_clock_ms,
+            republish_interval=config.republish_interval,
+        )
+        self.schedule = MaintenanceSchedule(config.maintenance_interval, self._rng)
+        self._results: dict[bytes, OnResult] = {}
         self._endpoint: DatagramEndpoint | None = None
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
-        self._published: dict[tuple[bytes, RecordKind], Callable[[], SignedRecord]] = {}
-        self._last_republish = 0.0
-        self._next_maintenance = 0.0
-        self._maintaining = False
+        self._wake: trio.CancelScope | None = None
+        self._running: AbstractAsyncContextManager[Self] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Self:
-        self._endpoint = await self._network.bind_datagram(self._bind_address)
-        # The table was built before the clock was known: it is fresh as of now.
-        for lo, _ in self.table.stale_buckets(trio.current_time(), 0.0):
-            self.table.touch_range(lo.to_bytes(20, "big"), trio.current_time())
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        self._last_republish = trio.current_time()
-        # Spread maintenance so a thousand nodes started together do not refresh in step.
-        self._next_maintenance = trio.current_time() + self.config.maintenance_interval * (
-            0.5 + self._rng.random()
-        )
-        self._nursery.start_soon(self._receive_loop)
-        return self
+        running = self._run()
+        peer = await running.__aenter__()
+        self._running = running
+        return peer
 
     async def __aexit__(
         self,
@@ -189,20 +216,32 @@ class DhtPeer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        assert self._nursery is not None and self._endpoint is not None
-        assert self._nursery_cm is not None
-        self._nursery.cancel_scope.cancel()
+        running, self._running = self._running, None
+        if running is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
+        return await running.__aexit__(exc_type, exc, tb)
+
+    @asynccontextmanager
+    async def _run(self) -> AsyncIterator[Self]:
+        if self._running is not None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "node already started")
+        endpoint = await self._network.bind_datagram(self._bind_address)
+        now = trio.current_time()
+        mark_fresh(self.table, now)
+        self.publisher.start(now)
+        self.schedule.start(now)
         try:
-            # The body's own exception is not the nursery's business: hand it on
-            # unwrapped instead of inside an ExceptionGroup.
-            await self._nursery_cm.__aexit__(None, None, None)
+            async with _task_nursery() as nursery:
+                self._endpoint, self._nursery = endpoint, nursery
+                nursery.start_soon(self._receive_loop, endpoint)
+                yield self
         finally:
-            self._endpoint.close()
-        return None
+            self._nursery = None
+            endpoint.close()
 
     @property
     def address(self) -> Address:
-        """The UDP address peers reach this node at."""
+        """The UDP address peers reach this node at. Raises LocalError before start."""
         if self._endpoint is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
         return self._endpoint.local_address
@@ -216,40 +255,63 @@ class DhtPeer:
         """This node as a contact."""
         return Contact(self.node_id, *self.address)
 
-    # ------------------------------------------------------------------ RPC plumbing
+    # ------------------------------------------------------------------ I/O
 
-    async def _receive_loop(self) -> None:
-        assert self._endpoint is not None
+    async def _receive_loop(self, endpoint: DatagramEndpoint) -> None:
+        # Runs until the nursery is cancelled. One cancel scope per timer wake-up,
+        # not one per datagram nor per call: _call_nowait pulls the deadline in.
         while True:
-            # One task per node: the receive loop also wakes for maintenance,
-            # which runs in its own short-lived task so receiving never stops.
-            # One cancel scope per maintenance period, not one per datagram.
-            with trio.move_on_at(self._next_maintenance):
+            with trio.move_on_at(self._next_wake()) as scope:
+                self._wake = scope
                 while True:
-                    data, source = await self._endpoint.recvfrom()
+                    data, source = await endpoint.recvfrom()
                     try:
                         await self._handle_datagram(data, source)
                     except Exception as exc:
                         self.boundary.contain(_text(source), "datagram", exc)
-            self._next_maintenance = trio.current_time() + self.config.maintenance_interval
-            if not self._maintaining and self._nursery is not None:
-                self._nursery.start_soon(self._maintenance_task)
+            self._wake = None
+            await self._handle_timer(trio.current_time())
+
+    def _next_wake(self) -> float:
+        deadline = self.rpc.next_deadline()
+        wake = self.schedule.next_deadline()
+        return wake if deadline is None or deadline > wake else deadline
 
     async def _handle_datagram(self, data: bytes, source: Address) -> None:
-        try:
-            msg = rpcwire.decode_datagram_untrusted(data)
-        except rpcwire.RpcError as exc:
-            self._drop(source, exc.message)
+        """Process one datagram from ``source`` and send what it calls for.
+
+        Bad peer input is dropped and logged, not raised; anything else that
+        processing raises propagates (the receive loop contains it behind
+        :attr:`boundary`).
+        """
+        for event in self.rpc.receive_datagram_untrusted(data, source, trio.current_time()):
+            _EVENT_HANDLERS[type(event)](self, event)
+        await self._flush()
+
+    async def _handle_timer(self, now: float) -> None:
+        for event in self.rpc.handle_timer(now):
+            self._on_timeout(event)
+        if self.schedule.handle_timer(now):
+            assert self._nursery is not None
+            self._nursery.start_soon(self._maintenance_task)
+        await self._flush()
+
+    async def _flush(self) -> None:
+        """Send every datagram the core has queued."""
+        out = self.rpc.datagrams_to_send()
+        if not out:
             return
-        if isinstance(msg, rpcwire.Response):
-            pending = self._pending.get(msg.msg_id)
-            if pending is None or pending.address != source:
-                self._drop(source, "unsolicited or misdirected response")
-            elif pending.value is _NO_REPLY:
-                pending.value = msg.value
-                pending.event.set()
+        if self._endpoint is None:
+            self.rpc.send_later(out)
             return
-        await self._handle_request(msg, source)
+        for i, (data, address) in enumerate(out):
+            try:
+                await self._endpoint.sendto(data, address)
+            except BaseException:
+                # Not sent (trio raises Cancelled before it sends): keep it and the
+                # rest for the next flush, so a timer wake-up never loses a datagram.
+                self.rpc.send_later(out[i:])
+                raise
 
     def _input_failed(self, source: str, what: str, exc: Exception) -> None:
         self.stats.inputs_failed += 1
@@ -259,62 +321,110 @@ class DhtPeer:
         self.stats.datagrams_dropped += 1
         log.info("dht.drop peer=%s:%s reason=%s", source[0], source[1], reason)
 
-    async def _handle_request(self, req: rpcwire.Request, source: Address) -> None:
+    # ------------------------------------------------------------------ core events
+
+    def _on_request(self, event: RequestReceived) -> None:
         try:
-            reply = _HANDLERS[req.method](self, source, req.args)
-            out = rpcwire.encode_response(req.msg_id, reply)
+            reply = _HANDLERS[event.method](self, event.source, event.args)
+            self.rpc.reply(event, reply)
         except RemoteError as exc:
-            self._drop(source, f"{req.method}: {exc.message}")
+            self._drop(event.source, f"{event.method}: {exc.message}")
             return
         except LocalError as exc:  # our reply would not fit: say nothing, as stock does
-            log.warning("dht.reply_failed method=%s reason=%s", req.method, exc.message)
+            log.warning("dht.reply_failed method=%s reason=%s", event.method, exc.message)
             return
         self.stats.requests_handled += 1
-        assert self._endpoint is not None
-        await self._endpoint.sendto(out, source)
+
+    def _on_reply(self, event: ReplyReceived) -> None:
+        self.stats.rpcs_answered += 1
+        on_result = self._results.pop(event.msg_id, None)
+        if on_result is not None:
+            on_result(event.value)
+
+    def _on_timeout(self, event: CallTimedOut) -> None:
+        self.stats.rpcs_timed_out += 1
+        on_result = self._results.pop(event.msg_id, None)
+        if on_result is not None:
+            on_result(NO_REPLY)
+
+    def _on_drop(self, event: DatagramDropped) -> None:
+        self._drop(event.source, event.detail)
+
+    # ------------------------------------------------------------------ calls
+
+    def _call_nowait(
+        self, address: Address, method: str, args: list[Any], on_result: OnResult
+    ) -> bytes | None:
+        """Start one call; ``on_result`` gets the raw reply or NO_REPLY. :meth:`_flush` sends it.
+
+        Returns the message id, or None when ``max_pending`` calls are pending
+        (``on_result`` then got NO_REPLY already, as for a call nobody answers).
+        """
+        try:
+            call = self.rpc.call(address, method, args, trio.current_time())
+        except LocalError as exc:
+            if exc.code is not ErrorCode.BUSY:
+                raise
+            on_result(NO_REPLY)
+            return None
+        self.stats.rpcs_sent += 1
+        self._results[call.msg_id] = on_result
+        wake = self._wake
+        if wake is not None and call.deadline < wake.deadline:
+            wake.deadline = call.deadline
+        return call.msg_id
+
+    def _abandon(self, msg_id: bytes) -> None:
+        self.rpc.cancel(msg_id)
+        self._results.pop(msg_id, None)
+
+    def _informing(self, contact: Contact, on_result: OnResult) -> OnResult:
+        """``on_result`` after telling the routing table whether ``contact`` answered."""
+
+        def done(value: Any) -> None:
+            if value is NO_REPLY:
+                self.table.record_failure(contact.node_id)
+            else:
+                self._welcome(contact.node_id, contact.address)
+            on_result(value)
+
+        return done
+
+    async def _call(self, address: Address, method: str, args: list[Any]) -> Any:
+        """One request; the raw reply value, or NO_REPLY after the hard timeout."""
+        return await self._await_call(address, method, args, None)
+
+    async def _call_contact(self, contact: Contact, method: str, args: list[Any]) -> Any:
+        """:meth:`_call` that keeps the routing table informed."""
+        return await self._await_call(contact.address, method, args, contact)
+
+    async def _await_call(
+        self, address: Address, method: str, args: list[Any], contact: Contact | None
+    ) -> Any:
+        result = _Result()
+        on_result = result.set if contact is None else self._informing(contact, result.set)
+        msg_id = self._call_nowait(address, method, args, on_result)
+        try:
+            await self._flush()
+            await result.done.wait()
+        finally:
+            if msg_id is not None and not result.done.is_set():
+                self._abandon(msg_id)
+        return result.value
 
     def _welcome(self, node_id: bytes, source: Address) -> None:
         """The sender proved it is reachable at ``source``: tell the routing table."""
         to_ping = self.table.observe(Contact(node_id, source[0], source[1]), trio.current_time())
-        if to_ping is not None and self._nursery is not None:
-            self._nursery.start_soon(self._liveness_ping, to_ping)
+        if to_ping is None:
+            return
 
-    async def _liveness_ping(self, contact: Contact) -> None:
-        reply = await self._call(contact.address, "ping", [self.node_id])
-        alive = reply is not _NO_REPLY
-        self.table.ping_result(contact.node_id, alive, trio.current_time())
+        def alive(value: Any) -> None:
+            self.table.ping_result(to_ping.node_id, value is not NO_REPLY, trio.current_time())
 
-    async def _call(self, address: Address, method: str, args: list[Any]) -> Any:
-        """Send one request; the raw reply value, or ``_NO_REPLY`` after the hard timeout."""
-        assert self._endpoint is not None
-        if len(self._pending) >= self.config.max_pending:
-            return _NO_REPLY
-        msg_id = self._rng.randbytes(20)
-        pending = _Pending(address)
-        self._pending[msg_id] = pending
-        self.stats.rpcs_sent += 1
-        try:
-            await self._endpoint.sendto(rpcwire.encode_request(msg_id, method, args), address)
-            with trio.move_on_after(self.config.rpc_hard_timeout):
-                await pending.event.wait()
-        finally:
-            del self._pending[msg_id]
-        if pending.value is _NO_REPLY:
-            self.stats.rpcs_timed_out += 1
-        else:
-            self.stats.rpcs_answered += 1
-        return pending.value
+        # Queued; the flush after the datagram or call at hand sends it (no task).
+        self._call_nowait(to_ping.address, "ping", [self.node_id], alive)
 
-    async def _call_contact(self, contact: Contact, method: str, args: list[Any]) -> Any:
-        """:meth:`_call` that keeps the routing table informed."""
-        value = await self._call(contact.address, method, args)
-        if value is _NO_REPLY:
-            self.table.record_failure(contact.node_id)
-        else:
-            self._welcome(contact.node_id, contact.address)
-        return value
-
-    # ------------------------------------------------------------------ RPC handlers
+    # ------------------------------------------------------------------ request handlers
 
     def _rpc_ping(self, source: Address, args: list[Any]) -> Any:
         self._welcome(rpcwire.parse_ping_args_untrusted(args), source)
@@ -327,7 +437,7 @@ class DhtPeer:
             self.stats.stores_rate_limited += 1
             log.info("dht.store_rate_limited peer=%s:%s", *source)
             return False
-        now_ms = self._wall_ms()
+        now_ms = self.wall_clock_ms()
         try:
             recs, rejected = decode_value_untrusted(
                 value, key, now_ms=now_ms, known=self.records.known
@@ -353,7 +463,7 @@ class DhtPeer:
     def _rpc_find_value(self, source: Address, args: list[Any]) -> Any:
         node_id, key = rpcwire.parse_find_args_untrusted(args)
         self._welcome(node_id, source)
-        recs = self.records.get(key, self._wall_ms())
+        recs = self.records.get(key, self.wall_clock_ms())
         if recs:
             return {"value": encode_value(recs)}
         return self._closest_wire(key, source)
@@ -370,14 +480,9 @@ class DhtPeer:
     # ------------------------------------------------------------------ lookups
 
     async def _lookup(
-        self,
-        target: bytes,
-        *,
-        want_value: bool = False,
-        quorum: int | None = None,
+        self, target: bytes, *, want_value: bool = False, quorum: int | None = None
     ) -> tuple[Lookup, list[SignedRecord]]:
-        """Run one iterative lookup; with ``want_value`` collect records too."""
-        now = trio.current_time()
+        """Run one iterative lookup (§6); with ``want_value`` collect records too."""
         lookup = Lookup(
             target,
             self.table.closest(target),
@@ -386,80 +491,88 @@ class DhtPeer:
             k=self.config.k,
             alpha=self.config.alpha,
         )
-        self.table.touch_range(target, now)
+        self.table.touch_range(target, trio.current_time())
         method = "find_value" if want_value else "find_node"
         args = [self.node_id, target]
-        found: dict[tuple[bytes, str], SignedRecord] = {}
-        hits = 0
+        collector = RecordCollector(target, self.records.known)
         send, recv = trio.open_memory_channel[tuple[Contact, Any]](math.inf)
-
-        async def ask(c: Contact) -> None:
-            value = await self._call_contact(c, method, args)
-            send.send_nowait((c, value))
-
-        async with trio.open_nursery() as nursery:
+        asked: list[bytes] = []
+        try:
+            # Bounded: the lookup asks at most max_queries nodes, and each call
+            # ends in a reply or its hard timeout.
             while True:
                 now = trio.current_time()
                 lookup.handle_timer(now)
                 for c in lookup.next_requests(now):
-                    nursery.start_soon(ask, c)
+                    deliver = self._informing(c, _to_channel(send, c))
+                    msg_id = self._call_nowait(c.address, method, args, deliver)
+                    if msg_id is not None:
+                        asked.append(msg_id)
+                await self._flush()
                 if lookup.done:
                     break
                 deadline = lookup.next_deadline()
                 with trio.move_on_at(math.inf if deadline is None else deadline):
                     c, value = await recv.receive()
-                    if value is _NO_REPLY:
-                        lookup.handle_failure(c.node_id)
-                        continue
-                    try:
-                        if want_value:
-                            raw, contacts = rpcwire.parse_find_value_reply_untrusted(value)
-                        else:
-                            raw, contacts = None, rpcwire.parse_contacts_untrusted(value)
-                    except rpcwire.RpcError as exc:
-                        self._drop(c.address, f"{method} reply: {exc.message}")
-                        lookup.handle_failure(c.node_id)
-                        continue
-                    lookup.handle_response(c.node_id, contacts, trio.current_time())
-                    if raw is not None:
-                        try:
-                            hits += self._collect(target, raw, c, found)
-                        except Exception as exc:  # one node's value must not end the lookup
-                            self.boundary.contain(_text(c.address), f"{method} value", exc)
-                            continue
-                        if quorum is not None and hits >= quorum:
-                            lookup.finish()
-            nursery.cancel_scope.cancel()
-        return lookup, list(found.values())
+                    self._take_reply(lookup, collector, method, c, value, quorum)
+        finally:
+            # Calls still out belong to a finished lookup: a late reply is dropped.
+            for msg_id in asked:
+                self._abandon(msg_id)
+        return lookup, collector.records()
 
-    def _collect(
-        self, key: bytes, raw: Any, c: Contact, found: dict[tuple[bytes, str], SignedRecord]
-    ) -> int:
-        # Replies from different nodes mostly repeat the same records: verify once.
-        seen = {r.encoded: r for r in found.values()}
-
-        def known(encoded: bytes) -> SignedRecord | None:
-            return seen.get(encoded) or self.records.known(encoded)
-
+    def _take_reply(
+        self,
+        lookup: Lookup,
+        collector: RecordCollector,
+        method: str,
+        c: Contact,
+        value: Any,
+        quorum: int | None,
+    ) -> None:
+        if value is NO_REPLY:
+            lookup.handle_failure(c.node_id)
+            return
         try:
-            recs, rejected = decode_value_untrusted(raw, key, now_ms=self._wall_ms(), known=known)
+            if method == "find_value":
+                raw, contacts = rpcwire.parse_find_value_reply_untrusted(value)
+            else:
+                raw, contacts = None, rpcwire.parse_contacts_untrusted(value)
+        except rpcwire.RpcError as exc:
+            self._drop(c.address, f"{method} reply: {exc.message}")
+            lookup.handle_failure(c.node_id)
+            return
+        lookup.handle_response(c.node_id, contacts, trio.current_time())
+        if raw is None:
+            return
+        try:
+            self._collect(collector, raw, c)
+        except Exception as exc:  # one node's value must not end the lookup
+            self.boundary.contain(_text(c.address), f"{method} value", exc)
+            return
+        if quorum is not None and collector.hits >= quorum:
+            lookup.finish()
+
+    def _collect(self, collector: RecordCollector, raw: Any, c: Contact) -> None:
+        try:
+            self.stats.records_rejected += collector.add_untrusted(raw, self.wall_clock_ms())
         except RecordError as exc:
             self._drop(c.address, f"find_value value: {exc.message}")
-            return 0
-        self.stats.records_rejected += rejected
-        for r in recs:
-            slot = (r.public_key, r.kind.value)
-            held = found.get(slot)
-            if held is None or r.newer_than(held):
-                found[slot] = r
-        return 1 if recs else 0
+
+    async def _lookup_value(self, key: bytes) -> tuple[list[Contact], list[SignedRecord]]:
+        """A value lookup to the k closest: the nodes that answered and the records read."""
+        lookup, recs = await self._lookup(key, want_value=True)
+        return lookup.closest_answered(), recs
+
+    async def _store(self, contact: Contact, key: bytes, value: bytes) -> bool:
+        return await self._call_contact(contact, "store", [self.node_id, key, value]) is True
 
     # ------------------------------------------------------------------ public API
 
     async def ping(self, address: Address) -> bytes | None:
         """Ping ``address``; the node id it reports (and adds to the table), or None."""
         value = await self._call(address, "ping", [self.node_id])
-        if value is _NO_REPLY:
+        if value is NO_REPLY:
             return None
         try:
             node_id = rpcwire.parse_ping_reply_untrusted(value)
@@ -467,6 +580,7 @@ class DhtPeer:
             self._drop(address, exc.message)
             return None
         self._welcome(node_id, address)
+        await self._flush()
         return node_id
 
     async def bootstrap(self, addresses: Iterable[Address]) -> int:
@@ -501,104 +615,44 @@ class DhtPeer:
         """
         q = self.config.value_quorum if quorum is None else quorum
         _, recs = await self._lookup(key, want_value=True, quorum=q or None)
-        merged = {(r.public_key, r.kind.value): r for r in recs}
-        for r in self.records.get(key, self._wall_ms()):
-            slot = (r.public_key, r.kind.value)
-            if slot not in merged or r.newer_than(merged[slot]):
-                merged[slot] = r
-        return list(merged.values())
+        return merge_records(recs, self.records.get(key, self.wall_clock_ms()))
 
     async def put_records(self, key: bytes, records: list[SignedRecord]) -> int:
         """Publish ``records`` under ``key``: read, merge, store at the k closest.
 
         Returns how many nodes accepted the store.
         """
-        now_ms = self._wall_ms()
-        lookup, existing = await self._lookup(key, want_value=True, quorum=None)
-        self.records.put(key, records, now_ms)
-        merged = {(r.public_key, r.kind.value): r for r in existing}
-        for r in self.records.get(key, now_ms):
-            slot = (r.public_key, r.kind.value)
-            if slot not in merged or r.newer_than(merged[slot]):
-                merged[slot] = r
-        # Our own records first, so they survive any size cut.
-        mine = {(r.public_key, r.kind.value) for r in records}
-        value = encode_value([merged[s] for s in mine if s in merged])
-        rest = [r for s, r in merged.items() if s not in mine]
-        if rest:
-            value = encode_value([merged[s] for s in mine if s in merged] + rest)
-        accepted = 0
-
-        async def store(c: Contact) -> None:
-            nonlocal accepted
-            reply = await self._call_contact(c, "store", [self.node_id, key, value])
-            if reply is True:
-                accepted += 1
-
-        async with trio.open_nursery() as nursery:
-            for c in lookup.closest_answered():
-                nursery.start_soon(store, c)
-        return accepted
-
-    async def _publish(
-        self, makers: Iterable[tuple[bytes, RecordKind, Callable[[], SignedRecord]]]
-    ) -> int:
-        total = 0
-
-        async def one(key: bytes, make: Callable[[], SignedRecord]) -> None:
-            nonlocal total
-            total += await self.put_records(key, [make()])
-
-        async with trio.open_nursery() as nursery:
-            for key, _, make in makers:
-                nursery.start_soon(one, key, make)
-        return total
-
-    # ------------------------------------------------------------------ maintenance
-
-    async def _maintenance_task(self) -> None:
-        self._maintaining = True
-        try:
-            await self.maintain()
-        finally:
-            self._maintaining = False
+        return await self.publisher.put_records(key, records)
 
     async def maintain(self) -> None:
         """One maintenance pass: expire, refresh stale buckets, republish when due."""
-        now = trio.current_time()
-        self.records.expire(self._wall_ms())
-        if len(self.table):
-            stale = self.table.stale_buckets(now, self.config.refresh_interval)
-            async with trio.open_nursery() as nursery:
-                for lo, hi in stale:
-                    nursery.start_soon(self.find_node, random_id_in_range(lo, hi, self._rng))
-        if self._published and now - self._last_republish >= self.config.republish_interval:
-            self._last_republish = now
-            await self._publish([(k[0], k[1], m) for k, m in self._published.items()])
+        await maintenance_pass(
+            table=self.table,
+            records=self.records,
+            publisher=self.publisher,
+            find_node=self.find_node,
+            rng=self._rng,
+            now=trio.current_time(),
+            now_ms=self.wall_clock_ms(),
+            refresh_interval=self.config.refresh_interval,
+        )
 
-    # ------------------------------------------------------------------ snapshot
+    async def _maintenance_task(self) -> None:
+        try:
+            await self.maintain()
+        finally:
+            self.schedule.finished()
 
     def snapshot(self) -> bytes:
         """The routing table as bytes (``[[id, host, port], ...]``) for a fast rejoin."""
-        return pack([rpcwire.contact_to_wire(c) for c in self.table.contacts()])
+        return snapshot_table(self.table)
 
     def restore(self, data: bytes) -> int:
         """Add the contacts of a :meth:`snapshot`; returns how many. Raises LocalError."""
-        try:
-            items = unpack_untrusted(data, _SNAPSHOT_LIMITS)
-            if not isinstance(items, list):
-                raise LocalError(ErrorCode.CONFIG_ERROR, "snapshot is not a list")
-            added = 0
-            now = trio.current_time()
-            for i in range(0, len(items), rpcwire.MAX_CONTACTS):
-                for c in rpcwire.parse_contacts_untrusted(items[i : i + rpcwire.MAX_CONTACTS]):
-                    self.table.observe(c, now)
-                    added += 1
-        except (WireError, rpcwire.RpcError) as exc:
-            raise LocalError(ErrorCode.CONFIG_ERROR, f"corrupt snapshot: {exc.message}") from None
-        return added
+        return restore_table(self.table, data, trio.current_time())
 
 
+# Dispatch tables, shared by all nodes (no per-node dict of bound methods).
 _HANDLERS: dict[str, Callable[[DhtPeer, Address, list[Any]], Any]] = {
     "ping": DhtPeer._rpc_ping,
     "store": DhtPeer._rpc_store,
@@ -607,4 +661,11 @@ _HANDLERS: dict[str, Callable[[DhtPeer, Address, list[Any]], Any]] = {
     "stun": DhtPeer._rpc_stun,
 }
 
-__all__ = ["DhtConfig", "DhtPeer", "DhtStatistics"]
+_EVENT_HANDLERS: dict[type[RpcEvent], Callable[[DhtPeer, Any], None]] = {
+    RequestReceived: DhtPeer._on_request,
+    ReplyReceived: DhtPeer._on_reply,
+    CallTimedOut: DhtPeer._on_timeout,
+    DatagramDropped: DhtPeer._on_drop,
+}
+
+__all__ = ["NO_REPLY", "DhtConfig", "DhtPeer", "DhtStatistics"]

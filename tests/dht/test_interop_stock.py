@@ -94,7 +94,7 @@ async def test_mixed_network_with_stock_nodes() -> None:
             assert a.identity is not None
             card = make_card(a.identity, ["translate"], now_ms=None)
             assert await a.provide(card) >= 4
-            stored = a.records.get(capability_key("translate"), a._wall_ms())
+            stored = a.records.get(capability_key("translate"), a.wall_clock_ms())
             # A stock node's get() of the documented key returns the bytes we stored.
             reply = await stock.command(op="get", node=3, key="p2pnode:cap:translate")
             assert reply["value_hex"] == encode_value(stored).hex()
@@ -118,5 +118,5 @@ async def test_plain_stock_values_are_not_served_as_records() -> None:
             # A stock client stores an unsigned value under a capability key.
             await stock.command(op="set", node=1, key="p2pnode:cap:evil", value_hex=b"junk".hex())
             assert await ours.find_providers("evil") == []
-            assert ours.records.get(capability_key("evil"), ours._wall_ms()) == []
+            assert ours.records.get(capability_key("evil"), ours.wall_clock_ms()) == []
             assert ours.stats.records_rejected + ours.stats.datagrams_dropped >= 1

@@ -1,0 +1,186 @@
+"""Publishing signed records: read-merge-write, and the owner's republish schedule.
+
+Theory of operation (docs/protocol/dht.md §4.4 and §7):
+
+* **Read-merge-write.** :meth:`Publisher.put_records` runs a value lookup for
+  the key (read), merges what it read with the node's own store and the new
+  records (newest per publisher and kind wins), and stores the merged value
+  at the k closest nodes that answered (write). Stock nodes overwrite the
+  value they hold, so each publisher's write carries every other provider's
+  records too. The new records go first, so when not everything fits a
+  value they are the ones kept on equal expiry.
+* **Makers.** The owner keeps, per ``(key, kind)``, a function that signs
+  its record afresh (same revision, later expiry). :meth:`Publisher.republish_if_due`
+  re-runs them every ``republish_interval``, well before a record's
+  lifetime (at most ``record_ttl_ms``) runs out, so the record lives as long
+  as its owner does and disappears within a lifetime after the owner leaves.
+* :func:`card_makers` turns an Agent Card into the makers of its card record
+  and of one provider record per capability, including the pseudo-capability
+  ``agent:<agent id>`` that lets readers find an agent by id (§4.1).
+
+The publisher does no I/O of its own: it is given the value lookup and the
+store RPC it uses, and it fans stores out in its own nursery per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+
+import trio
+
+from p2pnode.card import AgentCard
+from p2pnode.dht.lookup import merge_records
+from p2pnode.dht.records import (
+    MAX_TTL_MS,
+    ProviderInfo,
+    RecordKind,
+    RecordStore,
+    SignedRecord,
+    agent_capability,
+    capability_key,
+    card_key,
+    encode_value,
+)
+from p2pnode.dht.routing import Contact
+from p2pnode.identity import Identity
+
+#: Signs one record afresh each time it is called.
+Maker = Callable[[], SignedRecord]
+#: A value lookup for a key: the nearest nodes that answered, and the records read.
+ValueLookup = Callable[[bytes], Awaitable[tuple[list[Contact], list[SignedRecord]]]]
+#: One ``store`` RPC of ``(key, value)`` at a contact: True if it accepted.
+StoreCall = Callable[[Contact, bytes, bytes], Awaitable[bool]]
+
+#: Addresses carried by a provider record (dht.md §4.2).
+MAX_PROVIDER_ADDRESSES = 8
+
+
+def merged_value(new: list[SignedRecord], *held: Iterable[SignedRecord]) -> bytes:
+    """The DHT value of the records ``held`` (merged), the slots of ``new`` first.
+
+    ``new`` only decides the order (its publishers survive a size cut on equal
+    expiry); what is stored is what ``held`` merges to, so a record our own
+    store refused is not spread either.
+    """
+    merged = merge_records(*held)
+    mine = {(r.public_key, r.kind.value) for r in new}
+    first = [r for r in merged if (r.public_key, r.kind.value) in mine]
+    rest = [r for r in merged if (r.public_key, r.kind.value) not in mine]
+    return encode_value(first + rest)
+
+
+class Publisher:
+    """Puts records into the DHT and keeps the owner's records republished."""
+
+    def __init__(
+        self,
+        records: RecordStore,
+        lookup: ValueLookup,
+        store: StoreCall,
+        *,
+        wall_clock_ms: Callable[[], int],
+        republish_interval: float,
+    ) -> None:
+        self._records = records
+        self._lookup = lookup
+        self._store = store
+        self._wall_ms = wall_clock_ms
+        self._interval = republish_interval
+        self._makers: dict[tuple[bytes, RecordKind], Maker] = {}
+        self._last_republish = 0.0
+
+    def start(self, now: float) -> None:
+        """The node started at ``now``: the first republish is due an interval later."""
+        self._last_republish = now
+
+    def keep(self, key: bytes, kind: RecordKind, make: Maker) -> None:
+        """Republish ``make()`` under ``key`` from now on (replaces the maker for ``kind``)."""
+        self._makers[(key, kind)] = make
+
+    @property
+    def kept(self) -> int:
+        """How many records the owner keeps republished."""
+        return len(self._makers)
+
+    async def put_records(self, key: bytes, records: list[SignedRecord]) -> int:
+        """Read, merge, write ``records`` under ``key``; returns how many nodes accepted."""
+        now_ms = self._wall_ms()
+        closest, read = await self._lookup(key)
+        self._records.put(key, records, now_ms)
+        value = merged_value(records, read, self._records.get(key, now_ms))
+        return await self.store_at(closest, key, value)
+
+    async def store_at(self, contacts: list[Contact], key: bytes, value: bytes) -> int:
+        """Store ``value`` at every contact at once; returns how many accepted."""
+        accepted = 0
+
+        async def one(c: Contact) -> None:
+            nonlocal accepted
+            if await self._store(c, key, value):
+                accepted += 1
+
+        async with trio.open_nursery() as nursery:
+            for c in contacts:
+                nursery.start_soon(one, c)
+        return accepted
+
+    async def publish(self, makers: Iterable[tuple[bytes, Maker]]) -> int:
+        """Put a fresh record of each maker under its key, all at once; total accepted."""
+        total = 0
+
+        async def one(key: bytes, make: Maker) -> None:
+            nonlocal total
+            total += await self.put_records(key, [make()])
+
+        async with trio.open_nursery() as nursery:
+            for key, make in makers:
+                nursery.start_soon(one, key, make)
+        return total
+
+    async def republish_if_due(self, now: float) -> int:
+        """Republish every kept record if ``republish_interval`` passed since the last time."""
+        if not self._makers or now - self._last_republish < self._interval:
+            return 0
+        self._last_republish = now
+        return await self.publish([(key, make) for (key, _), make in self._makers.items()])
+
+
+def card_makers(
+    card: AgentCard, identity: Identity, *, ttl_ms: int, wall_clock_ms: Callable[[], int]
+) -> list[tuple[bytes, RecordKind, Maker]]:
+    """Makers of ``card``'s card record (first) and of its provider records (§4.1-4.2).
+
+    Each record lives until ``min(card expiry, now + ttl_ms)``, at the card's revision.
+    """
+    ttl = min(ttl_ms, MAX_TTL_MS)
+    addresses = tuple(
+        a
+        for a in (_split_address(t) for t in card.addresses[:MAX_PROVIDER_ADDRESSES])
+        if a is not None
+    )
+
+    def maker(kind: RecordKind, key: bytes, payload: bytes) -> Maker:
+        def make() -> SignedRecord:
+            expires = min(card.expires_at, wall_clock_ms() + ttl)
+            return SignedRecord.create(identity, kind, key, card.revision, expires, payload)
+
+        return make
+
+    ck = card_key(card.peer_id, card.id)
+    out = [(ck, RecordKind.CARD, maker(RecordKind.CARD, ck, card.to_bytes()))]
+    for cap in [agent_capability(card.id), *sorted(card.capability_ids())]:
+        key = capability_key(cap)
+        info = ProviderInfo(cap, card.id, addresses).to_bytes()
+        out.append((key, RecordKind.PROVIDER, maker(RecordKind.PROVIDER, key, info)))
+    return out
+
+
+def _split_address(text: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return (host, int(port))
+
+
+__all__ = ["Maker", "Publisher", "StoreCall", "ValueLookup", "card_makers", "merged_value"]
