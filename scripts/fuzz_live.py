@@ -15,7 +15,11 @@ the handler a peer's bytes reach:
   peer node, with frames as that peer could send them (HELLOs with re-signed
   cards, envelopes from its agents, gossip for a shared document);
 * ``live.control``: :meth:`ControlServer._dispatch` with the daemon's real
-  operations on a node with shared state open.
+  operations on a node with shared state open;
+* ``live.channel``: :func:`accept_secure` and ``receive_message`` of a secure
+  channel over a memory stream, against hostile handshakes and, after a valid
+  handshake, hostile transport frames (the channel has no boundary of its own:
+  only its ``RemoteError`` may come out).
 
 Nothing may escape a handler, and the failure boundary it runs behind must
 count no unexpected exception: the harness finds each boundary by attribute
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import trio
+import trio.testing
 from fuzz_engine import Harness, LiveEntry, require_boundary
 from fuzz_mutate import from_json_seeds, mutate_any, pack_plain, unpack_plain
 from fuzz_seeds import (
@@ -44,6 +49,8 @@ from fuzz_seeds import (
     NOW_MS,
     OWNER,
     PEER,
+    RESPONDER,
+    FixedKeys,
     card,
     cards,
     datagram_seeds,
@@ -53,17 +60,21 @@ from fuzz_seeds import (
     records,
     resigned_card,
     resigned_record,
+    transcripts,
+    xx_transport_key,
 )
+from fuzz_targets import cut, hostile_frames
 
 from p2pnode.boundary import FailureBoundary
 from p2pnode.card import Capability
+from p2pnode.channel import ChannelConfig, accept_secure
 from p2pnode.cli_node import _node_ops, echo_handler
 from p2pnode.dht import rpcwire
 from p2pnode.dht.node import DhtNode
 from p2pnode.dht.records import RecordKind, SignedRecord, card_key, encode_value
 from p2pnode.dht.routing import Contact, RoutingTable
 from p2pnode.envelope import MessageType
-from p2pnode.errors import P2PError
+from p2pnode.errors import P2PError, RemoteError
 from p2pnode.identity import Identity, PeerId
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.control import ControlServer
@@ -437,9 +448,85 @@ _CONTROL_SEEDS = tuple(
 )
 
 
+# --------------------------------------------------------------------------- secure channels
+
+_CHANNEL_CONFIG = ChannelConfig(
+    handshake_timeout=5.0, idle_timeout=30.0, frame_timeout=3.0, max_message_size=10_000
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelInput:
+    """What a dialer sends a listener: hostile handshake bytes, or a valid XX handshake
+    followed by hostile transport bytes; in the chunks they are written in."""
+
+    chunks: tuple[bytes, ...]
+    after_handshake: bool
+
+
+class ChannelHarness:
+    """:func:`accept_secure`, then :meth:`SecureChannel.receive_message` until the peer's
+    bytes end: only RemoteError may come out (the channel's one way to fail)."""
+
+    def __init__(self) -> None:
+        self.outcomes_seen: Counter[str] = Counter()
+
+    def boundaries(self) -> dict[str, FailureBoundary]:
+        return {}
+
+    def outcomes(self) -> dict[str, int]:
+        return dict(self.outcomes_seen)
+
+    async def feed(self, data: Any) -> None:
+        assert isinstance(data, ChannelInput)
+        victim_stream, dialer_stream = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._dial, dialer_stream, data)
+            try:
+                channel = await accept_secure(
+                    victim_stream, RESPONDER, config=_CHANNEL_CONFIG, generate_keypair=FixedKeys(2)
+                )
+                async with channel:
+                    for _ in range(64):
+                        await channel.receive_message()
+                        self.outcomes_seen["message"] += 1
+            except RemoteError as exc:
+                self.outcomes_seen[f"{type(exc).__name__}:{exc.code}"] += 1
+            nursery.cancel_scope.cancel()
+
+    @staticmethod
+    async def _dial(stream: trio.abc.Stream, data: ChannelInput) -> None:
+        try:
+            if data.after_handshake:
+                xx = transcripts()["XX"]
+                await stream.send_all(xx.initiator_first + xx.initiator_last)
+            for chunk in data.chunks:
+                await stream.send_all(chunk)
+            if isinstance(stream, trio.abc.HalfCloseableStream):
+                await stream.send_eof()
+            await trio.sleep_forever()  # the listener decides when it is over
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the listener hung up on us: expected
+
+
+@asynccontextmanager
+async def open_channel() -> AsyncIterator[Harness]:
+    yield ChannelHarness()
+
+
+def _channel_input(rng: random.Random) -> ChannelInput:
+    if rng.random() < 0.5:
+        xx = transcripts()[rng.choice(("XX", "IK"))]
+        whole = xx.initiator_first + xx.initiator_last
+        return ChannelInput(cut(rng, mutate_any(rng, whole)), after_handshake=False)
+    stream = b"".join(hostile_frames(rng, xx_transport_key()))
+    return ChannelInput(cut(rng, stream), after_handshake=True)
+
+
 LIVE_ENTRIES: list[LiveEntry] = [
     LiveEntry("live.dht_datagram", _datagram_input, open_dht_datagram),
     LiveEntry("live.dht_lookup", _lookup_input, open_dht_lookup, share=0.5),
     LiveEntry("live.node_frame", _frame_input, open_node_frame),
     LiveEntry("live.control", from_json_seeds(_CONTROL_SEEDS), open_control),
+    LiveEntry("live.channel", _channel_input, open_channel, share=0.5),
 ]

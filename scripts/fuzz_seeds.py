@@ -457,6 +457,18 @@ def transcripts() -> dict[str, Transcript]:
     return {p: transcript(p) for p in ("XX", "IK")}
 
 
+@functools.cache
+def xx_transport_key() -> bytes:
+    """The initiator's sending key after the fixed-key XX transcript (frames it sends next)."""
+    ini, res = initiator_state("XX"), responder_state("XX")
+    res.read_message_untrusted(ini.write_message(b""))
+    ini.read_message_untrusted(res.write_message(RESPONDER.payload))
+    ini.write_message(INITIATOR.payload)
+    key = ini.transport().send.key
+    assert key is not None
+    return key
+
+
 def reply_with_payload(pattern: str, payload: bytes) -> bytes:
     """The responder's framed second message carrying ``payload`` instead of its identity."""
     ini, res = initiator_state(pattern), responder_state(pattern)

@@ -299,7 +299,8 @@ def run_handshake(x: HandshakeInput) -> None:
         hs.result()
 
 
-def _cut(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
+def cut(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
+    """``data`` as it may arrive: whole, or in a few pieces."""
     if not data or rng.random() < 0.6:
         return (data,)
     cuts = sorted(rng.randrange(len(data) + 1) for _ in range(rng.randrange(1, 4)))
@@ -340,7 +341,7 @@ def _handshake_input(rng: random.Random) -> HandshakeInput:
     else:
         whole = t.initiator_first + t.initiator_last
         data = mutate_any(rng, whole) if roll < 0.97 else whole
-    return HandshakeInput(initiator, pattern, _cut(rng, data))
+    return HandshakeInput(initiator, pattern, cut(rng, data))
 
 
 def run_payload(data: bytes) -> None:
@@ -411,7 +412,8 @@ def run_transport(x: TransportInput) -> None:
         codec.receive_eof_untrusted()
 
 
-def _records_plaintext(rng: random.Random) -> bytes:
+def records_plaintext(rng: random.Random) -> bytes:
+    """Transport plaintext: records of many sizes, some announcing a size they lack."""
     out = bytearray()
     for _ in range(rng.randrange(0, 6)):
         size = rng.choice((0, 1, 5, 100, 4000, _MAX_MESSAGE, _MAX_MESSAGE + 1, 70_000))
@@ -422,22 +424,24 @@ def _records_plaintext(rng: random.Random) -> bytes:
     return bytes(out)
 
 
-def _seal_frames(rng: random.Random, plaintext: bytes) -> list[bytes]:
+def seal_frames(rng: random.Random, plaintext: bytes, key: bytes = _KEY) -> list[bytes]:
+    """``plaintext`` encrypted as transport frames of random sizes, nonces from 0."""
     frames: list[bytes] = []
     pos, nonce = 0, 0
     while pos < len(plaintext) or not frames:
         size = min(len(plaintext) - pos, rng.choice((1, 7, 100, 5000, 65519)))
         buf = bytearray(2 + size + 16)
         buf[2 : 2 + size] = plaintext[pos : pos + size]
-        seal_in_place(_KEY, struct.pack("<4xQ", nonce), buf, 0, size)
+        seal_in_place(key, struct.pack("<4xQ", nonce), buf, 0, size)
         frames.append(bytes(buf))
         pos += size
         nonce += 1
     return frames
 
 
-def _transport_input(rng: random.Random) -> TransportInput:
-    frames = _seal_frames(rng, _records_plaintext(rng))
+def hostile_frames(rng: random.Random, key: bytes = _KEY) -> list[bytes]:
+    """Sealed frames, sometimes one of them corrupted, dropped, replayed or re-sized."""
+    frames = seal_frames(rng, records_plaintext(rng), key)
     roll = rng.random()
     if roll < 0.1:
         frames = [random_bytes(rng)]
@@ -452,8 +456,12 @@ def _transport_input(rng: random.Random) -> TransportInput:
             frames.insert(i, frames[i])  # a replay
         else:
             frames[i] = rng.choice((b"\x00\x0f", b"\x00\x00", b"\xff\xff")) + frames[i][2:]
-    stream = b"".join(frames)
-    chunks = _cut(rng, stream)
+    return frames
+
+
+def _transport_input(rng: random.Random) -> TransportInput:
+    stream = b"".join(hostile_frames(rng))
+    chunks = cut(rng, stream)
     times = sorted(rng.choice((0.0, 1.0, 4.0, 6.0, 61.0)) for _ in chunks)
     return TransportInput(tuple(zip(times, chunks, strict=True)), rng.random() < 0.2)
 

@@ -74,12 +74,14 @@ def test_entry_point_holds(target: Entry | LiveEntry) -> None:
 
 def test_live_entries_reach_the_handlers() -> None:
     names = ["live.dht_datagram", "live.dht_lookup", "live.node_frame", "live.control"]
+    names.append("live.channel")
     reports = {r.name: r for r in run_table(select(names), lambda _: COUNT, seed=2)}
     assert reports["live.dht_datagram"].outcomes["requests handled"] > 0
     assert reports["live.dht_lookup"].outcomes["providers found"] > 0
     assert reports["live.node_frame"].outcomes["envelopes received"] > 0
     assert reports["live.node_frame"].outcomes["node.typed"] > 0
     assert reports["live.control"].outcomes["ok"] > 0
+    assert reports["live.channel"].outcomes["message"] > 0
 
 
 def test_every_untrusted_parser_is_in_the_table() -> None:
@@ -89,7 +91,7 @@ def test_every_untrusted_parser_is_in_the_table() -> None:
         "envelope.dict", "registry", "tool.json", "dht.datagram", "dht.value", "dht.record",
         "dht.provider", "secure.handshake", "secure.payload", "noise.message", "framing",
         "crdt.clock", "crdt.delta", "crdt.full_state", "crdt.gossip", "live.dht_datagram",
-        "live.dht_lookup", "live.node_frame", "live.control",
+        "live.dht_lookup", "live.node_frame", "live.control", "live.channel",
     ):  # fmt: skip
         assert required in names
     with pytest.raises(KeyError):
