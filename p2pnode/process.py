@@ -27,11 +27,14 @@ STOP_TIMEOUT = 5.0
 _LOG_LINES = 100
 
 
-# ``python -m p2pnode ARGS`` with RLIMIT_NOFILE (soft and hard) lowered to argv[1] first.
-# A launcher rather than ``preexec_fn``: that runs Python between fork and exec, which
-# Python documents as unsafe in a process with threads, and trio keeps worker threads.
+# ``python -m p2pnode ARGS`` with RLIMIT_NOFILE (soft and hard) lowered to argv[1] first
+# (never raised: an unprivileged process cannot). A launcher rather than ``preexec_fn``:
+# that runs Python between fork and exec, which Python documents as unsafe in a process
+# with threads, and trio keeps worker threads.
 _FD_LIMITED = (
     "import resource, runpy, sys; n = int(sys.argv.pop(1)); "
+    "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
+    "n = n if hard == resource.RLIM_INFINITY else min(n, hard); "
     "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); "
     "runpy.run_module('p2pnode', run_name='__main__', alter_sys=True)"
 )
