@@ -335,28 +335,20 @@ class Replica:
         self._changes.note_append(delta)
         if len(d.log) > self.max_log:
             # Evict down to 3/4 so a store rewrites the snapshot once per max_log/4 deltas.
+            # Eviction goes oldest first, so lower entries of an origin are rare; any left
+            # below its floor are never served and age out in turn.
             while len(d.log) > self.max_log * 3 // 4:
                 (o, s), _ = d.log.popitem(last=False)
-                self._raise_floor(delta.doc, d, o, s, sweep=False)
+                self._evicted(delta.doc, d, o, s)
             self._changes.note_snapshot(delta.doc)
         return True
 
-    def _raise_floor(
-        self, name: str, d: Document, origin: str, seq: int, *, sweep: bool = True
-    ) -> None:
+    def _evicted(self, name: str, d: Document, origin: str, seq: int) -> None:
+        """Logged delta ``(origin, seq)`` left the log: the floor of ``origin`` rises to it."""
         if seq > d.floor.get(origin, 0):
             d.floor[origin] = seq
             self._changes.note_snapshot(name)
-        if d.log.pop((origin, seq), None) is not None or not sweep:
-            self._changes.note_evict(name, origin, seq)
-        if not sweep:
-            # Eviction goes oldest first, so lower entries of this origin are rare;
-            # any left below the floor are never served and age out in turn.
-            return
-        # Anything of this origin at or below the floor is useless to a peer now.
-        for key in [k for k in d.log if k[0] == origin and k[1] <= d.floor[origin]]:
-            del d.log[key]
-            self._changes.note_evict(name, key[0], key[1])
+        self._changes.note_evict(name, origin, seq)
 
     def apply_full_state(self, full: FullState) -> bool:
         """Join a peer's whole document; False if it taught us nothing."""
@@ -367,9 +359,18 @@ class Replica:
         d.state.join(full.state)
         d.applied.join(full.applied)
         self._changes.note_snapshot(full.doc)
+        floor = d.floor
         for origin, top in new_ops.items():
             # We now hold ops of `origin` up to `top` whose deltas we never logged.
-            self._raise_floor(full.doc, d, origin, top)
+            if top > floor.get(origin, 0):
+                floor[origin] = top
+        # Anything at or below its origin's floor is useless to a peer now. One pass over
+        # the log for all origins: a state naming thousands of origins must not cost a
+        # pass per origin (that was quadratic, seconds for one frame).
+        stale = [k for k in d.log if k[0] in new_ops and k[1] <= floor[k[0]]]
+        for key in stale:
+            del d.log[key]
+            self._changes.note_evict(full.doc, key[0], key[1])
         return True
 
     def receive_delta_untrusted(self, data: bytes, source: str) -> Delta | None:
