@@ -1,8 +1,10 @@
 """The ``p2pnode`` command.
 
-Exit codes: 0 success, 1 the command failed (invalid card, unreadable key
-file, unreachable node, ...), 2 bad usage. Errors are one line on stderr
-naming the error code.
+Exit codes: 0 success (for ``run``: stopped by SIGINT or SIGTERM), 1 the
+command failed (invalid card, unreadable key file, unreachable node, a data
+directory another ``run`` holds, a port in use, ...), 2 bad usage, 130
+interrupted. Errors are one line on stderr naming the error code, never a
+traceback.
 """
 
 from __future__ import annotations

@@ -395,7 +395,7 @@ def _add_doc_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``run``, ``status``, ``find``, ``send``, ``doc`` and ``demo``."""
-    run = sub.add_parser("run", help="run a node until interrupted")
+    run = sub.add_parser("run", help="run a node until SIGINT or SIGTERM (one per data directory)")
     run.add_argument("--listen", default="127.0.0.1:0", help="TCP and UDP address (host:port)")
     run.add_argument("--advertise-host", help="host to publish in cards (for 0.0.0.0 listeners)")
     run.add_argument("--bootstrap", action="append", metavar="HOST:PORT", help="repeatable")
