@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.crdt.clock import CRDTError
+from p2pnode.crdt.dots import Dot, DotContext
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.crdt.types import DocState, Kind, LWWRegister, ORMap
 from p2pnode.errors import ErrorCode, LocalError
@@ -297,3 +299,40 @@ def test_foreign_dot_of_ours_in_context_does_not_swallow_our_next_write() -> Non
     for element in ("y", "z", "w", "v"):
         mine.join(mine.mutate("A", SetAdd(("s",), element)))
     assert mine.value() == {"s": frozenset({"x", "y", "z", "w", "v"})}
+
+
+dot_sets = st.sets(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 12)), max_size=20)
+
+
+@settings(max_examples=300)
+@given(dot_sets, dot_sets, dot_sets)
+def test_context_join_is_set_union_and_stays_compact(a: set[Dot], b: set[Dot], c: set[Dot]) -> None:
+    # join() compacts only the replicas it touched: the result must still be the union in
+    # the unique compact form (what a fresh context of the union is).
+    ctx = DotContext(cloud=a)
+    for other in (b, c):
+        ctx.join(DotContext(cloud=other))
+    union = DotContext(cloud=a | b | c)
+    assert ctx == union
+    assert set(ctx) == a | b | c
+    assert all(n > ctx.vv.get(r, 0) + 1 for r, n in ctx.cloud)
+
+
+def test_a_batch_of_deltas_into_a_large_set_is_linear() -> None:
+    # Each delta of a batch used to sort the whole context cloud and causally re-join
+    # every element of the set: a 1,024-delta frame cost seconds.
+    base = DocState()
+    for i in range(5000):
+        base.join(base.mutate("w", SetAdd(("s",), i)))
+    writer = DocState()
+    deltas = []
+    for i in range(1024):
+        delta = writer.mutate("x", SetAdd(("s",), f"e{i}"))
+        writer.join(delta)
+        deltas.append(delta)
+    start = time.perf_counter()
+    for delta in deltas[1:]:  # the first never arrives: the batch's dots stay in the cloud
+        base.join(delta)
+    assert time.perf_counter() - start < 1.0
+    value = base.value()["s"]
+    assert len(value) == 5000 + 1023 and "e0" not in value and "e1023" in value

@@ -108,20 +108,35 @@ class DotContext:
             self.add(d)
 
     def join(self, other: DotContext) -> None:
-        """Set union, in place."""
-        for r, n in other.vv.items():
-            if n > self.vv.get(r, 0):
-                self.vv[r] = n
-        self.cloud |= other.cloud
-        self.compact()
+        """Set union, in place.
+
+        Both contexts are compact, so only the replicas ``other`` raises or adds cloud
+        dots for can change: they alone are compacted again. (Sorting the whole cloud
+        on every join made a batch of deltas cost quadratic time in the cloud's size.)
+        """
+        vv, cloud = self.vv, self.cloud
+        raised = {r for r, n in other.vv.items() if n > vv.get(r, 0)}
+        for r in raised:
+            vv[r] = other.vv[r]
+        if raised and cloud:
+            cloud.difference_update([d for d in cloud if d[0] in raised and d[1] <= vv[d[0]]])
+        touched = raised
+        for d in other.cloud:
+            if d[1] > vv.get(d[0], 0) and d not in cloud:
+                cloud.add(d)
+                touched.add(d[0])
+        for r in touched:
+            self._absorb(r)
 
     def _absorb(self, r: str) -> None:
         # Pull any cloud dots that now extend r's prefix.
-        n = self.vv[r]
+        top = self.vv.get(r, 0)
+        n = top
         while (r, n + 1) in self.cloud:
             self.cloud.discard((r, n + 1))
             n += 1
-        self.vv[r] = n
+        if n > top:
+            self.vv[r] = n
 
     def compact(self) -> None:
         """Move cloud dots that extend the contiguous prefix into the vector."""

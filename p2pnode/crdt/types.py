@@ -266,13 +266,29 @@ class ORSet(CRDT):
     entries: dict[Element, set[Dot]] = field(default_factory=dict)
 
     def join(self, other: ORSet, ctx: DotContext, other_ctx: DotContext) -> None:
-        for e in self.entries.keys() | other.entries.keys():
-            mine = self.entries.get(e, set())
-            dots = _causal_join(mine, other.entries.get(e, set()), ctx, other_ctx)
+        entries, theirs = self.entries, other.entries
+        for e, dots_there in theirs.items():
+            dots = _causal_join(entries.get(e, set()), dots_there, ctx, other_ctx)
             if dots:
-                self.entries[e] = dots
+                entries[e] = dots
             else:
-                self.entries.pop(e, None)
+                entries.pop(e, None)
+        # An element only we hold keeps the dots the other side has not seen. With a small
+        # context (a delta's), an element holding none of its dots is skipped at once, as
+        # map entries are: a delta then costs a set test per element, not a causal join.
+        explicit = other_ctx.explicit()
+        changed: list[tuple[Element, set[Dot]]] = []
+        for e, mine in entries.items():
+            if e in theirs or (explicit is not None and explicit.isdisjoint(mine)):
+                continue
+            kept = {d for d in mine if d not in other_ctx}
+            if len(kept) != len(mine):
+                changed.append((e, kept))
+        for e, kept in changed:
+            if kept:
+                entries[e] = kept
+            else:
+                del entries[e]
 
     def join_bottom(self, other_ctx: DotContext) -> None:
         for e in list(self.entries):
