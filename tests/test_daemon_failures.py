@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import p2pnode.cli_node
 from p2pnode.cli import main
@@ -158,3 +159,29 @@ def test_an_unexpected_exception_is_one_line_with_the_traceback_at_debug(
     assert len(lines) == 1
     assert "INTERNAL" in lines[0] and "RuntimeError: a defect" in lines[0]
     assert ("Traceback" in err) == (level == "DEBUG")
+
+
+@pytest.mark.slow
+async def test_sigterm_during_startup_cancels_it(tmp_path: Path) -> None:
+    """A daemon stuck joining (its bootstrap peer accepts TCP and never answers the
+    handshake) stops at once on SIGTERM, exit 0, without a traceback."""
+    with trio.socket.socket() as silent:
+        await silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        bootstrap = f"127.0.0.1:{silent.getsockname()[1]}"
+        argv = [sys.executable, "-m", "p2pnode", "--data-dir", str(tmp_path), "run",
+                "--bootstrap", bootstrap, "--log-level", "INFO"]  # fmt: skip
+        process = await trio.lowlevel.open_process(argv, stdout=-1, stderr=-1, stdin=-3)
+        assert process.stderr is not None and process.stdout is not None
+        with trio.fail_after(20):
+            # Its dial reaching us means the node is open and joining.
+            peer, _ = await silent.accept()
+            with peer:
+                process.terminate()
+                code = await process.wait()
+            err = b"".join([chunk async for chunk in process.stderr])
+            out = b"".join([chunk async for chunk in process.stdout])
+    assert code == 0, err.decode()
+    assert b"Traceback" not in err
+    assert b'"ready"' not in out  # it never got that far
+    assert b"while starting: shutting down" in err

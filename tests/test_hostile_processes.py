@@ -38,7 +38,13 @@ from p2pnode.errors import P2PError
 from p2pnode.identity import Identity, PeerId
 from p2pnode.jsonutil import b64encode
 from p2pnode.node.config import parse_address
-from p2pnode.node.frames import FrameKind, encode_envelope, encode_hello
+from p2pnode.node.frames import (
+    FrameKind,
+    Hello,
+    decode_frame_untrusted,
+    encode_envelope,
+    encode_hello,
+)
 from p2pnode.process import NodeProcess
 from p2pnode.secure import SecureIdentity
 from p2pnode.wire import canonical_pack, pack
@@ -396,6 +402,13 @@ async def test_more_connections_than_file_descriptors(daemons: Daemons) -> None:
         assert refused is None, f"refused after {connected} connections: {refused}"
         # Past the victim's limit (the kernel may leave a few beyond its backlog pending).
         assert connected > VICTIM_FDS
+        # It accepts again: a new peer's handshake completes and the victim says HELLO.
+        with trio.fail_after(WAIT):
+            channel = await evil_channel(victim, Identity.generate())
+            async with channel:
+                greeting = decode_frame_untrusted(await channel.receive_message())
+        assert isinstance(greeting, Hello)
+        assert [card.id for card in greeting.cards] == ["victim"]
         honest = await daemons.start("honest", bootstrap=victim)
         await assert_serves(victim, honest, 4)
 
