@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,9 +24,11 @@ from fuzz_mutate import mutate_any, mutate_msgpack, unpack_plain
 
 from p2pnode.card import AgentCard, Capability, Endpoint
 from p2pnode.crdt.clock import VectorClock
+from p2pnode.crdt.dots import DotContext
 from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, Digest, StatePush
 from p2pnode.crdt.ops import CounterAdd, MapRemove, RegisterSet, SetAdd, SetRemove
-from p2pnode.crdt.replica import Delta, Replica
+from p2pnode.crdt.replica import Delta, Document, FullState, Replica
+from p2pnode.crdt.types import DocState
 from p2pnode.dht import rpcwire
 from p2pnode.dht.records import (
     MAX_TTL_MS,
@@ -191,12 +194,47 @@ def crdt_replica_ops() -> tuple[Any, ...]:
     )
 
 
-def base_replica(replica_id: str = "base") -> Replica:
-    """A replica holding ``DOC`` with one value of every CRDT kind."""
-    replica = Replica(replica_id)
+@functools.cache
+def _busy_document() -> Document:
+    replica = Replica("base", max_log=1024)
     for op in crdt_replica_ops():
         replica.update(DOC, op)
+    for _ in range(1000):
+        replica.update(DOC, CounterAdd(("hits",), 1))
+    return replica.document(DOC)
+
+
+def base_replica(replica_id: str = "base") -> Replica:
+    """A replica holding ``DOC`` with one value of every CRDT kind and a nearly full delta
+    log (work proportional to the log shows), copied from one built once."""
+    d = _busy_document()
+    replica = Replica(replica_id, max_log=1024)
+    copy = Document(d.state.copy(), d.applied.copy(), OrderedDict(d.log), dict(d.floor))
+    replica.restore(DOC, copy)
     return replica
+
+
+@functools.cache
+def bulk_crdt_seeds() -> tuple[bytes, ...]:
+    """Large valid encodings: states naming tens of thousands of origins, a set of 5,000
+    elements, a batch of 1,024 deltas (what a peer can send within the size limits)."""
+    rng = random.Random(5)
+    many = DotContext(
+        {f"v{i}": rng.randrange(1, 9) for i in range(4096)},
+        [(f"o{i}", rng.randrange(2, 9)) for i in range(60_000)],
+    )
+    wide = FullState(DOC, "bulk", many, DocState()).encode()
+    writer = Replica("bulk")
+    deltas = [writer.update(DOC, SetAdd(("tags",), i)) for i in range(5000)]
+    doc = writer.document(DOC)
+    big = Delta(DOC, "bulk", 5000, doc.clock(), doc.state.copy()).encode()
+    return (
+        wide,
+        big,
+        writer.full_state(DOC).encode(),
+        StatePush(wide).encode(),
+        DeltaBatch(tuple(d.encode() for d in deltas[-1024:])).encode(),
+    )
 
 
 @functools.cache

@@ -23,6 +23,7 @@ from fuzz_mutate import (
     from_json_seeds,
     from_seeds,
     mutate_any,
+    mutate_bytes,
     mutate_json,
     mutate_msgpack,
     mutate_tree,
@@ -38,6 +39,7 @@ from fuzz_seeds import (
     RESPONDER,
     FixedKeys,
     base_replica,
+    bulk_crdt_seeds,
     cards,
     clock_seeds,
     datagram_seeds,
@@ -539,6 +541,19 @@ def _lazy(seeds: Callable[[], tuple[bytes, ...]]) -> Generator:
     return generate
 
 
+def _crdt(seeds: Callable[[], tuple[bytes, ...]]) -> Generator:
+    """Mutations of ``seeds``, and now and then a large valid encoding (as is, or with a
+    few bytes changed: structural mutation of half a megabyte is slow)."""
+
+    def generate(rng: random.Random) -> bytes:
+        if rng.random() < 0.01:
+            bulk = rng.choice(bulk_crdt_seeds())
+            return bulk if rng.random() < 0.5 else mutate_bytes(rng, bulk)
+        return from_seeds(seeds())(rng)
+
+    return generate
+
+
 def _card_json_seeds() -> tuple[str, ...]:
     return tuple(c.to_json() for c in cards())
 
@@ -564,9 +579,9 @@ ENTRIES: list[Entry] = [
     Entry("noise.message", _noise_input, run_noise),
     Entry("framing", _transport_input, run_transport),
     Entry("crdt.clock", _lazy(clock_seeds), run_clock),
-    Entry("crdt.delta", _lazy(delta_seeds), run_delta),
-    Entry("crdt.full_state", _lazy(full_state_seeds), run_full_state),
-    Entry("crdt.gossip", _lazy(gossip_frames), run_gossip),
+    Entry("crdt.delta", _crdt(delta_seeds), run_delta),
+    Entry("crdt.full_state", _crdt(full_state_seeds), run_full_state),
+    Entry("crdt.gossip", _crdt(gossip_frames), run_gossip),
     Entry("crdt.gossip_payload", _lazy(gossip_payload_seeds), run_gossip_payload),
     Entry("peer_id", _lazy(lambda: _PEER_ID_SEEDS), run_peer_id),
 ]
