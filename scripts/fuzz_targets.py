@@ -70,12 +70,14 @@ from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.gossip import GossipNode, decode_untrusted
 from p2pnode.crdt.replica import Delta, FullState, Replica
 from p2pnode.dht import rpcwire
+from p2pnode.dht.lookup import RecordCollector
 from p2pnode.dht.records import (
     ProviderInfo,
     RecordKind,
     SignedRecord,
     decode_value_untrusted,
 )
+from p2pnode.dht.rpc import ReplyReceived, RpcCore
 from p2pnode.envelope import Envelope
 from p2pnode.errors import RemoteError
 from p2pnode.framing import TransportCodec
@@ -253,6 +255,79 @@ def run_value(data: bytes) -> None:
 
 def _value_input(rng: random.Random) -> bytes:
     return resigned_value(rng) if rng.random() < 0.5 else from_seeds(value_seeds())(rng)
+
+
+@dataclass(frozen=True, slots=True)
+class RpcInput:
+    """One datagram for an RPC core with three calls pending, from ``source`` at ``now``."""
+
+    data: bytes
+    source: tuple[str, int]
+    now: float
+
+
+_CALLED = ("10.0.0.5", 4000)
+_CALLS = (("find_value", [bytes(20), bytes(20)]), ("find_node", [bytes(20), bytes(20)]),
+          ("ping", [bytes(20)]))  # fmt: skip
+_REPLY_PARSER = {
+    "ping": rpcwire.parse_ping_reply_untrusted,
+    "store": rpcwire.parse_store_reply_untrusted,
+    "find_node": rpcwire.parse_contacts_untrusted,
+    "find_value": rpcwire.parse_find_value_reply_untrusted,
+    "stun": rpcwire.parse_stun_reply_untrusted,
+}
+
+
+def _rpc_core() -> RpcCore:
+    core = RpcCore(rng=random.Random(9), timeout=5.0, remember=2)
+    for method, args in _CALLS:
+        core.call(_CALLED, method, args, now=0.0)
+    return core
+
+
+def _pending_ids() -> list[bytes]:
+    rng = random.Random(9)  # the core draws its message ids from the same stream
+    return [rng.randbytes(20) for _ in _CALLS]
+
+
+def run_rpc(x: RpcInput) -> None:
+    core = _rpc_core()
+    for event in core.receive_datagram_untrusted(x.data, x.source, x.now):
+        if isinstance(event, ReplyReceived):
+            _REPLY_PARSER[event.method](event.value)  # what the driver does with a reply
+    core.datagrams_to_send()
+
+
+def _rpc_input(rng: random.Random) -> RpcInput:
+    seed = rng.choice(datagram_seeds()[5:])  # the responses
+    msg_id = rng.choice([*_pending_ids(), bytes(20)])
+    data = seed[:1] + msg_id + seed[rpcwire.HEADER_BYTES :]
+    if rng.random() < 0.9:
+        data = mutate_datagram(rng, data)
+    source = _CALLED if rng.random() < 0.8 else ("10.0.0.6", 4000)
+    return RpcInput(data, source, rng.choice((0.0, 1.0, 4.99, 5.0, 60.0)))
+
+
+def run_collector(values: tuple[Any, ...]) -> None:
+    """A value lookup's collector fed one reply's value after another, then read."""
+    collector = RecordCollector(records()[1].key, lambda _: None)
+    refused: list[RemoteError] = []
+    for value in values:
+        try:
+            collector.add_untrusted(value, NOW_MS)
+        except RemoteError as exc:
+            refused.append(exc)  # that reply's value as a whole is bad; the lookup goes on
+    for rec in collector.records():
+        ProviderInfo.from_bytes_untrusted(rec.payload)
+    if refused:
+        raise refused[0]  # reported as this input's outcome
+
+
+def _collector_input(rng: random.Random) -> tuple[Any, ...]:
+    values: list[Any] = [_value_input(rng) for _ in range(rng.randrange(1, 4))]
+    if rng.random() < 0.1:
+        values.append(wire_value(rng))  # a stock node's plain value, or anything else
+    return tuple(values)
 
 
 def run_record(data: bytes) -> None:
@@ -569,7 +644,9 @@ ENTRIES: list[Entry] = [
     Entry("registry", _lazy(lambda: (registry_seed(),)), run_registry),
     Entry("tool.json", from_json_seeds(tool_seeds()), run_tool),
     Entry("dht.datagram", _datagram_input, run_datagram),
+    Entry("dht.rpc", _rpc_input, run_rpc),
     Entry("dht.value", _value_input, run_value),
+    Entry("dht.collector", _collector_input, run_collector),
     Entry("dht.record", _record_input, run_record),
     Entry(
         "dht.provider", _lazy(lambda: (provider_payload(), provider_payload("a", ""))), run_provider
