@@ -415,15 +415,23 @@ def require_boundary(owner: object, attribute: str = "boundary") -> FailureBound
 # --------------------------------------------------------------------------- printing
 
 
-def format_row(report: Report, width: int = 26) -> str:
+def format_row(report: Report, width: int = 22) -> str:
+    """One line: name, inputs, seconds, slowest input (ms), memory growth after warm-up
+    (MiB of RSS, thousands of blocks), OK or FAIL, then the outcomes by count."""
     status = "OK" if report.ok else "FAIL"
     seen = ", ".join(f"{k} {v}" for k, v in report.outcomes.most_common())
-    return f"{report.name:<{width}} {report.inputs:>8} {report.seconds:>9.1f}  {status:<4}  {seen}"
+    memory = f"{report.rss_growth / 2**20:+.1f}/{report.block_growth / 1000:+.0f}k"
+    return (
+        f"{report.name:<{width}} {report.inputs:>7} {report.seconds:>7.1f} "
+        f"{report.slowest * 1000:>7.1f} {memory:>12}  {status:<4}  {seen}"
+    )
 
 
-def header(width: int = 26) -> str:
-    columns = f"{'entry point':<{width}} {'inputs':>8} {'seconds':>9}  {'':<4}"
-    return f"{columns}  outcomes (type:code count)"
+def header(width: int = 22) -> str:
+    columns = (
+        f"{'entry point':<{width}} {'inputs':>7} {'seconds':>7} {'max ms':>7} {'mem MiB/blk':>12}"
+    )
+    return f"{columns}  {'':<4}  outcomes (type:code count)"
 
 
 def iter_problems(reports: Sequence[Report]) -> Iterator[str]:
