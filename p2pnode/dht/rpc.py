@@ -74,9 +74,9 @@ class DropReason(enum.Enum):
     MALFORMED = "malformed datagram"
     UNKNOWN_ID = "response to an unknown message id"
     WRONG_ADDRESS = "response from another address than the request went to"
-    DUPLICATE = "duplicate response"
-    LATE = "response after the call timed out"
-    ABANDONED = "response after the caller gave up"
+    DUPLICATE = "response to a call already answered"
+    LATE = "response to a call that timed out"
+    ABANDONED = "response to a call the caller gave up"
 
 
 # A reply for a finished call is dropped for the reason its final state gives.
@@ -175,7 +175,7 @@ class RpcCore:
         rng: random.Random,
         timeout: float = 5.0,
         max_pending: int = 1024,
-        remember: int = 1024,
+        remember: int = 64,
     ) -> None:
         """``rng`` draws message ids; ``timeout`` is every call's hard timeout (seconds);
         ``remember`` bounds the memory of finished calls used to name stray replies.
@@ -190,7 +190,8 @@ class RpcCore:
         self._remember = remember
         # Insertion order is deadline order (see call()), so the head is the next timer.
         self._pending: OrderedDict[bytes, _Call] = OrderedDict()
-        self._finished: OrderedDict[bytes, _Call] = OrderedDict()
+        # Oldest first (dict order); bounded by ``remember``.
+        self._finished: dict[bytes, CallState] = {}
         self._last_deadline = float("-inf")
         self._out: list[tuple[bytes, Address]] = []
 
@@ -203,8 +204,8 @@ class RpcCore:
 
     def state_of(self, msg_id: bytes) -> CallState | None:
         """The state of call ``msg_id`` while it is pending or remembered, else None."""
-        call = self._pending.get(msg_id) or self._finished.get(msg_id)
-        return None if call is None else call.state
+        call = self._pending.get(msg_id)
+        return call.state if call is not None else self._finished.get(msg_id)
 
     def next_deadline(self) -> float | None:
         """When :meth:`handle_timer` has work: the earliest deadline pending, or None."""
@@ -308,12 +309,8 @@ class RpcCore:
         call = self._pending.get(msg.msg_id)
         if call is None:
             held = self._finished.get(msg.msg_id)
-            if held is None:
-                return DatagramDropped(source, DropReason.UNKNOWN_ID, DropReason.UNKNOWN_ID.value)
-            reason = (
-                _STRAY_REASON[held.state] if held.address == source else DropReason.WRONG_ADDRESS
-            )
-            return DatagramDropped(source, reason, f"{reason.value} ({held.method})")
+            reason = DropReason.UNKNOWN_ID if held is None else _STRAY_REASON[held]
+            return DatagramDropped(source, reason, reason.value)
         if call.address != source:
             # The call stays pending: the node it went to may still answer.
             reason = DropReason.WRONG_ADDRESS
@@ -327,9 +324,12 @@ class RpcCore:
             raise LocalError(ErrorCode.ILLEGAL_TRANSITION, f"call {call.state} -> {state}")
         call.state = state
         if self._remember:
-            self._finished[call.msg_id] = call
-            if len(self._finished) > self._remember:
-                self._finished.popitem(last=False)
+            # Only the id and the outcome: a node makes many calls, and this
+            # memory exists to name stray replies, not to keep calls alive.
+            finished = self._finished
+            finished[call.msg_id] = state
+            if len(finished) > self._remember:
+                del finished[next(iter(finished))]
 
     def _new_id(self) -> bytes:
         for _ in range(_ID_ATTEMPTS):
