@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import random
+import signal
 import sys
 import time
 import traceback
@@ -53,6 +54,8 @@ class Limits:
     max_block_growth: int = 250_000
     #: Seconds after which an entry point stops early (a note, not a failure).
     budget: float = 1800.0
+    #: Seconds after which one input is interrupted (InputHung): a hang fails, not stalls.
+    hang_seconds: float = 60.0
 
 
 DEFAULT_LIMITS = Limits()
@@ -220,6 +223,49 @@ def count_for(target: Target, n: int) -> int:
     return max(1, round(n * target.share))
 
 
+# --------------------------------------------------------------------------- hangs
+
+
+class InputHung(Exception):
+    """Raised into an input that ran past :attr:`Limits.hang_seconds` of real time."""
+
+
+class Watchdog:
+    """Interrupts one input with :class:`InputHung` after ``seconds`` (SIGALRM), so a hang
+    fails its entry point instead of stalling the run. A no-op off the main thread,
+    where signal handlers cannot be set."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._active = False
+
+    def _fire(self, signum: int, frame: object) -> None:
+        raise InputHung(f"the input ran past {self.seconds:.0f} s")
+
+    @contextmanager
+    def installed(self) -> Iterator[Watchdog]:
+        try:
+            previous = signal.signal(signal.SIGALRM, self._fire)
+        except ValueError:
+            yield self
+            return
+        self._active = True
+        try:
+            yield self
+        finally:
+            self._active = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    def arm(self) -> None:
+        if self._active:
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def disarm(self) -> None:
+        if self._active:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 # --------------------------------------------------------------------------- the sync driver
 
 
@@ -227,37 +273,41 @@ def run_entry(entry: Entry, count: int, seed: int, limits: Limits = DEFAULT_LIMI
     """Feed ``entry`` ``count`` generated inputs (fewer if it runs past ``limits.budget``)."""
     rng = random.Random(f"{seed}:{entry.name}")
     report = Report(entry.name, limits)
-    budget = limits.budget
     warmup = max(1, int(count * WARMUP_FRACTION))
     base, end = MemoryProbe(), MemoryProbe()
     start = time.perf_counter()
-    for i in range(count):
-        if i == warmup:
-            base.take()
-        data = entry.generate(rng)
-        t0 = time.perf_counter()
-        try:
-            entry.run(data)
-        except entry.expected as exc:
-            report.outcomes[outcome_key(exc)] += 1
-        except Exception as exc:
-            report.outcomes[outcome_key(exc)] += 1
-            record_failure(report, exc, data)
-        else:
-            report.outcomes["accepted"] += 1
-        took = time.perf_counter() - t0
-        if took > report.slowest:
-            report.slowest, report.slowest_input = took, data
-        report.inputs += 1
-        if time.perf_counter() - start > budget:
-            report.notes.append(f"stopped at the {budget:.0f} s budget")
-            break
+    with Watchdog(limits.hang_seconds).installed() as watchdog:
+        for i in range(count):
+            if i == warmup:
+                base.take()
+            data = entry.generate(rng)
+            t0 = time.perf_counter()
+            try:
+                watchdog.arm()
+                try:
+                    entry.run(data)
+                finally:
+                    watchdog.disarm()
+            except entry.expected as exc:
+                report.outcomes[outcome_key(exc)] += 1
+            except Exception as exc:
+                report.outcomes[outcome_key(exc)] += 1
+                record_failure(report, exc, data)
+            else:
+                report.outcomes["accepted"] += 1
+            took = time.perf_counter() - t0
+            if took > report.slowest:
+                report.slowest, report.slowest_input = took, data
+            report.inputs += 1
+            if time.perf_counter() - start > limits.budget:
+                report.notes.append(f"stopped at the {limits.budget:.0f} s budget")
+                break
     report.seconds = time.perf_counter() - start
     if report.inputs > warmup:
         end.take()
         report.rss_growth, report.block_growth = end.growth_since(base)
     for failure in report.failures.values():
-        if isinstance(failure.data, bytes):
+        if isinstance(failure.data, bytes) and failure.kind != InputHung.__name__:
             failure.data = shrink(entry, failure.data, failure.kind)
     return report
 
@@ -338,46 +388,65 @@ async def _run_live(
 ) -> Report:
     rng = random.Random(f"{seed}:{entry.name}")
     report = Report(entry.name, limits)
-    budget = limits.budget
-    warmup = max(1, int(count * WARMUP_FRACTION))
-    base, end = MemoryProbe(), MemoryProbe()
     start = time.perf_counter()
     try:
-        async with entry.open() as harness:
-            boundaries = harness.boundaries()
-            seen_unexpected: dict[str, int] = {}
-            for i in range(count):
-                if i == warmup:
-                    base.take()
-                data = entry.generate(rng)
-                t0 = time.perf_counter()
-                try:
-                    with trio.fail_after(120):  # virtual seconds: a hung input fails
-                        await harness.feed(data)
-                except Exception as exc:  # nothing may escape a live handler
-                    report.outcomes[f"escaped {outcome_key(exc)}"] += 1
-                    record_failure(report, exc, data)
-                took = time.perf_counter() - t0
-                if took > report.slowest:
-                    report.slowest, report.slowest_input = took, data
-                report.inputs += 1
-                _note_boundaries(report, boundaries, seen_unexpected, data, catcher)
-                if time.perf_counter() - start > budget:
-                    report.notes.append(f"stopped at the {budget:.0f} s budget")
-                    break
-            if report.inputs > warmup:
-                end.take()
-                report.rss_growth, report.block_growth = end.growth_since(base)
-            report.outcomes.update(harness.outcomes())
-            for label, boundary in boundaries.items():
-                report.outcomes[f"{label}.typed"] = boundary.stats.typed
-                for name, k in boundary.stats.unexpected.items():
-                    report.outcomes[f"{label}.unexpected {name}"] = k
-    except Exception as exc:  # setting up or closing the harness failed
+        with Watchdog(limits.hang_seconds).installed() as watchdog:
+            async with entry.open() as harness:
+                await _feed_live(entry, harness, count, rng, report, watchdog, catcher)
+    except Exception as exc:  # opening or closing the harness failed
         report.outcomes[f"harness {outcome_key(exc)}"] += 1
         record_failure(report, exc, "(harness)")
     report.seconds = time.perf_counter() - start
     return report
+
+
+async def _feed_live(
+    entry: LiveEntry,
+    harness: Harness,
+    count: int,
+    rng: random.Random,
+    report: Report,
+    watchdog: Watchdog,
+    catcher: TracebackCatcher,
+) -> None:
+    limits = report.limits
+    boundaries = harness.boundaries()
+    seen_unexpected: dict[str, int] = {}
+    warmup = max(1, int(count * WARMUP_FRACTION))
+    base, end = MemoryProbe(), MemoryProbe()
+    start = time.perf_counter()
+    for i in range(count):
+        if i == warmup:
+            base.take()
+        data = entry.generate(rng)
+        t0 = time.perf_counter()
+        try:
+            watchdog.arm()
+            try:
+                # Virtual seconds: an input that waits for ever fails (autojump clock).
+                with trio.fail_after(120):
+                    await harness.feed(data)
+            finally:
+                watchdog.disarm()
+        except Exception as exc:  # nothing may escape a live handler
+            report.outcomes[f"escaped {outcome_key(exc)}"] += 1
+            record_failure(report, exc, data)
+        took = time.perf_counter() - t0
+        if took > report.slowest:
+            report.slowest, report.slowest_input = took, data
+        report.inputs += 1
+        _note_boundaries(report, boundaries, seen_unexpected, data, catcher)
+        if time.perf_counter() - start > limits.budget:
+            report.notes.append(f"stopped at the {limits.budget:.0f} s budget")
+            break
+    if report.inputs > warmup:
+        end.take()
+        report.rss_growth, report.block_growth = end.growth_since(base)
+    report.outcomes.update(harness.outcomes())
+    for label, boundary in boundaries.items():
+        report.outcomes[f"{label}.typed"] = boundary.stats.typed
+        for name, k in boundary.stats.unexpected.items():
+            report.outcomes[f"{label}.unexpected {name}"] = k
 
 
 def _note_boundaries(

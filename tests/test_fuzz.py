@@ -137,6 +137,18 @@ def test_a_slow_input_fails_the_entry() -> None:
     assert report.slowest_input == 0
 
 
+def test_a_hanging_input_is_interrupted_and_fails_the_entry() -> None:
+    def run(data: int) -> None:
+        while data == 3:  # a parser stuck in a loop
+            pass
+
+    limits = Limits(hang_seconds=0.2)
+    report = run_entry(Entry("hang", lambda rng: rng.randrange(8), run), 40, 1, limits)
+    assert not report.ok
+    assert report.failures["InputHung"].data == 3
+    assert report.outcomes["accepted"] > 0  # the run went on after the hang
+
+
 def test_memory_growth_fails_the_entry() -> None:
     kept: list[bytes] = []
     leaky = Entry("leaky", lambda rng: rng.randbytes(64), kept.append)
@@ -152,7 +164,8 @@ class _Owner:
 
 
 class _PlantedHarness:
-    """Contains a ValueError for inputs below 5, lets a KeyError escape for input 7."""
+    """Contains a ValueError for inputs below 5, lets a KeyError escape for input 7, waits
+    for ever on input 9."""
 
     def __init__(self, owner: object) -> None:
         self._boundary = require_boundary(owner)
@@ -167,6 +180,8 @@ class _PlantedHarness:
         await trio.lowlevel.checkpoint()
         if data == 7:
             raise KeyError("escaped")
+        if data == 9:
+            await trio.sleep_forever()  # on the virtual clock: fails after 120 s, at once
         with self._boundary.guard("peer", "input"):
             if data < 5:
                 raise ValueError("contained")
@@ -192,6 +207,7 @@ def test_live_defects_fail_the_entry() -> None:
     assert report.failures["planted contained ValueError"].data < 5
     assert "test_fuzz.py" in report.failures["planted contained ValueError"].where
     assert report.failures["KeyError"].data == 7
+    assert report.failures["TooSlowError"].data == 9
     assert report.outcomes["planted.typed"] > 0
     assert report.outcomes["planted.unexpected ValueError"] > 0
 
