@@ -17,6 +17,7 @@ PACKAGE = Path(p2pnode.__file__).parent
 #: Protocol cores: bytes, events and ``now`` in; no I/O and no clock of their own.
 CORES = [
     "p2pnode.dht.config",
+    "p2pnode.dht.handlers",
     "p2pnode.dht.lookup",
     "p2pnode.dht.records",
     "p2pnode.dht.routing",

@@ -9,9 +9,10 @@ Everything protocol-shaped happens in sans-IO objects it drives:
   pending calls, matches replies by message id *and* address, and turns
   each datagram into events. The receive loop feeds it every datagram, behind
   :attr:`DhtPeer.boundary`, and dispatches the events through a table:
-  requests go to the handler table ``_HANDLERS`` and are answered inline (no
-  task per request); a reply or a timeout goes to the callback its call
-  registered. Datagrams the core queues are sent by whoever made them due.
+  requests go to the sans-IO :class:`~p2pnode.dht.handlers.RequestHandlers`
+  and are answered inline (no task per request); a reply or a timeout goes
+  to the callback its call registered. Datagrams the core queues are sent
+  by whoever made them due.
 * **Timers** are a query, not a cancel scope per call: the receive loop
   sleeps in one cancel scope until the earliest of the core's
   ``next_deadline()`` and the maintenance schedule, then runs
@@ -22,42 +23,35 @@ Everything protocol-shaped happens in sans-IO objects it drives:
   lookup's memory channel, and the lookup wakes at its own
   ``next_deadline()`` to mark slow nodes. When a lookup ends, its
   outstanding calls are abandoned in the core.
-* **Records** (§4): ``store`` accepts only values that decode to valid
-  signed records (:mod:`p2pnode.dht.records`), merged into a bounded store;
-  a ``find_value`` hit returns the merged value. Publishing is
-  :class:`~p2pnode.dht.publish.Publisher`'s read-merge-write, maintenance is
-  :mod:`p2pnode.dht.maintenance` (expire, refresh stale buckets, republish),
-  snapshots are :mod:`p2pnode.dht.snapshot`.
+* **Records** (§4) are publishing's business:
+  :class:`~p2pnode.dht.publish.Publisher` does read-merge-write,
+  :mod:`p2pnode.dht.maintenance` expires, refreshes stale buckets and
+  republishes, :mod:`p2pnode.dht.snapshot` saves and restores the table.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import math
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from types import TracebackType
+from functools import partial
 from typing import Any, Self
 
 import trio
 
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.dht import rpcwire
+from p2pnode.dht.calls import NO_REPLY, Calls, OnResult
 from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.handlers import RequestHandlers
 from p2pnode.dht.lookup import Lookup, RecordCollector, RttEstimator, merge_records
 from p2pnode.dht.maintenance import MaintenanceSchedule, maintenance_pass, mark_fresh
 from p2pnode.dht.publish import Publisher
-from p2pnode.dht.records import (
-    RecordError,
-    RecordStore,
-    SignedRecord,
-    decode_value_untrusted,
-    encode_value,
-)
+from p2pnode.dht.records import RecordError, RecordStore, SignedRecord
 from p2pnode.dht.routing import Contact, RoutingTable
 from p2pnode.dht.rpc import (
     CallTimedOut,
@@ -77,30 +71,6 @@ log = logging.getLogger("p2pnode.dht")
 _DEFAULT_CONFIG = DhtConfig()
 
 
-class _NoReply(enum.Enum):
-    NO_REPLY = "no reply"
-
-
-#: What a call delivers when nobody answered before the hard timeout.
-NO_REPLY = _NoReply.NO_REPLY
-#: Gets a call's raw reply value, or :data:`NO_REPLY`.
-OnResult = Callable[[Any], None]
-
-
-class _Result:
-    """One awaited call's outcome."""
-
-    __slots__ = ("done", "value")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.value: Any = NO_REPLY
-
-    def set(self, value: Any) -> None:
-        self.value = value
-        self.done.set()
-
-
 def _text(address: Address) -> str:
     return f"{address[0]}:{address[1]}"
 
@@ -114,6 +84,17 @@ def _to_channel(send: trio.MemorySendChannel[tuple[Contact, Any]], c: Contact) -
         send.send_nowait((c, value))
 
     return deliver
+
+
+def _node_id_of(identity: Identity | None, node_id: bytes | None) -> bytes:
+    """``node_id``, else the identity's peer id; LocalError without either or if not 20 bytes."""
+    if node_id is None:
+        if identity is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "need an identity or a node id")
+        node_id = identity.peer_id.raw
+    if len(node_id) != 20:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "node ids are 20 bytes")
+    return node_id
 
 
 @asynccontextmanager
@@ -155,19 +136,10 @@ class DhtPeer:
     ) -> None:
         """``identity`` signs what this node publishes; ``node_id`` defaults to its peer id.
 
-        ``rng`` drives maintenance jitter, refresh ids and (when given) message
-        ids; without it message ids come from the operating system, so peers
-        cannot predict them from ids they saw. Raises
-        LocalError(INVALID_ARGUMENT) when neither ``identity`` nor ``node_id``
-        is given or the id is not 20 bytes.
+        ``rng`` drives jitter, refresh ids and (if given) message ids, else drawn from the OS
+        so that peers cannot predict them. Raises LocalError(INVALID_ARGUMENT) (see _node_id_of).
         """
-        if node_id is None:
-            if identity is None:
-                raise LocalError(ErrorCode.INVALID_ARGUMENT, "need an identity or a node id")
-            node_id = identity.peer_id.raw
-        if len(node_id) != 20:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "node ids are 20 bytes")
-        self.node_id = node_id
+        self.node_id = node_id = _node_id_of(identity, node_id)
         self.identity = identity
         self.config = config
         #: The wall clock (unix ms) that record expiry is measured on.
@@ -195,11 +167,18 @@ class DhtPeer:
             wall_clock_ms=wall_clock_ms,
             republish_interval=config.republish_interval,
         )
+        self.handlers = RequestHandlers(
+            node_id,
+            self.table,
+            self.records,
+            self.stats,
+            welcome=self._welcome,
+            wall_clock_ms=wall_clock_ms,
+        )
         self.schedule = MaintenanceSchedule(config.maintenance_interval, self._rng)
-        self._results: dict[bytes, OnResult] = {}
+        self.calls = Calls(self.rpc, self.stats)
         self._endpoint: DatagramEndpoint | None = None
         self._nursery: trio.Nursery | None = None
-        self._wake: trio.CancelScope | None = None
         self._running: AbstractAsyncContextManager[Self] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -210,16 +189,11 @@ class DhtPeer:
         self._running = running
         return peer
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
         running, self._running = self._running, None
         if running is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
-        return await running.__aexit__(exc_type, exc, tb)
+        return await running.__aexit__(*exc_info)
 
     @asynccontextmanager
     async def _run(self) -> AsyncIterator[Self]:
@@ -233,10 +207,11 @@ class DhtPeer:
         try:
             async with _task_nursery() as nursery:
                 self._endpoint, self._nursery = endpoint, nursery
+                self.calls.endpoint = endpoint
                 nursery.start_soon(self._receive_loop, endpoint)
                 yield self
         finally:
-            self._nursery = None
+            self._nursery = self.calls.endpoint = None
             endpoint.close()
 
     @property
@@ -259,17 +234,17 @@ class DhtPeer:
 
     async def _receive_loop(self, endpoint: DatagramEndpoint) -> None:
         # Runs until the nursery is cancelled. One cancel scope per timer wake-up,
-        # not one per datagram nor per call: _call_nowait pulls the deadline in.
+        # not one per datagram nor per call: Calls.call_nowait pulls the deadline in.
         while True:
             with trio.move_on_at(self._next_wake()) as scope:
-                self._wake = scope
+                self.calls.wake = scope
                 while True:
                     data, source = await endpoint.recvfrom()
                     try:
                         await self._handle_datagram(data, source)
                     except Exception as exc:
                         self.boundary.contain(_text(source), "datagram", exc)
-            self._wake = None
+            self.calls.wake = None
             await self._handle_timer(trio.current_time())
 
     def _next_wake(self) -> float:
@@ -286,32 +261,15 @@ class DhtPeer:
         """
         for event in self.rpc.receive_datagram_untrusted(data, source, trio.current_time()):
             _EVENT_HANDLERS[type(event)](self, event)
-        await self._flush()
+        await self.calls.flush()
 
     async def _handle_timer(self, now: float) -> None:
         for event in self.rpc.handle_timer(now):
-            self._on_timeout(event)
+            self.calls.on_timeout(event)
         if self.schedule.handle_timer(now):
             assert self._nursery is not None
             self._nursery.start_soon(self._maintenance_task)
-        await self._flush()
-
-    async def _flush(self) -> None:
-        """Send every datagram the core has queued."""
-        out = self.rpc.datagrams_to_send()
-        if not out:
-            return
-        if self._endpoint is None:
-            self.rpc.send_later(out)
-            return
-        for i, (data, address) in enumerate(out):
-            try:
-                await self._endpoint.sendto(data, address)
-            except BaseException:
-                # Not sent (trio raises Cancelled before it sends): keep it and the
-                # rest for the next flush, so a timer wake-up never loses a datagram.
-                self.rpc.send_later(out[i:])
-                raise
+        await self.calls.flush()
 
     def _input_failed(self, source: str, what: str, exc: Exception) -> None:
         self.stats.inputs_failed += 1
@@ -325,7 +283,8 @@ class DhtPeer:
 
     def _on_request(self, event: RequestReceived) -> None:
         try:
-            reply = _HANDLERS[event.method](self, event.source, event.args)
+            now = trio.current_time()
+            reply = self.handlers.answer_untrusted(event.method, event.source, event.args, now)
             self.rpc.reply(event, reply)
         except RemoteError as exc:
             self._drop(event.source, f"{event.method}: {exc.message}")
@@ -335,48 +294,10 @@ class DhtPeer:
             return
         self.stats.requests_handled += 1
 
-    def _on_reply(self, event: ReplyReceived) -> None:
-        self.stats.rpcs_answered += 1
-        on_result = self._results.pop(event.msg_id, None)
-        if on_result is not None:
-            on_result(event.value)
-
-    def _on_timeout(self, event: CallTimedOut) -> None:
-        self.stats.rpcs_timed_out += 1
-        on_result = self._results.pop(event.msg_id, None)
-        if on_result is not None:
-            on_result(NO_REPLY)
-
     def _on_drop(self, event: DatagramDropped) -> None:
         self._drop(event.source, event.detail)
 
     # ------------------------------------------------------------------ calls
-
-    def _call_nowait(
-        self, address: Address, method: str, args: list[Any], on_result: OnResult
-    ) -> bytes | None:
-        """Start one call; ``on_result`` gets the raw reply or NO_REPLY. :meth:`_flush` sends it.
-
-        Returns the message id, or None when ``max_pending`` calls are pending
-        (``on_result`` then got NO_REPLY already, as for a call nobody answers).
-        """
-        try:
-            call = self.rpc.call(address, method, args, trio.current_time())
-        except LocalError as exc:
-            if exc.code is not ErrorCode.BUSY:
-                raise
-            on_result(NO_REPLY)
-            return None
-        self.stats.rpcs_sent += 1
-        self._results[call.msg_id] = on_result
-        wake = self._wake
-        if wake is not None and call.deadline < wake.deadline:
-            wake.deadline = call.deadline
-        return call.msg_id
-
-    def _abandon(self, msg_id: bytes) -> None:
-        self.rpc.cancel(msg_id)
-        self._results.pop(msg_id, None)
 
     def _informing(self, contact: Contact, on_result: OnResult) -> OnResult:
         """``on_result`` after telling the routing table whether ``contact`` answered."""
@@ -390,27 +311,16 @@ class DhtPeer:
 
         return done
 
-    async def _call(self, address: Address, method: str, args: list[Any]) -> Any:
-        """One request; the raw reply value, or NO_REPLY after the hard timeout."""
-        return await self._await_call(address, method, args, None)
-
-    async def _call_contact(self, contact: Contact, method: str, args: list[Any]) -> Any:
-        """:meth:`_call` that keeps the routing table informed."""
-        return await self._await_call(contact.address, method, args, contact)
-
-    async def _await_call(
-        self, address: Address, method: str, args: list[Any], contact: Contact | None
+    async def _call(
+        self, address: Address, method: str, args: list[Any], *, contact: Contact | None = None
     ) -> Any:
-        result = _Result()
-        on_result = result.set if contact is None else self._informing(contact, result.set)
-        msg_id = self._call_nowait(address, method, args, on_result)
-        try:
-            await self._flush()
-            await result.done.wait()
-        finally:
-            if msg_id is not None and not result.done.is_set():
-                self._abandon(msg_id)
-        return result.value
+        """One request; the raw reply value, or NO_REPLY after the hard timeout.
+
+        With ``contact`` (at ``address``) the routing table learns how it did.
+        """
+        if contact is None:
+            return await self.calls.call(address, method, args)
+        return await self.calls.call(address, method, args, partial(self._informing, contact))
 
     def _welcome(self, node_id: bytes, source: Address) -> None:
         """The sender proved it is reachable at ``source``: tell the routing table."""
@@ -422,60 +332,7 @@ class DhtPeer:
             self.table.ping_result(to_ping.node_id, value is not NO_REPLY, trio.current_time())
 
         # Queued; the flush after the datagram or call at hand sends it (no task).
-        self._call_nowait(to_ping.address, "ping", [self.node_id], alive)
-
-    # ------------------------------------------------------------------ request handlers
-
-    def _rpc_ping(self, source: Address, args: list[Any]) -> Any:
-        self._welcome(rpcwire.parse_ping_args_untrusted(args), source)
-        return self.node_id
-
-    def _rpc_store(self, source: Address, args: list[Any]) -> Any:
-        node_id, key, value = rpcwire.parse_store_args_untrusted(args)
-        self._welcome(node_id, source)
-        if not self.records.allow_store(source[0], trio.current_time()):
-            self.stats.stores_rate_limited += 1
-            log.info("dht.store_rate_limited peer=%s:%s", *source)
-            return False
-        now_ms = self.wall_clock_ms()
-        try:
-            recs, rejected = decode_value_untrusted(
-                value, key, now_ms=now_ms, known=self.records.known
-            )
-        except RecordError as exc:
-            self.stats.records_rejected += 1
-            log.info("dht.store_rejected peer=%s:%s reason=%s", source[0], source[1], exc.message)
-            return False
-        if rejected:
-            self.stats.records_rejected += rejected
-            log.info("dht.records_rejected peer=%s:%s count=%d", source[0], source[1], rejected)
-        self.records.put(key, recs, now_ms)
-        # True when at least one record of the value is what we now hold
-        # (taken, or already held); a replay or a value of stale revisions is False.
-        held = {r.encoded for r in self.records.get(key, now_ms)}
-        return any(r.encoded in held for r in recs)
-
-    def _rpc_find_node(self, source: Address, args: list[Any]) -> Any:
-        node_id, key = rpcwire.parse_find_args_untrusted(args)
-        self._welcome(node_id, source)
-        return self._closest_wire(key, source)
-
-    def _rpc_find_value(self, source: Address, args: list[Any]) -> Any:
-        node_id, key = rpcwire.parse_find_args_untrusted(args)
-        self._welcome(node_id, source)
-        recs = self.records.get(key, self.wall_clock_ms())
-        if recs:
-            return {"value": encode_value(recs)}
-        return self._closest_wire(key, source)
-
-    def _rpc_stun(self, source: Address, args: list[Any]) -> Any:
-        rpcwire.parse_stun_args_untrusted(args)
-        return [source[0], source[1]]
-
-    def _closest_wire(self, key: bytes, source: Address) -> list[Any]:
-        # As stock: never return the asker itself nor a contact whose id is the key.
-        found = self.table.closest(key, exclude=lambda c: c.address == source or c.node_id == key)
-        return [rpcwire.contact_to_wire(c) for c in found]
+        self.calls.call_nowait(to_ping.address, "ping", [self.node_id], alive)
 
     # ------------------------------------------------------------------ lookups
 
@@ -505,10 +362,10 @@ class DhtPeer:
                 lookup.handle_timer(now)
                 for c in lookup.next_requests(now):
                     deliver = self._informing(c, _to_channel(send, c))
-                    msg_id = self._call_nowait(c.address, method, args, deliver)
+                    msg_id = self.calls.call_nowait(c.address, method, args, deliver)
                     if msg_id is not None:
                         asked.append(msg_id)
-                await self._flush()
+                await self.calls.flush()
                 if lookup.done:
                     break
                 deadline = lookup.next_deadline()
@@ -518,7 +375,7 @@ class DhtPeer:
         finally:
             # Calls still out belong to a finished lookup: a late reply is dropped.
             for msg_id in asked:
-                self._abandon(msg_id)
+                self.calls.abandon(msg_id)
         return lookup, collector.records()
 
     def _take_reply(
@@ -546,18 +403,14 @@ class DhtPeer:
         if raw is None:
             return
         try:
-            self._collect(collector, raw, c)
+            self.stats.records_rejected += collector.add_untrusted(raw, self.wall_clock_ms())
+        except RecordError as exc:  # not a record list (say, a stock node's plain value)
+            self._drop(c.address, f"find_value value: {exc.message}")
         except Exception as exc:  # one node's value must not end the lookup
             self.boundary.contain(_text(c.address), f"{method} value", exc)
             return
         if quorum is not None and collector.hits >= quorum:
             lookup.finish()
-
-    def _collect(self, collector: RecordCollector, raw: Any, c: Contact) -> None:
-        try:
-            self.stats.records_rejected += collector.add_untrusted(raw, self.wall_clock_ms())
-        except RecordError as exc:
-            self._drop(c.address, f"find_value value: {exc.message}")
 
     async def _lookup_value(self, key: bytes) -> tuple[list[Contact], list[SignedRecord]]:
         """A value lookup to the k closest: the nodes that answered and the records read."""
@@ -565,7 +418,10 @@ class DhtPeer:
         return lookup.closest_answered(), recs
 
     async def _store(self, contact: Contact, key: bytes, value: bytes) -> bool:
-        return await self._call_contact(contact, "store", [self.node_id, key, value]) is True
+        reply = await self._call(
+            contact.address, "store", [self.node_id, key, value], contact=contact
+        )
+        return reply is True
 
     # ------------------------------------------------------------------ public API
 
@@ -580,7 +436,7 @@ class DhtPeer:
             self._drop(address, exc.message)
             return None
         self._welcome(node_id, address)
-        await self._flush()
+        await self.calls.flush()
         return node_id
 
     async def bootstrap(self, addresses: Iterable[Address]) -> int:
@@ -652,19 +508,11 @@ class DhtPeer:
         return restore_table(self.table, data, trio.current_time())
 
 
-# Dispatch tables, shared by all nodes (no per-node dict of bound methods).
-_HANDLERS: dict[str, Callable[[DhtPeer, Address, list[Any]], Any]] = {
-    "ping": DhtPeer._rpc_ping,
-    "store": DhtPeer._rpc_store,
-    "find_node": DhtPeer._rpc_find_node,
-    "find_value": DhtPeer._rpc_find_value,
-    "stun": DhtPeer._rpc_stun,
-}
-
+# Shared by all nodes: no per-node dict of bound methods.
 _EVENT_HANDLERS: dict[type[RpcEvent], Callable[[DhtPeer, Any], None]] = {
     RequestReceived: DhtPeer._on_request,
-    ReplyReceived: DhtPeer._on_reply,
-    CallTimedOut: DhtPeer._on_timeout,
+    ReplyReceived: lambda peer, event: peer.calls.on_reply(event),
+    CallTimedOut: lambda peer, event: peer.calls.on_timeout(event),
     DatagramDropped: DhtPeer._on_drop,
 }
 

@@ -313,93 +313,113 @@ class _Delivery:
     to: Address = field(compare=False)
 
 
+class _TerribleNetwork:
+    """A calls B over a network that drops, duplicates and delays each datagram on its
+    own (so it reorders too); an attacker who sees every reply resends it from EVIL."""
+
+    def __init__(self, data: st.DataObject, timeout: float) -> None:
+        self.draw = data.draw
+        self.timeout = timeout
+        self.a, self.b = core(1, timeout=timeout), core(2)
+        self.queue: list[_Delivery] = []
+        self.seq = 0
+        self.answers: dict[bytes, Any] = {}
+        self.started: dict[bytes, float] = {}
+        self.first_genuine: dict[bytes, float] = {}
+        self.outcome: dict[bytes, RpcEvent] = {}
+
+    def send(self, datagrams: list[tuple[bytes, Address]], source: Address, now: float) -> None:
+        for payload, to in datagrams:
+            for _ in range(self.draw(st.sampled_from([0, 1, 1, 1, 2]), label="copies")):
+                delay = self.draw(st.sampled_from([0.01, 0.1, 0.4, 1.0, 3.0, 7.0]), label="delay")
+                self._push(now + delay, payload, source, to)
+                if source == B and self.draw(st.booleans(), label="spoof"):
+                    self._push(now + delay / 2, payload, EVIL, A)
+
+    def _push(self, at: float, payload: bytes, source: Address, to: Address) -> None:
+        heapq.heappush(self.queue, _Delivery(at, self.seq, payload, source, to))
+        self.seq += 1
+
+    def call(self, i: int, now: float) -> None:
+        call = self.a.call(B, "find_node", [A_ID, bytes([i]) * 20], now)
+        self.started[call.msg_id] = now
+        self.send(self.a.datagrams_to_send(), A, now)
+
+    def record(self, events: Sequence[RpcEvent], now: float) -> None:
+        for e in events:
+            if isinstance(e, ReplyReceived | CallTimedOut):
+                assert e.msg_id not in self.outcome, "a call ended twice"
+                self.outcome[e.msg_id] = e
+                expired = now >= self.started[e.msg_id] + self.timeout
+                assert expired == isinstance(e, CallTimedOut)
+            if isinstance(e, ReplyReceived):
+                assert e.address == B and e.value == self.answers[e.msg_id]
+                assert e.rtt == pytest.approx(now - self.started[e.msg_id])
+
+    def step(self) -> bool:
+        """Advance to the next timer or delivery; False when nothing is left."""
+        due = [self.queue[0].at] if self.queue else []
+        deadline = self.a.next_deadline()
+        if deadline is not None:
+            due.append(deadline)
+        if not due:
+            return False
+        now = min(due)
+        self.record(self.a.handle_timer(now), now)
+        while self.queue and self.queue[0].at <= now:
+            d = heapq.heappop(self.queue)
+            if d.to == B:
+                self.serve(d, now)
+            else:
+                self.deliver_to_a(d, now)
+        return True
+
+    def serve(self, d: _Delivery, now: float) -> None:
+        request = one(self.b.receive_datagram_untrusted(d.data, d.source, now))
+        assert isinstance(request, RequestReceived)
+        self.answers[request.msg_id] = [request.args[1].hex()]
+        self.b.reply(request, self.answers[request.msg_id])
+        self.send(self.b.datagrams_to_send(), B, now)
+
+    def deliver_to_a(self, d: _Delivery, now: float) -> None:
+        msg_id = rpcwire.decode_datagram_untrusted(d.data).msg_id
+        live = now < self.started[msg_id] + self.timeout
+        pending = live and self.a.state_of(msg_id) is CallState.PENDING
+        events = self.a.receive_datagram_untrusted(d.data, d.source, now)
+        self.record(events, now)
+        last = events[-1]
+        if d.source == EVIL:
+            assert isinstance(last, DatagramDropped)
+            if pending:
+                assert last.reason is DropReason.WRONG_ADDRESS
+            return
+        self.first_genuine.setdefault(msg_id, now)
+        if pending:
+            assert isinstance(last, ReplyReceived) and last.msg_id == msg_id
+        else:
+            assert isinstance(last, DatagramDropped)
+            assert last.reason in (DropReason.DUPLICATE, DropReason.LATE)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.integers(1, 12), st.sampled_from([0.5, 2.0, 5.0]))
 def test_calls_over_a_lossy_duplicating_reordering_network(
     data: st.DataObject, n: int, timeout: float
 ) -> None:
-    """Every call ends exactly once, as its genuine reply's first arrival decides.
-
-    The network drops, duplicates and delays every datagram independently
-    (so it also reorders), and an attacker who sees every reply sends a copy
-    from its own address.
-    """
-    a, b = core(1, timeout=timeout), core(2)
-    queue: list[_Delivery] = []
-    seq = 0
-    answers: dict[bytes, Any] = {}
-    first_genuine: dict[bytes, float] = {}
-    started: dict[bytes, float] = {}
-    outcome: dict[bytes, RpcEvent] = {}
-
-    def network(datagrams: list[tuple[bytes, Address]], source: Address, now: float) -> None:
-        nonlocal seq
-        for payload, to in datagrams:
-            copies = data.draw(st.sampled_from([0, 1, 1, 1, 2]), label="copies")
-            for _ in range(copies):
-                delay = data.draw(st.sampled_from([0.01, 0.1, 0.4, 1.0, 3.0, 7.0]), label="delay")
-                heapq.heappush(queue, _Delivery(now + delay, seq, payload, source, to))
-                seq += 1
-                if source == B and data.draw(st.booleans(), label="spoof"):
-                    heapq.heappush(queue, _Delivery(now + delay / 2, seq, payload, EVIL, A))
-                    seq += 1
-
-    def record(events: Sequence[RpcEvent], now: float) -> None:
-        for e in events:
-            if isinstance(e, ReplyReceived | CallTimedOut):
-                assert e.msg_id not in outcome, "a call ended twice"
-                outcome[e.msg_id] = e
-            if isinstance(e, ReplyReceived):
-                assert e.address == B and e.value == answers[e.msg_id]
-                assert e.rtt == pytest.approx(now - started[e.msg_id])
-                assert now < started[e.msg_id] + timeout
-            if isinstance(e, CallTimedOut):
-                assert now >= started[e.msg_id] + timeout
-
+    """Every call ends exactly once: answered iff a genuine reply arrived before its
+    deadline, whatever the network and the attacker did."""
+    net = _TerribleNetwork(data, timeout)
     now = 0.0
     for i in range(n):
         now += data.draw(st.sampled_from([0.0, 0.05, 0.3]), label="gap")
-        call = a.call(B, "find_node", [A_ID, bytes([i]) * 20], now)
-        started[call.msg_id] = now
-        network(a.datagrams_to_send(), A, now)
-    # Bounded: every delivery either ends or makes at most 2 (+2 spoofed) more.
+        net.call(i, now)
+    # Bounded: each delivery makes at most 2 (+2 spoofed) more, and only requests do.
     for _ in range(20 * n + 100):
-        due = [x for x in (a.next_deadline(), queue[0].at if queue else None) if x is not None]
-        if not due:
+        if not net.step():
             break
-        now = min(due)
-        record(a.handle_timer(now), now)
-        while queue and queue[0].at <= now:
-            d = heapq.heappop(queue)
-            if d.to == B:
-                request = one(b.receive_datagram_untrusted(d.data, d.source, now))
-                assert isinstance(request, RequestReceived)
-                answers[request.msg_id] = [request.args[1].hex()]
-                b.reply(request, answers[request.msg_id])
-                network(b.datagrams_to_send(), B, now)
-                continue
-            msg_id = rpcwire.decode_datagram_untrusted(d.data).msg_id
-            live = msg_id in started and now < started[msg_id] + timeout
-            pending = live and a.state_of(msg_id) is CallState.PENDING
-            events = a.receive_datagram_untrusted(d.data, d.source, now)
-            record(events, now)
-            last = events[-1]
-            if d.source == EVIL:
-                assert isinstance(last, DatagramDropped)
-                if pending:
-                    assert last.reason is DropReason.WRONG_ADDRESS
-                else:
-                    assert last.reason is not DropReason.MALFORMED
-                continue
-            first_genuine.setdefault(msg_id, now)
-            if pending:
-                assert isinstance(last, ReplyReceived) and last.msg_id == msg_id
-            else:
-                assert isinstance(last, DatagramDropped)
-                assert last.reason in (DropReason.DUPLICATE, DropReason.LATE)
-    assert not queue and a.pending == 0
-    assert set(outcome) == set(started)
-    for msg_id, e in outcome.items():
-        arrived = first_genuine.get(msg_id)
-        answered = arrived is not None and arrived < started[msg_id] + timeout
+    assert not net.queue and net.a.pending == 0
+    assert set(net.outcome) == set(net.started)
+    for msg_id, e in net.outcome.items():
+        arrived = net.first_genuine.get(msg_id)
+        answered = arrived is not None and arrived < net.started[msg_id] + timeout
         assert isinstance(e, ReplyReceived) == answered

@@ -1,0 +1,151 @@
+"""The trio side of outgoing RPCs: who waits for which call, and sending what the core queued.
+
+Theory of operation: :class:`~p2pnode.dht.rpc.RpcCore` knows the pending
+calls; :class:`Calls` knows who waits for each one. A call registers a
+callback (:data:`OnResult`) under its message id; the node's receive loop
+hands the core's :class:`~p2pnode.dht.rpc.ReplyReceived` and
+:class:`~p2pnode.dht.rpc.CallTimedOut` events to :meth:`Calls.on_reply` and
+:meth:`Calls.on_timeout`, which call it with the raw reply or
+:data:`NO_REPLY`. Nothing here starts a task or opens a cancel scope per
+call: a caller that awaits one result waits on an event (:meth:`Calls.call`),
+a lookup collects many through its channel, a liveness ping just updates
+the routing table from its callback.
+
+Timers are the receive loop's: it sleeps in one cancel scope until the
+core's next deadline and exposes that scope as :attr:`Calls.wake`; a new
+call whose deadline comes sooner pulls the scope's deadline in.
+
+:meth:`Calls.flush` sends what the core queued. trio raises Cancelled
+before a datagram is sent, never after, so on any exception the unsent
+datagrams go back to the core for the next flush: a timer wake-up that
+interrupts a flush loses nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from p2pnode.dht.config import DhtStatistics
+from p2pnode.dht.rpc import Address, CallTimedOut, ReplyReceived, RpcCore
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.net import DatagramEndpoint
+
+
+class _NoReply(enum.Enum):
+    NO_REPLY = "no reply"
+
+
+#: What a call delivers when nobody answered before the hard timeout.
+NO_REPLY = _NoReply.NO_REPLY
+#: Gets a call's raw reply value, or :data:`NO_REPLY`.
+OnResult = Callable[[Any], None]
+
+
+class _Result:
+    __slots__ = ("done", "value")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: Any = NO_REPLY
+
+    def set(self, value: Any) -> None:
+        self.value = value
+        self.done.set()
+
+
+class Calls:
+    """Waiters of one node's outgoing calls, over its :class:`RpcCore` and endpoint."""
+
+    __slots__ = ("_results", "core", "endpoint", "stats", "wake")
+
+    def __init__(self, core: RpcCore, stats: DhtStatistics) -> None:
+        self.core = core
+        self.stats = stats
+        #: Where datagrams go out; set while the node runs.
+        self.endpoint: DatagramEndpoint | None = None
+        #: The receive loop's timer scope while it sleeps (None while it works).
+        self.wake: trio.CancelScope | None = None
+        self._results: dict[bytes, OnResult] = {}
+
+    def call_nowait(
+        self, address: Address, method: str, args: list[Any], on_result: OnResult
+    ) -> bytes | None:
+        """Start one call; ``on_result`` gets the raw reply or NO_REPLY. :meth:`flush` sends it.
+
+        Returns the message id, or None when ``max_pending`` calls are pending
+        (``on_result`` then got NO_REPLY already, as for a call nobody answers).
+        Raises LocalError(INVALID_ARGUMENT) while the node is not running.
+        """
+        if self.endpoint is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
+        try:
+            call = self.core.call(address, method, args, trio.current_time())
+        except LocalError as exc:
+            if exc.code is not ErrorCode.BUSY:
+                raise
+            on_result(NO_REPLY)
+            return None
+        self.stats.rpcs_sent += 1
+        self._results[call.msg_id] = on_result
+        wake = self.wake
+        if wake is not None and call.deadline < wake.deadline:
+            wake.deadline = call.deadline
+        return call.msg_id
+
+    async def call(
+        self,
+        address: Address,
+        method: str,
+        args: list[Any],
+        wrap: Callable[[OnResult], OnResult] | None = None,
+    ) -> Any:
+        """One call, awaited: the raw reply value, or NO_REPLY after the hard timeout.
+
+        ``wrap`` may put bookkeeping around the result callback. A cancelled
+        caller abandons the call.
+        """
+        result = _Result()
+        on_result = result.set if wrap is None else wrap(result.set)
+        msg_id = self.call_nowait(address, method, args, on_result)
+        try:
+            await self.flush()
+            await result.done.wait()
+        finally:
+            if msg_id is not None and not result.done.is_set():
+                self.abandon(msg_id)
+        return result.value
+
+    def abandon(self, msg_id: bytes) -> None:
+        """Nobody waits for ``msg_id`` any more: no callback, a late reply is dropped."""
+        self.core.cancel(msg_id)
+        self._results.pop(msg_id, None)
+
+    def on_reply(self, event: ReplyReceived) -> None:
+        self.stats.rpcs_answered += 1
+        on_result = self._results.pop(event.msg_id, None)
+        if on_result is not None:
+            on_result(event.value)
+
+    def on_timeout(self, event: CallTimedOut) -> None:
+        self.stats.rpcs_timed_out += 1
+        on_result = self._results.pop(event.msg_id, None)
+        if on_result is not None:
+            on_result(NO_REPLY)
+
+    async def flush(self) -> None:
+        """Send every datagram the core has queued (see the module docstring)."""
+        out = self.core.datagrams_to_send()
+        for i, (data, address) in enumerate(out):
+            try:
+                assert self.endpoint is not None  # nothing is queued before the node runs
+                await self.endpoint.sendto(data, address)
+            except BaseException:
+                self.core.send_later(out[i:])
+                raise
+
+
+__all__ = ["NO_REPLY", "Calls", "OnResult"]

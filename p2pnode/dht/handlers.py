@@ -1,0 +1,125 @@
+"""The callee side of the Kademlia RPC (sans-IO): one handler per request name.
+
+Theory of operation (docs/protocol/dht.md §3 and §4.4): the driver hands
+each :class:`~p2pnode.dht.rpc.RequestReceived` to
+:meth:`RequestHandlers.answer_untrusted`, which dispatches on the RPC name
+through the table ``_HANDLERS``. A handler checks its arguments with the
+:mod:`p2pnode.dht.rpcwire` parsers (anything malformed raises RpcError and
+the driver drops the datagram: no error reply exists), tells the routing
+table that the caller is alive at the datagram's source (every RPC but
+``stun``: §3 "the address is always the UDP source, never a field"), and
+returns the reply value for :meth:`~p2pnode.dht.rpc.RpcCore.reply`.
+
+``store`` applies the per-host token bucket, verifies each record of the
+value alone (a bad record does not hide good ones), merges the valid ones
+into the record store and answers True only if at least one of them is now
+held: a replay or a value of stale revisions is False (§4.4).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from p2pnode.dht import rpcwire
+from p2pnode.dht.config import DhtStatistics
+from p2pnode.dht.records import RecordError, RecordStore, decode_value_untrusted, encode_value
+from p2pnode.dht.routing import RoutingTable
+from p2pnode.dht.rpc import Address
+
+log = logging.getLogger("p2pnode.dht")
+
+#: ``(caller id, source address)``: the caller proved it is reachable there.
+Welcome = Callable[[bytes, Address], None]
+
+
+class RequestHandlers:
+    """Answers requests from the node's routing table and record store."""
+
+    __slots__ = ("_records", "_stats", "_table", "_wall_ms", "_welcome", "node_id")
+
+    def __init__(
+        self,
+        node_id: bytes,
+        table: RoutingTable,
+        records: RecordStore,
+        stats: DhtStatistics,
+        *,
+        welcome: Welcome,
+        wall_clock_ms: Callable[[], int],
+    ) -> None:
+        self.node_id = node_id
+        self._table = table
+        self._records = records
+        self._stats = stats
+        self._welcome = welcome
+        self._wall_ms = wall_clock_ms
+
+    def answer_untrusted(self, method: str, source: Address, args: list[Any], now: float) -> Any:
+        """The reply to ``method(*args)`` from ``source`` at ``now``.
+
+        Raises RpcError for malformed arguments (``method`` is one of rpcwire.METHODS).
+        """
+        return _HANDLERS[method](self, source, args, now)
+
+    def _ping(self, source: Address, args: list[Any], now: float) -> Any:
+        self._welcome(rpcwire.parse_ping_args_untrusted(args), source)
+        return self.node_id
+
+    def _store(self, source: Address, args: list[Any], now: float) -> Any:
+        node_id, key, value = rpcwire.parse_store_args_untrusted(args)
+        self._welcome(node_id, source)
+        if not self._records.allow_store(source[0], now):
+            self._stats.stores_rate_limited += 1
+            log.info("dht.store_rate_limited peer=%s:%s", *source)
+            return False
+        now_ms = self._wall_ms()
+        try:
+            recs, rejected = decode_value_untrusted(
+                value, key, now_ms=now_ms, known=self._records.known
+            )
+        except RecordError as exc:
+            self._stats.records_rejected += 1
+            log.info("dht.store_rejected peer=%s:%s reason=%s", source[0], source[1], exc.message)
+            return False
+        if rejected:
+            self._stats.records_rejected += rejected
+            log.info("dht.records_rejected peer=%s:%s count=%d", source[0], source[1], rejected)
+        self._records.put(key, recs, now_ms)
+        held = {r.encoded for r in self._records.get(key, now_ms)}
+        return any(r.encoded in held for r in recs)
+
+    def _find_node(self, source: Address, args: list[Any], now: float) -> Any:
+        node_id, key = rpcwire.parse_find_args_untrusted(args)
+        self._welcome(node_id, source)
+        return self._closest_wire(key, source)
+
+    def _find_value(self, source: Address, args: list[Any], now: float) -> Any:
+        node_id, key = rpcwire.parse_find_args_untrusted(args)
+        self._welcome(node_id, source)
+        recs = self._records.get(key, self._wall_ms())
+        if recs:
+            return {"value": encode_value(recs)}
+        return self._closest_wire(key, source)
+
+    def _stun(self, source: Address, args: list[Any], now: float) -> Any:
+        rpcwire.parse_stun_args_untrusted(args)
+        return [source[0], source[1]]
+
+    def _closest_wire(self, key: bytes, source: Address) -> list[Any]:
+        # As stock: never return the asker itself nor a contact whose id is the key.
+        found = self._table.closest(key, exclude=lambda c: c.address == source or c.node_id == key)
+        return [rpcwire.contact_to_wire(c) for c in found]
+
+
+# Shared by all nodes: no per-node dict of bound methods.
+_HANDLERS: dict[str, Callable[[RequestHandlers, Address, list[Any], float], Any]] = {
+    "ping": RequestHandlers._ping,
+    "store": RequestHandlers._store,
+    "find_node": RequestHandlers._find_node,
+    "find_value": RequestHandlers._find_value,
+    "stun": RequestHandlers._stun,
+}
+
+__all__ = ["RequestHandlers", "Welcome"]
