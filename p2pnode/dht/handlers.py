@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from p2pnode.dht import rpcwire
 from p2pnode.dht.config import DhtStatistics
@@ -34,27 +34,29 @@ log = logging.getLogger("p2pnode.dht")
 Welcome = Callable[[bytes, Address], None]
 
 
+class HandlerHost(Protocol):
+    """What the handlers read of their node, at each request (so a replaced table counts)."""
+
+    @property
+    def node_id(self) -> bytes: ...
+    @property
+    def table(self) -> RoutingTable: ...
+    @property
+    def records(self) -> RecordStore: ...
+    @property
+    def stats(self) -> DhtStatistics: ...
+    @property
+    def wall_clock_ms(self) -> Callable[[], int]: ...
+
+
 class RequestHandlers:
     """Answers requests from the node's routing table and record store."""
 
-    __slots__ = ("_records", "_stats", "_table", "_wall_ms", "_welcome", "node_id")
+    __slots__ = ("_host", "_welcome")
 
-    def __init__(
-        self,
-        node_id: bytes,
-        table: RoutingTable,
-        records: RecordStore,
-        stats: DhtStatistics,
-        *,
-        welcome: Welcome,
-        wall_clock_ms: Callable[[], int],
-    ) -> None:
-        self.node_id = node_id
-        self._table = table
-        self._records = records
-        self._stats = stats
+    def __init__(self, host: HandlerHost, welcome: Welcome) -> None:
+        self._host = host
         self._welcome = welcome
-        self._wall_ms = wall_clock_ms
 
     def answer_untrusted(self, method: str, source: Address, args: list[Any], now: float) -> Any:
         """The reply to ``method(*args)`` from ``source`` at ``now``.
@@ -65,29 +67,30 @@ class RequestHandlers:
 
     def _ping(self, source: Address, args: list[Any], now: float) -> Any:
         self._welcome(rpcwire.parse_ping_args_untrusted(args), source)
-        return self.node_id
+        return self._host.node_id
 
     def _store(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key, value = rpcwire.parse_store_args_untrusted(args)
         self._welcome(node_id, source)
-        if not self._records.allow_store(source[0], now):
-            self._stats.stores_rate_limited += 1
+        host = self._host
+        if not host.records.allow_store(source[0], now):
+            host.stats.stores_rate_limited += 1
             log.info("dht.store_rate_limited peer=%s:%s", *source)
             return False
-        now_ms = self._wall_ms()
+        now_ms = host.wall_clock_ms()
         try:
             recs, rejected = decode_value_untrusted(
-                value, key, now_ms=now_ms, known=self._records.known
+                value, key, now_ms=now_ms, known=host.records.known
             )
         except RecordError as exc:
-            self._stats.records_rejected += 1
+            host.stats.records_rejected += 1
             log.info("dht.store_rejected peer=%s:%s reason=%s", source[0], source[1], exc.message)
             return False
         if rejected:
-            self._stats.records_rejected += rejected
+            host.stats.records_rejected += rejected
             log.info("dht.records_rejected peer=%s:%s count=%d", source[0], source[1], rejected)
-        self._records.put(key, recs, now_ms)
-        held = {r.encoded for r in self._records.get(key, now_ms)}
+        host.records.put(key, recs, now_ms)
+        held = {r.encoded for r in host.records.get(key, now_ms)}
         return any(r.encoded in held for r in recs)
 
     def _find_node(self, source: Address, args: list[Any], now: float) -> Any:
@@ -98,7 +101,7 @@ class RequestHandlers:
     def _find_value(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key = rpcwire.parse_find_args_untrusted(args)
         self._welcome(node_id, source)
-        recs = self._records.get(key, self._wall_ms())
+        recs = self._host.records.get(key, self._host.wall_clock_ms())
         if recs:
             return {"value": encode_value(recs)}
         return self._closest_wire(key, source)
@@ -109,7 +112,9 @@ class RequestHandlers:
 
     def _closest_wire(self, key: bytes, source: Address) -> list[Any]:
         # As stock: never return the asker itself nor a contact whose id is the key.
-        found = self._table.closest(key, exclude=lambda c: c.address == source or c.node_id == key)
+        found = self._host.table.closest(
+            key, exclude=lambda c: c.address == source or c.node_id == key
+        )
         return [rpcwire.contact_to_wire(c) for c in found]
 
 
@@ -122,4 +127,4 @@ _HANDLERS: dict[str, Callable[[RequestHandlers, Address, list[Any], float], Any]
     "stun": RequestHandlers._stun,
 }
 
-__all__ = ["RequestHandlers", "Welcome"]
+__all__ = ["HandlerHost", "RequestHandlers", "Welcome"]

@@ -167,14 +167,7 @@ class DhtPeer:
             wall_clock_ms=wall_clock_ms,
             republish_interval=config.republish_interval,
         )
-        self.handlers = RequestHandlers(
-            node_id,
-            self.table,
-            self.records,
-            self.stats,
-            welcome=self._welcome,
-            wall_clock_ms=wall_clock_ms,
-        )
+        self.handlers = RequestHandlers(self, self._welcome)
         self.schedule = MaintenanceSchedule(config.maintenance_interval, self._rng)
         self.calls = Calls(self.rpc, self.stats)
         self._endpoint: DatagramEndpoint | None = None

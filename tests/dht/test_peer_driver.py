@@ -1,0 +1,229 @@
+"""The trio driver over the RPC core: timers, datagrams, waiters, containment (virtual time)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from p2pnode.dht import rpcwire
+from p2pnode.dht.calls import NO_REPLY, Calls
+from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.peer import DhtPeer
+from p2pnode.dht.records import RecordStore, SignedRecord, capability_key
+from p2pnode.dht.routing import RoutingTable
+from p2pnode.dht.rpc import Address, RpcCore
+from p2pnode.errors import LocalError
+from p2pnode.net import DatagramEndpoint
+from p2pnode.simnet import SimNetwork
+from tests.dht.helpers import make_card, swarm, virtual_ms
+
+OTHER_ID = b"\x0f" * 20
+
+
+def _peer(sim: SimNetwork, **kw: Any) -> DhtPeer:
+    host = sim.add_host()
+    return DhtPeer(
+        host, node_id=b"\x01" * 20, address=(host.host, 4000), rng=random.Random(1), **kw
+    )
+
+
+async def _endpoint(sim: SimNetwork) -> DatagramEndpoint:
+    host = sim.add_host()
+    return await host.bind_datagram((host.host, 5000))
+
+
+async def test_a_call_nobody_answers_times_out_at_its_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sim = SimNetwork(random.Random(1))
+    peer = _peer(sim, config=DhtConfig(rpc_hard_timeout=3.0, maintenance_interval=600.0))
+    silent = await _endpoint(sim)
+    async with peer:
+        await trio.sleep(1)
+        t0 = trio.current_time()
+        # The receive loop sleeps until maintenance (300 s or more): the call pulls it in.
+        assert await peer.ping(silent.local_address) is None
+        assert trio.current_time() - t0 == pytest.approx(3.0, abs=0.01)
+        assert (peer.stats.rpcs_sent, peer.stats.rpcs_timed_out) == (1, 1)
+        assert peer.rpc.pending == 0
+        # The loop goes on: a node that answers is still heard.
+        host = sim.add_host()
+        other = DhtPeer(host, node_id=OTHER_ID, address=(host.host, 4000), rng=random.Random(2))
+        async with other:
+            assert await peer.ping(other.address) == OTHER_ID
+
+
+async def test_handle_datagram_answers_one_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sim = SimNetwork(random.Random(2))
+    peer = _peer(sim)
+    caller = await _endpoint(sim)
+    async with peer:
+        request = rpcwire.encode_request(b"\x07" * 20, "ping", [OTHER_ID])
+        await peer._handle_datagram(request, caller.local_address)
+        data, source = await caller.recvfrom()
+        assert (data, source) == (rpcwire.encode_response(b"\x07" * 20, peer.node_id), peer.address)
+        assert OTHER_ID in peer.table
+        await peer._handle_datagram(b"\x01" * 30, caller.local_address)
+        assert peer.stats.datagrams_dropped == 1
+        assert peer.stats.requests_handled == 1
+
+
+class _BrokenStore(RecordStore):
+    """A store with a defect: reading a key raises something that is not a P2PError."""
+
+    def get(self, key: bytes, now_ms: int) -> list[SignedRecord]:
+        raise ZeroDivisionError("defect")
+
+
+async def test_a_datagram_whose_processing_raises_is_contained(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="p2pnode.dht")
+    sim = SimNetwork(random.Random(3))
+    peer = _peer(sim, store=_BrokenStore())
+    caller = await _endpoint(sim)
+    async with peer:
+        key = capability_key("x")
+        for i in range(3):
+            msg_id = bytes([i]) * 20
+            find = rpcwire.encode_request(msg_id, "find_value", [OTHER_ID, key])
+            await caller.sendto(find, peer.address)
+        await caller.sendto(rpcwire.encode_request(b"\x09" * 20, "ping", [OTHER_ID]), peer.address)
+        data, _ = await caller.recvfrom()  # the node still answers
+        assert data == rpcwire.encode_response(b"\x09" * 20, peer.node_id)
+    assert peer.stats.inputs_failed == 3
+    assert peer.boundary.stats.unexpected == {"ZeroDivisionError": 3}
+    assert any("dht.input_failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_handlers_read_the_current_table(autojump_clock: trio.testing.MockClock) -> None:
+    sim = SimNetwork(random.Random(4))
+    peer = _peer(sim)
+    caller = await _endpoint(sim)
+    async with peer:
+        fresh = RoutingTable(peer.node_id)
+        fresh.observe(rpcwire.parse_contacts_untrusted([[b"\x33" * 20, "10.1.1.1", 9]])[0], 0.0)
+        peer.table = fresh
+        ask = rpcwire.encode_request(b"\x05" * 20, "find_node", [OTHER_ID, b"\x30" * 20])
+        await peer._handle_datagram(ask, caller.local_address)
+        data, _ = await caller.recvfrom()
+        reply = rpcwire.decode_datagram_untrusted(data)
+        assert isinstance(reply, rpcwire.Response)
+        assert reply.value == [[b"\x33" * 20, "10.1.1.1", 9]]
+
+
+async def test_a_finished_lookup_abandons_its_calls(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="p2pnode.dht")
+    async with swarm(12, seed=5) as (_, nodes):
+        owner = nodes[3]
+        assert owner.identity is not None
+        card = make_card(owner.identity, ["ocr"])
+        await owner.provide(card)
+        asker = nodes[8]
+        # A card read stops at the first hit, with other requests still out.
+        assert await asker.find_card(card.peer_id, card.id) == card
+        assert asker.rpc.pending == 0
+        caplog.clear()
+        await trio.sleep(1)
+        # Their replies came later and were dropped, not used.
+        late = [r.getMessage() for r in caplog.records if "caller gave up" in r.getMessage()]
+        assert late and all("dht.drop" in m for m in late)
+
+
+async def test_calls_beyond_max_pending_fail_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sim = SimNetwork(random.Random(6))
+    peer = _peer(sim, config=DhtConfig(max_pending=2, rpc_hard_timeout=1.0))
+    silent = await _endpoint(sim)
+    async with peer, trio.open_nursery() as nursery:
+        results: list[bytes | None] = []
+
+        async def ping() -> None:
+            results.append(await peer.ping(silent.local_address))
+
+        for _ in range(2):
+            nursery.start_soon(ping)
+        await trio.sleep(0.1)
+        t0 = trio.current_time()
+        assert await peer.ping(silent.local_address) is None
+        assert trio.current_time() == t0  # refused, not waited for
+        assert peer.stats.rpcs_sent == 2
+    assert results == [None, None]
+
+
+async def test_calls_need_a_running_node() -> None:
+    peer = DhtPeer(SimNetwork(random.Random(7)).add_host(), node_id=OTHER_ID)
+    with pytest.raises(LocalError):
+        await peer.ping(("10.0.0.1", 4000))
+    with pytest.raises(LocalError):
+        _ = peer.address
+
+
+class _FlakyEndpoint(DatagramEndpoint):
+    """Sends the first ``ok`` datagrams, then fails before sending (as trio's Cancelled does)."""
+
+    def __init__(self, ok: int) -> None:
+        self.ok = ok
+        self.sent: list[tuple[bytes, Address]] = []
+
+    @property
+    def local_address(self) -> Address:
+        return ("10.0.0.1", 4000)
+
+    async def sendto(self, data: bytes, address: Address) -> None:
+        if len(self.sent) >= self.ok:
+            raise trio.ClosedResourceError("interrupted")
+        self.sent.append((data, address))
+
+    async def recvfrom(self) -> tuple[bytes, Address]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+async def test_an_interrupted_flush_loses_no_datagram() -> None:
+    core = RpcCore(rng=random.Random(1))
+    calls = Calls(core, DhtStatistics())
+    calls.endpoint = flaky = _FlakyEndpoint(ok=1)
+    got: list[Any] = []
+    for port in (1, 2, 3):
+        calls.call_nowait(("10.0.0.2", port), "ping", [OTHER_ID], got.append)
+    with pytest.raises(trio.ClosedResourceError):
+        await calls.flush()
+    assert [a for _, a in flaky.sent] == [("10.0.0.2", 1)]
+    flaky.ok = 10
+    await calls.flush()
+    assert [a for _, a in flaky.sent] == [("10.0.0.2", p) for p in (1, 2, 3)]
+    for event in core.handle_timer(trio.current_time() + core.timeout):
+        calls.on_timeout(event)
+    assert got == [NO_REPLY] * 3
+
+
+async def test_the_card_api_keeps_its_records_published(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with swarm(8, seed=8) as (_, nodes):
+        owner = nodes[2]
+        assert owner.identity is not None
+        card = make_card(owner.identity, ["plan"], ttl_ms=24 * 3600 * 1000)
+        await owner.provide(card)
+        assert owner.publisher.kept == 3  # the card, "plan" and the agent's own id
+        key = capability_key("plan")
+        first = [r.expires_at for r in owner.records.get(key, virtual_ms())]
+        assert len(first) == 1
+        # Past the republish interval, a maintenance pass re-signs with a later expiry.
+        await trio.sleep(owner.config.republish_interval + owner.config.maintenance_interval * 2)
+        later = await nodes[6].get_records(key)
+        assert [r.publisher for r in later] == [card.peer_id]
+        assert later[0].expires_at > first[0]
