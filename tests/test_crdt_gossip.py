@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.crdt.clock import VectorClock
+from p2pnode.crdt.clock import MAX_CLOCK_ENTRIES, VectorClock
+from p2pnode.crdt.dots import DotContext
 from p2pnode.crdt.gossip import (
     DeltaBatch,
     DeltaPush,
@@ -17,11 +18,13 @@ from p2pnode.crdt.gossip import (
     GossipError,
     GossipMessage,
     GossipNode,
+    Received,
     StatePush,
     decode_untrusted,
 )
 from p2pnode.crdt.ops import CounterAdd, SetAdd
-from p2pnode.crdt.replica import Delta, Replica
+from p2pnode.crdt.replica import Delta, FullState, Replica
+from p2pnode.crdt.types import DocState
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.wire import pack
 
@@ -307,3 +310,24 @@ def test_unhashable_frame_type_regression_bytes() -> None:
         decode_untrusted(bytes.fromhex("82a17601a17490"))
     assert info.value.code is ErrorCode.MALFORMED_MESSAGE
     assert decode_untrusted(pack({"v": 1, "t": 3, "ds": []})) == DeltaBatch(())
+
+
+def test_updates_a_document_cannot_encode_are_refused_and_the_batch_goes_on() -> None:
+    # A state or delta naming more replicas than a clock carries used to be joined, and
+    # then every digest and delta of the document was undecodable for the peers.
+    n = node("B", ["A"])
+    many = DotContext({f"o{i}": 1 for i in range(MAX_CLOCK_ENTRIES + 1)})
+    wide = StatePush(FullState("doc", "A", many, DocState()).encode())
+    assert n.receive_untrusted("agent-A", wide.encode()) == Received(0, 0)
+    assert n.statistics().errors == 1
+    fits = DotContext({f"o{i}": 1 for i in range(MAX_CLOCK_ENTRIES)})
+    full = FullState("doc", "A", fits, DocState())
+    assert n.receive_untrusted("agent-A", StatePush(full.encode()).encode()).new == 1
+    outsider = Replica("Z").update("doc", SetAdd(("s",), 1)).encode()
+    insider = Replica("o1").update("doc", SetAdd(("s",), 2))
+    insider = Delta("doc", "o1", 2, VectorClock({"o1": 2}), insider.state)
+    res = n.receive_untrusted("agent-A", DeltaBatch((outsider, insider.encode())).encode())
+    assert res.new == 1 and n.statistics().errors == 2
+    assert n.replica.value("doc") == {"s": frozenset({2})}
+    digest = Digest("doc", n.replica.clock("doc"))
+    assert decode_untrusted(digest.encode()) == digest

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.crdt.clock import CRDTError, VectorClock
+from p2pnode.crdt.clock import MAX_CLOCK_ENTRIES, CRDTError, VectorClock
 from p2pnode.crdt.dots import DotContext
 from p2pnode.crdt.ops import CounterAdd, RegisterSet, SetAdd
-from p2pnode.crdt.replica import Delta, FullState, Replica
+from p2pnode.crdt.replica import MAX_CLOUD, Delta, FullState, Replica
 from p2pnode.crdt.types import DocState
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.wire import pack, unpack_untrusted
@@ -176,20 +175,62 @@ def test_changes_journal() -> None:
 
 
 def test_full_state_naming_many_origins_prunes_the_log_in_one_pass() -> None:
-    # Pruning the log once per origin of the state made a 0.5 MB frame naming 60,000
-    # origins cost seconds against a full log (quadratic); one pass keeps it linear.
+    # The log used to be swept once per origin of the state (quadratic in the worst case).
     a = Replica("A", max_log=1024)
     for _ in range(1000):
         a.update("doc", CounterAdd(("n",), 1))
-    peer_ops = [(f"o{i}", 2) for i in range(60_000)]
+    peer_ops = [(f"o{i}", 2) for i in range(4000)]
     full = FullState("doc", "B", DotContext({"A": 400}, peer_ops), DocState())
-    start = time.perf_counter()
     assert a.receive_full_state_untrusted(full.encode(), source="B") is not None
-    assert time.perf_counter() - start < 1.0
     doc = a.document("doc")
     assert doc.floor["o7"] == 2 and "A" not in doc.floor
     assert len(doc.log) == 1000  # A's own deltas stay: the state taught nothing of A
-    # A second state lifting A's floor prunes exactly what is at or below it.
+    # A state lifting A's floor prunes exactly what is at or below it.
     lifted = FullState("doc", "B", DotContext({"A": 400}, [("A", 1002)]), DocState())
     assert a.apply_full_state(lifted)
     assert doc.floor["A"] == 1002 and not doc.log
+
+
+def _names(count: int, prefix: str = "o") -> DotContext:
+    return DotContext({f"{prefix}{i}": 1 for i in range(count)})
+
+
+def test_updates_naming_more_replicas_than_a_clock_carries_are_refused() -> None:
+    # Replica ids are not authenticated: one full state naming 4,097 replicas used to be
+    # joined, after which every clock, delta and full state of the document exceeded the
+    # 4,096 entries peers decode, for good.
+    a = Replica("A")
+    a.update("doc", CounterAdd(("n",), 1))
+    wide = FullState("doc", "B", _names(MAX_CLOCK_ENTRIES), DocState())
+    assert a.receive_full_state_untrusted(wide.encode(), source="B") is None
+    assert a.errors[-1].code is ErrorCode.CRDT_DESERIALIZATION_FAILED
+    assert a.clock("doc") == VectorClock({"A": 1})
+    # Up to the limit is fine; A, named already, can still write; everything decodes.
+    fits = FullState("doc", "B", _names(MAX_CLOCK_ENTRIES - 1), DocState())
+    assert a.receive_full_state_untrusted(fits.encode(), source="B") is not None
+    delta = a.update("doc", CounterAdd(("n",), 1))
+    assert Delta.decode_untrusted(delta.encode()) == delta
+    assert FullState.decode_untrusted(a.full_state("doc").encode()) == a.full_state("doc")
+    # Now full: a delta from one more replica is refused. A newcomer still reads the
+    # document (it fits), but may not write into it.
+    extra = Replica("Z").update("doc", CounterAdd(("n",), 1))
+    assert a.receive_delta_untrusted(extra.encode(), source="Z") is None
+    b = Replica("B")
+    assert b.receive_full_state_untrusted(a.full_state("doc").encode(), source="A") is not None
+    assert b.value("doc") == a.value("doc")
+    with pytest.raises(LocalError) as info:
+        b.update("doc", CounterAdd(("n",), 1))
+    assert info.value.code is ErrorCode.INVALID_ARGUMENT
+
+
+def test_a_cloud_too_large_to_encode_is_refused() -> None:
+    a = Replica("A")
+    a.update("doc", CounterAdd(("n",), 1))
+    gaps = DotContext(cloud=[("B", 2 * i + 3) for i in range(MAX_CLOUD)])
+    full = FullState("doc", "B", gaps, DocState())
+    assert a.receive_full_state_untrusted(full.encode(), source="B") is not None
+    again = FullState("doc", "B", DotContext(cloud=[*gaps.cloud, ("C", 1)]), DocState())
+    assert a.receive_full_state_untrusted(again.encode(), source="B") is not None  # a union
+    more = FullState("doc", "B", DotContext(cloud=[("C", 5)]), DocState())
+    assert a.receive_full_state_untrusted(more.encode(), source="B") is None
+    assert FullState.decode_untrusted(a.full_state("doc").encode()) == a.full_state("doc")

@@ -393,11 +393,12 @@ class GossipNode:
             if doc not in self._docs or self.replica.has_applied(doc, origin, seq):
                 return None
             delta = Delta.from_wire_untrusted(obj)
+            applied = self.replica.apply_delta(delta)  # may refuse it: see apply_delta
         except CRDTError as exc:
             self.replica.record_error(exc, peer)
             self._stats.errors += 1
             return False
-        return delta if self.replica.apply_delta(delta) else None
+        return delta if applied else None
 
     def _on_push(self, peer: str, msg: DeltaPush) -> Received:
         if msg.doc not in self._docs:
@@ -448,13 +449,14 @@ class GossipNode:
     def _on_state(self, peer: str, msg: StatePush) -> Received:
         try:
             full = FullState.decode_untrusted(msg.state)
+            if full.doc not in self._docs:
+                return Received(0, 0)
+            applied = self.replica.apply_full_state(full)
         except CRDTError as exc:
             self.replica.record_error(exc, peer)
             self._stats.errors += 1
             return Received(0, 0)
-        if full.doc not in self._docs:
-            return Received(0, 0)
-        return Received(1, 0) if self.replica.apply_full_state(full) else Received(0, 1)
+        return Received(1, 0) if applied else Received(0, 1)
 
     _HANDLERS: ClassVar[dict[type[GossipMessage], Any]] = {
         DeltaPush: _on_push,

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from p2pnode.crdt.clock import (
+    MAX_CLOCK_ENTRIES,
     CRDTError,
     VectorClock,
     check_replica_id,
@@ -307,11 +309,18 @@ class Replica:
     def update(self, doc: str, op: Op) -> Delta:
         """Apply a local operation and return its delta (to gossip).
 
-        Raises LocalError(INVALID_ARGUMENT) on a bad document name or operation.
+        Raises LocalError(INVALID_ARGUMENT) on a bad document name or operation, or when the
+        document is full (:func:`_fits_wire`).
         """
         _check_doc_name(doc)
         d = self._docs.get(doc) or Document()
         state = d.state.mutate(self.replica_id, op)
+        rid = self.replica_id
+        if not (_fits_wire(d.applied, (), rid) and _fits_wire(d.state.ctx, (state.ctx,), rid)):
+            raise LocalError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"document {doc!r} is full: its encoding would exceed the wire limits",
+            )
         seq = d.applied.max_for(self.replica_id) + 1
         clock = d.clock().merge({self.replica_id: seq})
         delta = Delta(doc, self.replica_id, seq, clock, state)
@@ -320,11 +329,16 @@ class Replica:
         return delta
 
     def apply_delta(self, delta: Delta) -> bool:
-        """Join a (validated) delta; False if its operation was applied before."""
+        """Join a (validated) delta; False if its operation was applied before.
+
+        Raises CRDTError when the document would then name more replicas, or hold
+        more out-of-order operations, than its encoding carries (see :func:`_fits_wire`).
+        """
         d = self._doc(delta.doc)
         key = (delta.origin, delta.seq)
         if key in d.applied:
             return False
+        self._check_room(d, (d.applied, (), delta.origin), (d.state.ctx, (delta.state.ctx,), ""))
         d.state.join(delta.state)
         d.applied.add(key)
         if delta.seq <= d.floor.get(delta.origin, 0):
@@ -343,6 +357,19 @@ class Replica:
             self._changes.note_snapshot(delta.doc)
         return True
 
+    def _check_room(
+        self, d: Document, *joins: tuple[DotContext, tuple[DotContext, ...], str]
+    ) -> None:
+        # Each join is (ours, theirs, one more replica named): ours must still encode after
+        # it. (A full document is still read and synchronised; update() refuses to make it
+        # name one replica more.)
+        for ours, theirs, name in joins:
+            if not _fits_wire(ours, theirs, name):
+                raise CRDTError(
+                    f"the update would make the document name more than {MAX_CLOCK_ENTRIES} "
+                    f"replicas or hold more than {MAX_CLOUD} out-of-order operations"
+                )
+
     def _evicted(self, name: str, d: Document, origin: str, seq: int) -> None:
         """Logged delta ``(origin, seq)`` left the log: the floor of ``origin`` rises to it."""
         if seq > d.floor.get(origin, 0):
@@ -351,11 +378,15 @@ class Replica:
         self._changes.note_evict(name, origin, seq)
 
     def apply_full_state(self, full: FullState) -> bool:
-        """Join a peer's whole document; False if it taught us nothing."""
+        """Join a peer's whole document; False if it taught us nothing.
+
+        Raises CRDTError like :meth:`apply_delta`.
+        """
         d = self._doc(full.doc)
         new_ops = _new_maxima(d.applied, full.applied)
         if not new_ops:
             return False
+        self._check_room(d, (d.applied, (full.applied,), ""), (d.state.ctx, (full.state.ctx,), ""))
         d.state.join(full.state)
         d.applied.join(full.applied)
         self._changes.note_snapshot(full.doc)
@@ -382,19 +413,19 @@ class Replica:
         """
         try:
             delta = Delta.decode_untrusted(data)
+            return delta if self.apply_delta(delta) else None
         except CRDTError as exc:
             self.record_error(exc, source)
             return None
-        return delta if self.apply_delta(delta) else None
 
     def receive_full_state_untrusted(self, data: bytes, source: str) -> FullState | None:
         """Like :meth:`receive_delta_untrusted` for an encoded :class:`FullState`."""
         try:
             full = FullState.decode_untrusted(data)
+            return full if self.apply_full_state(full) else None
         except CRDTError as exc:
             self.record_error(exc, source)
             return None
-        return full if self.apply_full_state(full) else None
 
     def record_error(self, exc: CRDTError, source: str) -> None:
         """Log and remember a remote CRDT error attributed to ``source``."""
@@ -442,6 +473,35 @@ class Replica:
     def restore(self, name: str, document: Document) -> None:
         """Install a document loaded from storage (replaces any in memory)."""
         self._docs[_check_doc_name(name)] = document
+
+
+#: Most dots outside the contiguous prefixes a context may hold: the encoded cloud is one
+#: msgpack array, and decoders take arrays of at most 65,536 items.
+MAX_CLOUD = 65_536
+
+
+def _fits_wire(ours: DotContext, theirs: Iterable[DotContext], *names: str) -> bool:
+    """Whether ``ours`` joined with ``theirs`` (and naming ``names`` too) still encodes in
+    a form peers decode: at most MAX_CLOCK_ENTRIES replicas in the vector (replica ids are
+    not authenticated, so a peer could otherwise name thousands and make every clock,
+    delta and full state of the document undecodable for everyone) and at most MAX_CLOUD
+    dots in the cloud. Counts are exact only near a limit: a join never holds more than
+    the union of its parts."""
+    others = list(theirs)
+    cloud = len(ours.cloud) + sum(len(c.cloud) for c in others)
+    if cloud > MAX_CLOUD and len(ours.cloud.union(*(c.cloud for c in others))) > MAX_CLOUD:
+        return False
+    bound = len(ours.vv) + len(ours.cloud) + len(names)
+    bound += sum(len(c.vv) + len(c.cloud) for c in others)
+    if bound <= MAX_CLOCK_ENTRIES:
+        return True  # the common case: no need to count distinct names
+    seen = {n for n in names if n}
+    for ctx in (ours, *others):
+        seen.update(ctx.vv)
+        seen.update(r for r, _ in ctx.cloud)
+        if len(seen) > MAX_CLOCK_ENTRIES:
+            return False
+    return True
 
 
 def _new_maxima(have: DotContext, incoming: DotContext) -> dict[str, int]:
