@@ -204,9 +204,16 @@ def _busy_document() -> Document:
     return replica.document(DOC)
 
 
-def base_replica(replica_id: str = "base") -> Replica:
-    """A replica holding ``DOC`` with one value of every CRDT kind and a nearly full delta
-    log (work proportional to the log shows), copied from one built once."""
+#: The replica the CRDT inputs are applied to. No seed names it: inputs that forge this
+#: replica's own operations at the counter limit stop its writes (LocalError), a known
+#: consequence of unauthenticated replica ids rather than a decoding defect.
+LOCAL_REPLICA = "fuzz-local"
+
+
+def base_replica(replica_id: str = LOCAL_REPLICA) -> Replica:
+    """A replica holding ``DOC`` with one value of every CRDT kind (written by ``"base"``)
+    and a nearly full delta log (work proportional to the log shows), copied from one
+    built once."""
     d = _busy_document()
     replica = Replica(replica_id, max_log=1024)
     copy = Document(d.state.copy(), d.applied.copy(), OrderedDict(d.log), dict(d.floor))

@@ -67,7 +67,8 @@ from fuzz_seeds import (
 from p2pnode.aead import seal_in_place
 from p2pnode.card import AgentCard
 from p2pnode.crdt.clock import VectorClock
-from p2pnode.crdt.gossip import GossipNode, decode_untrusted
+from p2pnode.crdt.gossip import Digest, GossipNode, decode_untrusted
+from p2pnode.crdt.ops import CounterAdd
 from p2pnode.crdt.replica import Delta, FullState, Replica
 from p2pnode.dht import rpcwire
 from p2pnode.dht.lookup import RecordCollector
@@ -552,13 +553,28 @@ def run_clock(data: bytes) -> None:
     clock.encode()
 
 
+def _peers_accept(decode: Callable[[bytes], object], data: bytes) -> None:
+    """Decode what this node would send: a typed error here is not the input's fault but
+    a state the node accepted and can no longer serve, so it fails the input."""
+    try:
+        decode(data)
+    except RemoteError as exc:
+        raise AssertionError(f"peers would refuse what this node sends: {exc}") from exc
+
+
 def _check_replica(replica: Replica, doc: str) -> None:
-    # An accepted update must leave a document that reads, serves and encodes.
+    # An accepted update must leave a document that reads, serves and encodes in a form
+    # peers accept: its full state, its digest, its next local delta.
     value_to_json(replica.value(doc))
-    missing = replica.missing_for(doc, VectorClock())
+    missing = replica.missing_for(doc, VectorClock(), limit=8)
     if isinstance(missing, FullState):
-        FullState.decode_untrusted(missing.encode())
-    replica.full_state(doc).encode()
+        _peers_accept(FullState.decode_untrusted, missing.encode())
+    else:
+        for delta in missing:
+            _peers_accept(Delta.decode_untrusted, delta.encode())
+    _peers_accept(FullState.decode_untrusted, replica.full_state(doc).encode())
+    _peers_accept(decode_untrusted, Digest(doc, replica.clock(doc)).encode())
+    _peers_accept(Delta.decode_untrusted, replica.update(doc, CounterAdd(("fuzz",), 1)).encode())
 
 
 def run_delta(data: bytes) -> None:
@@ -581,7 +597,7 @@ def run_gossip(data: bytes) -> None:
     core = GossipNode(replica, peers=["p1", "p2", "p3"], docs=[DOC], rng=random.Random(0), now=0.0)
     core.receive("p1", msg)
     for _, out in core.take_outgoing():
-        out.encode()
+        _peers_accept(decode_untrusted, out.encode())
     _check_replica(replica, DOC)
 
 
