@@ -17,9 +17,9 @@ reads. Bytes and events go in and out:
   from the address the request went to (§2; stock matches by id only, which
   lets anyone who learns an id answer for another node). Anything else is a
   :class:`DatagramDropped` with a :class:`DropReason`: malformed, unknown id,
-  wrong address, a duplicate of an answered call, a late reply after the
-  timeout, or a reply to a call the caller abandoned. A call leaves the
-  pending table on its first reply, so duplicates never count twice.
+  wrong address, a late reply after the timeout, or a reply to a call the
+  caller abandoned. A call leaves the pending table on its first reply, so
+  a duplicate never counts twice (it is a reply to an unknown id).
 * **Time.** Deadlines are hard (§6: "abandoned after the hard timeout").
   :meth:`RpcCore.next_deadline` says when the driver must call
   :meth:`RpcCore.handle_timer`, which turns every expired call into a
@@ -28,8 +28,11 @@ reads. Bytes and events go in and out:
   whether or not the driver's timer ran first.
 
 Each call moves through :class:`CallState` by the transition table
-``_TRANSITIONS``; a bounded memory of finished calls lets a stray reply be
-reported for what it is (duplicate, late, abandoned) rather than as unknown.
+``_TRANSITIONS``. A bounded memory of the calls that ended without their
+reply (timed out or abandoned: the replies that can still come) lets such a
+reply be reported for what it is rather than as unknown. Answered calls are
+not remembered: most calls are answered, and the memory costs a node about
+a hundred bytes per entry.
 """
 
 from __future__ import annotations
@@ -74,14 +77,12 @@ class DropReason(enum.Enum):
     MALFORMED = "malformed datagram"
     UNKNOWN_ID = "response to an unknown message id"
     WRONG_ADDRESS = "response from another address than the request went to"
-    DUPLICATE = "response to a call already answered"
     LATE = "response to a call that timed out"
     ABANDONED = "response to a call the caller gave up"
 
 
-# A reply for a finished call is dropped for the reason its final state gives.
+# A reply for a remembered call is dropped for the reason its final state gives.
 _STRAY_REASON: dict[CallState, DropReason] = {
-    CallState.ANSWERED: DropReason.DUPLICATE,
     CallState.TIMED_OUT: DropReason.LATE,
     CallState.ABANDONED: DropReason.ABANDONED,
 }
@@ -178,7 +179,7 @@ class RpcCore:
         remember: int = 64,
     ) -> None:
         """``rng`` draws message ids; ``timeout`` is every call's hard timeout (seconds);
-        ``remember`` bounds the memory of finished calls used to name stray replies.
+        ``remember`` bounds the memory of calls that ended without a reply (0: none).
 
         Raises LocalError(INVALID_ARGUMENT) for a non-positive timeout or bound.
         """
@@ -203,7 +204,7 @@ class RpcCore:
         return len(self._pending)
 
     def state_of(self, msg_id: bytes) -> CallState | None:
-        """The state of call ``msg_id`` while it is pending or remembered, else None."""
+        """The state of ``msg_id`` while pending or remembered (not once answered), else None."""
         call = self._pending.get(msg_id)
         return call.state if call is not None else self._finished.get(msg_id)
 
@@ -323,7 +324,7 @@ class RpcCore:
         if state not in _TRANSITIONS[call.state]:
             raise LocalError(ErrorCode.ILLEGAL_TRANSITION, f"call {call.state} -> {state}")
         call.state = state
-        if self._remember:
+        if self._remember and state is not CallState.ANSWERED:
             # Only the id and the outcome: a node makes many calls, and this
             # memory exists to name stray replies, not to keep calls alive.
             finished = self._finished
