@@ -82,7 +82,8 @@ async def test_registry_namespaces_and_rejects_duplicates() -> None:
 )
 def test_values_to_json_would_refuse_are_rejected(field: str, value: str) -> None:
     # An accepted record must encode again (the round trip of Property 34); these used to
-    # pass, then to_json() raised LocalError, or isfinite() raised OverflowError.
+    # pass, then to_json() raised LocalError; an integer durationMs past float range must
+    # be refused too, without the OverflowError a float check on it would raise.
     good = ToolInvocation("t", "a", {}, None, None, 1.0, 5).to_json()
     defaults = {
         "result": '"result":null',
