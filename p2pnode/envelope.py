@@ -66,6 +66,9 @@ class Metadata:
     sandbox_id: str | None = None
     routing_hint: str | None = None
     escalation_justification: str | None = None
+    #: The capability a request is for, set by the sender's node when it resolved a
+    #: capability to an agent (or by a sender addressing one capability of an agent).
+    capability: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -77,6 +80,8 @@ class Metadata:
             out["routingHint"] = self.routing_hint
         if self.escalation_justification is not None:
             out["escalationJustification"] = self.escalation_justification
+        if self.capability is not None:
+            out["capability"] = self.capability
         return out
 
 
@@ -153,6 +158,7 @@ class Envelope:
                     sandbox_id=meta.get("sandboxId"),
                     routing_hint=meta.get("routingHint"),
                     escalation_justification=meta.get("escalationJustification"),
+                    capability=meta.get("capability"),
                 )
                 if meta is not None
                 else None
@@ -196,7 +202,9 @@ def _id_ok(value: object) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH
 
 
-_METADATA_KEYS = frozenset({"tier", "sandboxId", "routingHint", "escalationJustification"})
+_METADATA_KEYS = frozenset(
+    {"tier", "sandboxId", "routingHint", "escalationJustification", "capability"}
+)
 _ENVELOPE_KEYS = frozenset(
     {"id", "schemaVersion", "sender", "recipient", "correlationId", "type", "timestamp"}
     | {"payload", "metadata"}
@@ -250,6 +258,8 @@ def _metadata_problems(meta: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"metadata.escalationJustification: at most {MAX_JUSTIFICATION_LENGTH} characters"
         )
+    if meta.get("capability") is not None and not _id_ok(meta["capability"]):
+        problems.append(f"metadata.capability: must be a string of 1..{MAX_ID_LENGTH} characters")
     unknown = set(meta) - _METADATA_KEYS
     if unknown:
         problems.append(f"metadata: unknown fields {sorted(map(str, unknown))}")
@@ -258,19 +268,23 @@ def _metadata_problems(meta: Mapping[str, Any]) -> list[str]:
 
 # Nearly every envelope of an agent carries the same metadata (its tier and sandbox):
 # share one immutable Metadata per distinct value instead of building one per envelope.
-_METADATA: dict[tuple[int | None, str | None, str | None], Metadata] = {}
+_METADATA: dict[tuple[int | None, str | None, str | None, str | None], Metadata] = {}
 _METADATA_LIMIT = 1024
 
 
 def _interned_metadata(
-    tier: int | None, sandbox_id: str | None, hint: str | None, justification: str | None
+    tier: int | None,
+    sandbox_id: str | None,
+    hint: str | None,
+    justification: str | None,
+    capability: str | None,
 ) -> Metadata:
     if justification is not None:
-        return Metadata(tier, sandbox_id, hint, justification)
-    key = (tier, sandbox_id, hint)
+        return Metadata(tier, sandbox_id, hint, justification, capability)
+    key = (tier, sandbox_id, hint, capability)
     metadata = _METADATA.get(key)
     if metadata is None:
-        metadata = Metadata(tier, sandbox_id, hint)
+        metadata = Metadata(tier, sandbox_id, hint, None, capability)
         if len(_METADATA) < _METADATA_LIMIT:
             _METADATA[key] = metadata
     return metadata
@@ -318,14 +332,16 @@ def _well_formed_envelope(data: dict[str, Any]) -> Envelope | None:
             return None
         tier, sandbox_id = meta.get("tier"), meta.get("sandboxId")
         hint, justification = meta.get("routingHint"), meta.get("escalationJustification")
+        capability = meta.get("capability")
         if (
             (tier is not None and (type(tier) is not int or not 0 <= tier <= 3))
             or (sandbox_id is not None and not _short_str(sandbox_id))
             or (hint is not None and hint != ROUTING_HINT_CAPABILITY)
             or (justification is not None and not _justification_ok(justification))
+            or (capability is not None and not _short_str(capability))
         ):
             return None
-        metadata = _interned_metadata(tier, sandbox_id, hint, justification)
+        metadata = _interned_metadata(tier, sandbox_id, hint, justification, capability)
     return Envelope(
         id_, sender, recipient, message_type, timestamp, data["payload"], correlation_id, metadata
     )

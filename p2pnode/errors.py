@@ -53,6 +53,13 @@ class ErrorCode(enum.StrEnum):
     # DHT.
     INVALID_RECORD = "INVALID_RECORD"
     LOOKUP_FAILED = "LOOKUP_FAILED"
+    # Agents.
+    #: A handler raised something that is not a P2PError (the owner logs the traceback).
+    HANDLER_FAILED = "HANDLER_FAILED"
+    #: A request's payload does not match the capability's inputSchema.
+    INVALID_INPUT = "INVALID_INPUT"
+    #: The agent went away (its process detached or died) before answering.
+    AGENT_UNAVAILABLE = "AGENT_UNAVAILABLE"
     # Generic.
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     INTERNAL = "INTERNAL"

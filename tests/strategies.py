@@ -81,6 +81,7 @@ metadata = st.builds(
     sandbox_id=st.none() | ident_text,
     routing_hint=st.none() | st.just("capability"),
     escalation_justification=st.none() | st.text(max_size=30),
+    capability=st.none() | ident_text,
 )
 
 envelopes = st.builds(

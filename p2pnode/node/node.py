@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from p2pnode.agent import Agent, agent_for_handler
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.card import AgentCard, Capability, Endpoint, Origin
 from p2pnode.envelope import (
@@ -211,8 +212,8 @@ class Node(TaskOwner):
 
     async def add_agent(
         self,
-        agent_id: str,
-        handler: Handler,
+        agent: Agent | str,
+        handler: Handler | None = None,
         *,
         name: str | None = None,
         tier: int = 3,
@@ -224,19 +225,36 @@ class Node(TaskOwner):
     ) -> AgentCard:
         """Host an agent on this node, publish its signed card, return the card.
 
+        ``agent`` is an :class:`~p2pnode.agent.Agent` definition (its id, tier,
+        sandbox, capabilities and handlers; the keyword arguments other than
+        ``authority`` are then not used), or an agent id with one ``handler``
+        for every envelope (a request's answer is what it returns).
         ``authority`` (tests and single-operator swarms) endorses the card's tier
         and sandbox. Raises LocalError(INVALID_CARD) on invalid fields.
         """
+        if not isinstance(agent, Agent):
+            if handler is None:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, "an agent id needs a handler")
+            agent = agent_for_handler(
+                agent,
+                handler,
+                name=name or agent.upper(),
+                tier=tier,
+                capabilities=capabilities,
+                sandbox=sandbox_id,
+                description=description,
+                version=version,
+            )
         now = self._clock_ms()
         addresses = tuple(self.advertised_addresses())
         card = AgentCard(
-            id=agent_id,
-            name=name or agent_id.upper(),
-            version=version,
-            description=description,
-            tier=tier,
-            capabilities=capabilities,
-            sandbox_id=sandbox_id,
+            id=agent.id,
+            name=agent.name,
+            version=agent.version,
+            description=agent.description,
+            tier=agent.tier,
+            capabilities=agent.capabilities,
+            sandbox_id=agent.sandbox,
             public_key=self.identity.public_key,
             addresses=addresses,
             endpoints=tuple(Endpoint("tcp+noise", a) for a in addresses),
@@ -244,14 +262,17 @@ class Node(TaskOwner):
             issued_at=now,
             expires_at=now + self.config.card_ttl_seconds * 1000,
         )
-        return await self.add_agent_card(card, handler, authority=authority)
+        return await self.add_agent_card(card, agent, authority=authority)
 
     async def add_agent_card(
-        self, card: AgentCard, handler: Handler, *, authority: Identity | None = None
+        self, card: AgentCard, agent: Agent | Handler, *, authority: Identity | None = None
     ) -> AgentCard:
-        """Host an agent whose card (owned by this node's identity) is given."""
+        """Host an agent whose card (owned by this node's identity) is given, with its
+        definition (or one handler for every envelope)."""
         if card.public_key != self.identity.public_key:
             raise LocalError(ErrorCode.INVALID_CARD, "the card belongs to another identity")
+        if not isinstance(agent, Agent):
+            agent = agent_for_handler(card.id, agent)
         if authority is not None:
             # The endorsement covers id, key, tier and sandbox only, so it survives the
             # revision bump and re-signing in register().
@@ -260,11 +281,11 @@ class Node(TaskOwner):
         existing = self._agents.get(card.id)
         if existing is None:
             send, receive = trio.open_memory_channel[Envelope](self.config.inbox_size)
-            agent = LocalAgent(stored, handler, send, receive)
-            self._agents[card.id] = agent
-            self.nursery.start_soon(self._agent_loop, agent)
+            hosted = LocalAgent(stored, agent, send, receive)
+            self._agents[card.id] = hosted
+            self.nursery.start_soon(self._agent_loop, hosted)
         else:
-            existing.handler = handler
+            existing.definition = agent
             existing.set_card(stored)
         self.nursery.start_soon(self._announce, stored)
         return stored
@@ -282,7 +303,7 @@ class Node(TaskOwner):
         if agent.card.has_capability(capability.id):
             return agent.card
         card = dataclasses.replace(agent.card, capabilities=(*agent.card.capabilities, capability))
-        return await self.add_agent_card(card, agent.handler)
+        return await self.add_agent_card(card, agent.definition)
 
     def intercept_stream(self, marker: str, interceptor: Interceptor | None) -> None:
         """Send inbound ``stream-data`` envelopes whose payload is a map holding the key
@@ -402,20 +423,9 @@ class Node(TaskOwner):
                     await self._run_handler(agent, queued)
 
     async def _run_handler(self, agent: LocalAgent, envelope: Envelope) -> None:
-        try:
-            result = await agent.handler(envelope)
-        except P2PError as exc:
-            if envelope.type is MessageType.REQUEST:
-                await self.routing.reply(agent.card.id, envelope, MessageType.ERROR, exc.to_dict())
-            return
-        except Exception as exc:  # a buggy handler must not take the node down
-            logger.exception("handler of %s failed", agent.card.id)
-            if envelope.type is MessageType.REQUEST:
-                error = {"code": str(ErrorCode.INTERNAL), "message": repr(exc), "details": {}}
-                await self.routing.reply(agent.card.id, envelope, MessageType.ERROR, error)
-            return
-        if envelope.type is MessageType.REQUEST:
-            await self.routing.reply(agent.card.id, envelope, MessageType.RESPONSE, result)
+        reply = await agent.definition.handle(envelope)
+        if reply is not None:
+            await self.routing.reply(agent.card.id, envelope, reply.type, reply.payload)
 
     # -- envelopes out ----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from p2pnode.agent import Agent
 from p2pnode.boundary import FailureBoundary
 from p2pnode.card import AgentCard, Origin
 from p2pnode.envelope import (
@@ -58,10 +59,10 @@ Handler = Callable[[Envelope], Awaitable[Any]]
 
 @dataclass(slots=True)
 class LocalAgent:
-    """An agent hosted by this node: its card, handler and bounded inbox."""
+    """An agent hosted by this node: its card, definition (handlers) and bounded inbox."""
 
     card: AgentCard
-    handler: Handler
+    definition: Agent
     inbox_send: trio.MemorySendChannel[Envelope]
     inbox_receive: trio.MemoryReceiveChannel[Envelope]
     #: What its envelopes carry when the caller gives no metadata: built once per card.
@@ -302,10 +303,13 @@ class Routing:
             return await self._broadcast(source, envelope, start)
         if envelope.metadata and envelope.metadata.routing_hint == ROUTING_HINT_CAPABILITY:
             target = await self._resolve_capability(source, envelope)
+            # The receiver dispatches on the capability: it goes with the envelope.
             envelope = dataclasses.replace(
                 envelope,
                 recipient=target.id,
-                metadata=dataclasses.replace(envelope.metadata, routing_hint=None),
+                metadata=dataclasses.replace(
+                    envelope.metadata, routing_hint=None, capability=envelope.recipient
+                ),
             )
         else:
             found = self.router.known_target(envelope.recipient)

@@ -1,0 +1,283 @@
+"""An agent's definition: who it is, what it offers, and its handlers.
+
+An :class:`Agent` is plain data plus handlers declared by decorator, in the
+style of FastAPI and FastMCP; it does no I/O and runs nowhere by itself. One
+definition runs unchanged three ways: hosted by the daemon
+(``p2pnode run --agent module:agent``), embedded in a trio program
+(``await node.add_agent(agent)``), or embedded in an asyncio program
+(:mod:`p2pnode.aio`).
+
+Handlers take one :class:`Message` and may be sync or async:
+
+* ``@agent.on_request("plan.strategy", input_schema={...})`` answers requests
+  for that capability; the capability (with its schemas) is published in the
+  agent's card. ``@agent.on_request()`` answers requests for no capability.
+  The return value is sent as the ``response``.
+* ``@agent.on_notification`` and ``@agent.on_message`` (any type not handled
+  otherwise) see the other envelope types; what they return is ignored.
+
+What a handler raises decides the reply to a request: a
+:class:`~p2pnode.errors.P2PError` is sent as a typed ``error`` envelope with
+its code, message and details; anything else is logged with its traceback on
+the owner's side only and answered with ``HANDLER_FAILED`` and no detail.
+A request whose payload fails the capability's ``inputSchema`` is answered
+with ``INVALID_INPUT`` naming the failing path, before the handler runs
+(JSON Schema validation by the ``jsonschema`` package: the reference
+implementation of every draft, with error paths; we do not write our own).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from p2pnode.card import Capability
+from p2pnode.envelope import Envelope, MessageType
+from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+
+logger = logging.getLogger("p2pnode.agent")
+
+#: A handler: ``handler(message)``, sync or async.
+HandlerFunction = Callable[["Message"], Any]
+F = TypeVar("F", bound=HandlerFunction)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """What a handler receives: one envelope addressed to the agent.
+
+    ``sender`` is authenticated: the node checked that the sending agent's
+    signed card belongs to the peer the envelope came from.
+    """
+
+    envelope: Envelope
+
+    @property
+    def payload(self) -> Any:
+        return self.envelope.payload
+
+    @property
+    def sender(self) -> str:
+        return self.envelope.sender
+
+    @property
+    def type(self) -> MessageType:
+        return self.envelope.type
+
+    @property
+    def capability(self) -> str | None:
+        """The capability a request is for (None: addressed to the agent itself)."""
+        meta = self.envelope.metadata
+        return meta.capability if meta is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the agent answers to one request: a ``response`` or an ``error`` payload."""
+
+    type: MessageType
+    payload: Any
+
+
+def _validator(schema: Any) -> Callable[[Any], str | None] | None:
+    """A function returning the first problem of an instance (None when valid), or
+    None when ``schema`` does not constrain anything."""
+    if schema is None or schema == {} or schema is True:
+        return None
+    import jsonschema  # loaded only by agents that declare schemas
+
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        problem = f"invalid inputSchema: {exc.message}"
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, problem) from None
+    validator = cls(schema)
+
+    def first_problem(instance: Any) -> str | None:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        if error is None:
+            return None
+        path = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        return f"payload{path}: {error.message}"
+
+    return first_problem
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    handler: HandlerFunction
+    validate: Callable[[Any], str | None] | None
+
+
+class Agent:
+    """An agent's definition (see the module docstring)."""
+
+    def __init__(
+        self,
+        id: str,
+        *,
+        name: str | None = None,
+        description: str = "",
+        tier: int = 3,
+        sandbox: str | None = None,
+        version: str = "1.0.0",
+        capabilities: Iterable[Capability] = (),
+    ) -> None:
+        self.id = id
+        self.name = name or id
+        self.description = description
+        self.tier = tier
+        self.sandbox = sandbox
+        self.version = version
+        self._capabilities: dict[str, Capability] = {c.id: c for c in capabilities}
+        self._requests: dict[str | None, _Route] = {}
+        self._by_type: dict[MessageType, HandlerFunction] = {}
+        self._fallback: HandlerFunction | None = None
+
+    @property
+    def capabilities(self) -> tuple[Capability, ...]:
+        """What the agent's card offers: the declared capabilities and the request handlers'."""
+        return tuple(self._capabilities.values())
+
+    # -- declaring handlers -------------------------------------------------------------------
+
+    def on_request(
+        self,
+        capability: str | None = None,
+        *,
+        name: str | None = None,
+        description: str = "",
+        input_schema: Any = None,
+        output_schema: Any = None,
+    ) -> Callable[[F], F]:
+        """Declare the handler of requests for ``capability`` (None: requests addressed to
+        the agent with no capability). Raises LocalError(INVALID_ARGUMENT) for a second
+        handler of the same capability or an invalid schema."""
+
+        def register(handler: F) -> F:
+            if capability in self._requests:
+                raise LocalError(
+                    ErrorCode.INVALID_ARGUMENT, f"{self.id}: two handlers for {capability!r}"
+                )
+            schema = input_schema
+            if capability is not None:
+                declared = self._capabilities.get(capability)
+                if declared is None:
+                    doc = inspect.getdoc(handler) or ""
+                    declared = Capability(
+                        capability,
+                        name or capability,
+                        description or doc.split("\n\n")[0],
+                        input_schema,
+                        output_schema,
+                    )
+                    self._capabilities[capability] = declared
+                elif schema is None:
+                    schema = declared.input_schema
+            self._requests[capability] = _Route(handler, _validator(schema))
+            return handler
+
+        return register
+
+    def on_notification(self, handler: F) -> F:
+        """Declare the handler of ``notification`` envelopes."""
+        return self.on_type(MessageType.NOTIFICATION)(handler)
+
+    def on_type(self, *types: MessageType) -> Callable[[F], F]:
+        """Declare the handler of envelopes of ``types`` (requests excepted)."""
+
+        def register(handler: F) -> F:
+            for type_ in types:
+                if type_ is MessageType.REQUEST or type_ in self._by_type:
+                    raise LocalError(
+                        ErrorCode.INVALID_ARGUMENT, f"{self.id}: {type_.value} is already handled"
+                    )
+                self._by_type[type_] = handler
+            return handler
+
+        return register
+
+    def on_message(self, handler: F) -> F:
+        """Declare the handler of every envelope no other handler takes."""
+        if self._fallback is not None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"{self.id}: on_message is declared")
+        self._fallback = handler
+        return handler
+
+    # -- dispatch (the node calls this) -------------------------------------------------------
+
+    async def handle(self, envelope: Envelope) -> Reply | None:
+        """Run the handler ``envelope`` is for; for a request, the reply to send."""
+        message = Message(envelope)
+        if envelope.type is not MessageType.REQUEST:
+            handler = self._by_type.get(envelope.type, self._fallback)
+            if handler is not None:
+                try:
+                    await _call(handler, message)
+                except Exception:
+                    logger.exception("%s: %s handler failed", self.id, envelope.type.value)
+            return None
+        route = self._requests.get(message.capability)
+        if route is None:
+            if self._fallback is None:
+                error = RemoteError(
+                    ErrorCode.CAPABILITY_NOT_FOUND,
+                    f"agent {self.id!r} does not offer {message.capability!r}",
+                    capability=message.capability,
+                )
+                return Reply(MessageType.ERROR, error.to_dict())
+            route = _Route(self._fallback, None)
+        if route.validate is not None:
+            problem = route.validate(envelope.payload)
+            if problem is not None:
+                error = RemoteError(ErrorCode.INVALID_INPUT, problem)
+                return Reply(MessageType.ERROR, error.to_dict())
+        try:
+            return Reply(MessageType.RESPONSE, await _call(route.handler, message))
+        except P2PError as exc:
+            return Reply(MessageType.ERROR, exc.to_dict())
+        except Exception:
+            logger.exception("%s: handler of %r failed", self.id, message.capability)
+            failed = f"the handler of agent {self.id!r} failed"
+            error = RemoteError(ErrorCode.HANDLER_FAILED, failed)
+            return Reply(MessageType.ERROR, error.to_dict())
+
+
+async def _call(handler: HandlerFunction, message: Message) -> Any:
+    result = handler(message)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def agent_for_handler(
+    agent_id: str,
+    handler: Callable[[Envelope], Any],
+    *,
+    name: str | None = None,
+    tier: int = 3,
+    capabilities: Iterable[Capability] = (),
+    sandbox: str | None = None,
+    description: str = "",
+    version: str = "1.0.0",
+) -> Agent:
+    """An agent whose one ``handler`` takes every envelope (a request's answer is what it
+    returns): the shape of ``node.add_agent(agent_id, handler)``."""
+    agent = Agent(
+        agent_id,
+        name=name,
+        tier=tier,
+        capabilities=capabilities,
+        sandbox=sandbox,
+        description=description,
+        version=version,
+    )
+    agent.on_message(lambda message: handler(message.envelope))
+    return agent
+
+
+__all__ = ["Agent", "HandlerFunction", "Message", "Reply", "agent_for_handler"]
