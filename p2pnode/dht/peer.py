@@ -97,24 +97,6 @@ def _node_id_of(identity: Identity | None, node_id: bytes | None) -> bytes:
     return node_id
 
 
-@asynccontextmanager
-async def _task_nursery() -> AsyncIterator[trio.Nursery]:
-    """A nursery whose tasks are cancelled when the body ends.
-
-    The body's own exception is handed on as it is, not inside the nursery's
-    ExceptionGroup: it is the caller's business, not the tasks'.
-    """
-    failure: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        try:
-            yield nursery
-        except BaseException as exc:  # re-raised below, outside the nursery
-            failure = exc
-        nursery.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
-
-
 class DhtPeer:
     """A Kademlia node without the Agent Card API (see :class:`p2pnode.dht.node.DhtNode`).
 
@@ -197,15 +179,24 @@ class DhtPeer:
         mark_fresh(self.table, now)
         self.publisher.start(now)
         self.schedule.start(now)
+        failure: BaseException | None = None
         try:
-            async with _task_nursery() as nursery:
+            async with trio.open_nursery() as nursery:
                 self._endpoint, self._nursery = endpoint, nursery
                 self.calls.endpoint = endpoint
                 nursery.start_soon(self._receive_loop, endpoint)
-                yield self
+                try:
+                    yield self
+                except BaseException as exc:  # handed on below, outside the nursery
+                    failure = exc
+                nursery.cancel_scope.cancel()
         finally:
             self._nursery = self.calls.endpoint = None
             endpoint.close()
+        # The body's own exception is the caller's business, not the tasks': it goes
+        # on as it is, not inside the nursery's ExceptionGroup.
+        if failure is not None:
+            raise failure
 
     @property
     def address(self) -> Address:

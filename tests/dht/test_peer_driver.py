@@ -227,3 +227,18 @@ async def test_the_card_api_keeps_its_records_published(
         later = await nodes[6].get_records(key)
         assert [r.publisher for r in later] == [card.peer_id]
         assert later[0].expires_at > first[0]
+
+
+async def test_the_node_hands_on_its_body_exception_and_obeys_cancellation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sim = SimNetwork(random.Random(9))
+    with pytest.raises(KeyError):  # not wrapped in the node's ExceptionGroup
+        async with _peer(sim):
+            raise KeyError("the body's own")
+    with trio.move_on_after(5) as scope:
+        async with _peer(sim) as peer:
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+    with pytest.raises(LocalError):  # closed: no more calls
+        await peer.ping(("10.0.0.1", 4000))
