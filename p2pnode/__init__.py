@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from p2pnode.agent import Agent, Message
 from p2pnode.card import AgentCard, Capability, Endpoint, Origin, Tier
 from p2pnode.envelope import BROADCAST, Envelope, EnvelopeFactory, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
@@ -48,6 +49,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BROADCAST",
+    "Agent",
     "AgentCard",
     "Capability",
     "Endpoint",
@@ -56,6 +58,7 @@ __all__ = [
     "ErrorCode",
     "Identity",
     "LocalError",
+    "Message",
     "MessageType",
     "Metadata",
     "Node",

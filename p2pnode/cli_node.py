@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import enum
+import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +16,7 @@ from typing import Any
 
 import trio
 
+from p2pnode.agent import Agent
 from p2pnode.boundary import describe
 from p2pnode.cardfile import CARD_FILE_NAME, card_from_template, read_card_file, starter_template
 from p2pnode.datalock import hold_data_dir
@@ -194,6 +197,36 @@ def _bind_error(protocol: str, address: Address, exc: OSError) -> LocalError:
     )
 
 
+def load_agent(spec: str) -> Agent:
+    """The :class:`~p2pnode.agent.Agent` named by ``module:name`` (``module.sub:obj.attr``),
+    imported with the current directory on the path, as uvicorn does.
+
+    Raises LocalError(CONFIG_ERROR) naming what is wrong.
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise LocalError(ErrorCode.CONFIG_ERROR, f"--agent {spec!r}: expected MODULE:NAME")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        value: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LocalError(ErrorCode.CONFIG_ERROR, f"--agent {spec!r}: {exc}") from None
+    for part in attribute.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise LocalError(
+                ErrorCode.CONFIG_ERROR, f"--agent {spec!r}: {module_name} has no {attribute!r}"
+            ) from None
+    if not isinstance(value, Agent):
+        raise LocalError(
+            ErrorCode.CONFIG_ERROR,
+            f"--agent {spec!r} is a {type(value).__name__}, not a p2pnode.Agent",
+        )
+    return value
+
+
 async def run_daemon(args: argparse.Namespace) -> int:
     """``p2pnode run``: returns 0 after SIGINT or SIGTERM. Raises LocalError(BUSY) when
     another daemon holds the data directory, LocalError(CONFIG_ERROR) for bad options,
@@ -215,7 +248,10 @@ async def run_daemon(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) -> None:
     identity = load_or_create_identity(data_dir)
-    card_paths = [Path(p) for p in args.card] if args.card else [data_dir / CARD_FILE_NAME]
+    agents = [load_agent(spec) for spec in args.agent or []]
+    # With --agent, the card file's echo agent is hosted only when asked for (--card).
+    default_cards = [] if agents else [data_dir / CARD_FILE_NAME]
+    card_paths = [Path(p) for p in args.card] if args.card else default_cards
     templates = [
         read_card_file(p) if p.exists() or args.card else starter_template("agent", "AGENT")
         for p in card_paths
@@ -245,6 +281,8 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
                 addresses=tuple(node.advertised_addresses()),
             )
             await node.add_agent_card(card, echo_handler, authority=endorser)
+        for agent in agents:
+            await node.add_agent(agent, authority=endorser)
         await node.open_shared()
         await node.join()
         server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
@@ -400,6 +438,12 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument("--advertise-host", help="host to publish in cards (for 0.0.0.0 listeners)")
     run.add_argument("--bootstrap", action="append", metavar="HOST:PORT", help="repeatable")
     run.add_argument("--bootstrap-file", help="file of host:port lines (# comments)")
+    run.add_argument(
+        "--agent",
+        action="append",
+        metavar="MODULE:NAME",
+        help="host the p2pnode.Agent NAME of MODULE (repeatable; like uvicorn module:app)",
+    )
     run.add_argument("--card", action="append", help="card file (repeatable; default card.json)")
     run.add_argument("--authority-key", help="base64 Ed25519 key of the swarm authority")
     run.add_argument("--endorse-with", help="authority key file to endorse this node's cards")

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,15 @@ class NodeProcess:
         return self.data_dir / CONTROL_SOCKET_NAME
 
     async def start(
-        self, nursery: trio.Nursery, bootstrap: str | None, *, listen: str = "127.0.0.1:0"
+        self,
+        nursery: trio.Nursery,
+        bootstrap: str | None,
+        *,
+        listen: str = "127.0.0.1:0",
+        run_args: Sequence[str] = (),
     ) -> None:
-        """Start the daemon and wait for its ``ready`` line.
+        """Start the daemon (``run_args`` are added to its ``run`` options) and wait for its
+        ``ready`` line.
 
         Raises LocalError(TIMEOUT) when it is not ready within READY_TIMEOUT, or
         at once when it exits first (the error names the exit code and the last
@@ -93,6 +100,7 @@ class NodeProcess:
                 "--log-level", "WARNING"]  # fmt: skip
         if bootstrap:
             args += ["--bootstrap", bootstrap]
+        args += run_args
         if self._fd_limit is None:
             argv = [sys.executable, "-m", "p2pnode", *args]
         else:

@@ -25,10 +25,10 @@ LAYERS = {
 
 def test_public_names() -> None:
     assert set(p2pnode.__all__) == {
-        "BROADCAST", "AgentCard", "Capability", "Endpoint", "Envelope", "EnvelopeFactory",
-        "ErrorCode", "Identity", "LocalError", "MessageType", "Metadata", "Node", "NodeConfig",
-        "Origin", "P2PError", "PeerId", "Registry", "RemoteError", "RoutingResult", "SimNetwork",
-        "Tier", "TrioNetwork", "open_node",
+        "BROADCAST", "Agent", "AgentCard", "Capability", "Endpoint", "Envelope",
+        "EnvelopeFactory", "ErrorCode", "Identity", "LocalError", "Message", "MessageType",
+        "Metadata", "Node", "NodeConfig", "Origin", "P2PError", "PeerId", "Registry",
+        "RemoteError", "RoutingResult", "SimNetwork", "Tier", "TrioNetwork", "open_node",
     }  # fmt: skip
     for name in p2pnode.__all__:
         value = getattr(p2pnode, name)

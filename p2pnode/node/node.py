@@ -259,6 +259,8 @@ class Node(TaskOwner):
             addresses=addresses,
             endpoints=tuple(Endpoint("tcp+noise", a) for a in addresses),
             noise_static_key=self.secure_identity.static_public,
+            # A restarted node's card must supersede the one it published before.
+            revision=now,
             issued_at=now,
             expires_at=now + self.config.card_ttl_seconds * 1000,
         )
