@@ -345,8 +345,9 @@ async def test_watch_update_membership_and_async_with(autojump_clock: Any) -> No
         assert a.node is not None and b.node is not None
         # Interest is advertised: the card's new revision reached the peer and discovery.
         card = a.node.local_agent(a.agent)
-        assert card.has_capability("crdt:" + DOC) and card.revision == 1
-        assert b.node.registry.get(a.agent).revision == 1
+        # A node's first card has revision = its issue time (ms); subscribing bumps it once.
+        assert card.has_capability("crdt:" + DOC) and card.revision == card.issued_at + 1
+        assert b.node.registry.get(a.agent).revision == card.revision
         assert sw.directory.cards[a.agent].has_capability("crdt:" + DOC)
         assert a.node.status()["documents"] == {DOC: [a.agent]}
         assert await a.node.add_capability(a.agent, card.capabilities[0]) == card  # no-op

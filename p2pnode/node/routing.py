@@ -496,7 +496,13 @@ class Routing:
             return
         ingress = self.router.ingress(source, envelope)
         if ingress.refusal is not None:
-            self._events.security(ingress.refusal.code, ingress.refusal.reason, peer, envelope)
+            refusal = ingress.refusal
+            self._events.security(refusal.code, refusal.reason, peer, envelope)
+            if envelope.type is MessageType.REQUEST:
+                # Answered in the name of the agent asked for, so the requester's
+                # pending request matches it instead of timing out.
+                error = RemoteError(refusal.code, refusal.reason, agent_id=envelope.recipient)
+                await self._refuse(peer_id, envelope, envelope.recipient, error)
             return
         allowed = []
         for agent_id, verdict in ingress.verdicts:
@@ -504,8 +510,7 @@ class Routing:
             if verdict is None or verdict.allowed:
                 allowed.append(self._agents[agent_id])
             elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
-                error = verdict.to_remote_error().to_dict()
-                await self.reply(agent_id, envelope, MessageType.ERROR, error)
+                await self._refuse(peer_id, envelope, agent_id, verdict.to_remote_error())
         interceptor = self._interceptor_for(envelope)
         if interceptor is not None:
             for agent in allowed:
@@ -515,6 +520,24 @@ class Routing:
             self.router.note_request(envelope)
         for agent in allowed:
             await agent.deliver(envelope)
+
+    async def _refuse(
+        self, peer_id: PeerId, request: Envelope, sender: str, error: P2PError
+    ) -> None:
+        """Answer ``request`` from ``peer_id`` with an ``error`` envelope from ``sender``.
+
+        Written straight to the requester's link: it carries only the refusal of the
+        requester's own request, so egress policy (which may forbid ``sender`` to
+        address the requester at all, as across sandboxes) does not apply.
+        """
+        reply = self._factory.reply(request, sender, MessageType.ERROR, error.to_dict())
+        try:
+            await self._links.link(peer_id).send(encode_envelope(reply))
+        except P2PError as exc:
+            logger.info("refusal %s to %s not delivered: %s", reply.id, request.sender, exc)
+            return
+        self.threads.add(reply)
+        self._events.message_sent(reply, RoutingPath.REMOTE, str(peer_id))
 
     def _interceptor_for(self, envelope: Envelope) -> Interceptor | None:
         if self._type_interceptors:
