@@ -63,6 +63,7 @@ class FailureBoundary:
     ) -> None:
         self._logger = logger
         self._report = report
+        self._also: list[FailureReport] = []
         self._clock = clock
         self._interval = traceback_interval
         self._last_traceback: dict[tuple[str, str], float] = {}
@@ -98,14 +99,18 @@ class FailureBoundary:
                 )
         self._deliver(source, what, exc)
 
+    def also_report(self, report: FailureReport) -> None:
+        """Send every later contained failure to ``report`` too (after the first one):
+        a component's boundary reaching the owner's events, say."""
+        self._also.append(report)
+
     def _deliver(self, source: str, what: str, exc: Exception) -> None:
-        if self._report is None:
-            return
-        try:
-            self._report(source, what, exc)
-        except Exception:
-            # The report is ours, not the input's: if it fails, say so and go on.
-            self._logger.exception("failure report for %s from %s failed", what, source)
+        for report in ([self._report] if self._report is not None else []) + self._also:
+            try:
+                report(source, what, exc)
+            except Exception:
+                # The report is ours, not the input's: if it fails, say so and go on.
+                self._logger.exception("failure report for %s from %s failed", what, source)
 
     def _traceback_due(self, source: str, name: str) -> bool:
         now = self._clock()

@@ -367,6 +367,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  channel  {channel['peer']}  {channel['state']}")
     for doc, agents in status.get("documents", {}).items():
         print(f"document   {doc}  ({', '.join(agents)})")
+    discovery = status.get("discovery") or {}
+    if "contacts" in discovery:
+        print(f"dht        contacts {discovery['contacts']}  records {discovery['records']}  "
+              f"dropped {discovery['datagrams_dropped']}  rejected {discovery['records_rejected']}"
+              f"  failed {discovery['inputs_failed']}")  # fmt: skip
     metrics = status["metrics"]
     print(f"messages   sent {metrics['totalMessagesSent']}  "
           f"received {metrics['totalMessagesReceived']}  errors {metrics['errorCount']}  "

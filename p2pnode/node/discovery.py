@@ -7,6 +7,7 @@ Kademlia DHT, :class:`NoDiscovery` for nodes that only know peers they met.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 from p2pnode.card import AgentCard
@@ -25,6 +26,10 @@ class Discovery(Protocol):
 
     async def find_agent(self, agent_id: str) -> list[AgentCard]: ...
 
+    def statistics(self) -> dict[str, int]:
+        """Counters for ``status`` (empty when there is nothing to count)."""
+        ...
+
 
 class NoDiscovery:
     """Discovery for a node without a DHT: only peers met directly are known."""
@@ -40,6 +45,9 @@ class NoDiscovery:
 
     async def find_agent(self, agent_id: str) -> list[AgentCard]:
         return []
+
+    def statistics(self) -> dict[str, int]:
+        return {}
 
 
 class MemoryDiscovery:
@@ -61,6 +69,9 @@ class MemoryDiscovery:
     async def find_agent(self, agent_id: str) -> list[AgentCard]:
         return [c for c in self.cards.values() if c.id == agent_id]
 
+    def statistics(self) -> dict[str, int]:
+        return {"cards": len(self.cards)}
+
 
 class DhtDiscovery:
     """The node's view of the DHT (see :class:`p2pnode.node.node.Discovery`)."""
@@ -80,3 +91,8 @@ class DhtDiscovery:
 
     async def find_agent(self, agent_id: str) -> list[AgentCard]:
         return await self.dht.find_agent(agent_id)
+
+    def statistics(self) -> dict[str, int]:
+        """The DHT's counters (docs/protocol/dht.md), its routing table size and records."""
+        stats = dataclasses.asdict(self.dht.statistics())
+        return {"contacts": len(self.dht.table), "records": len(self.dht.records), **stats}

@@ -92,7 +92,7 @@ class Node(TaskOwner):
         self.policy = Policy(self.config.policy)
         self.events = Observability(clock_ms)
         #: Contains whatever one peer's frame raises (see :mod:`p2pnode.boundary`).
-        self.boundary = FailureBoundary(logger, self._input_failed)
+        self.boundary = FailureBoundary(logger, self.report_input_failure)
         self._clock_ms = clock_ms
         self._factory = EnvelopeFactory(clock_ms)
         self._agents: dict[str, LocalAgent] = {}
@@ -153,7 +153,8 @@ class Node(TaskOwner):
         for agent in self._agents.values():
             agent.inbox_send.close()
 
-    def _input_failed(self, source: str, what: str, exc: Exception) -> None:
+    def report_input_failure(self, source: str, what: str, exc: Exception) -> None:
+        """A security event for an input from ``source`` that a failure boundary dropped."""
         code = exc.code if isinstance(exc, P2PError) else ErrorCode.INPUT_FAILED
         self.events.security(code, f"{what} dropped: {describe(exc)}", source, None)
 
@@ -531,6 +532,7 @@ class Node(TaskOwner):
                 for link in self.links
             ],
             "documents": self._shared.subscriptions() if self._shared is not None else {},
+            "discovery": self.discovery.statistics(),
             "metrics": metrics.to_dict(),
         }
 

@@ -36,6 +36,9 @@ async def open_node(
             port = node.listen_address[1]
         async with DhtNode(network, identity=identity, address=(host, port)) as dht:
             node.discovery = DhtDiscovery(dht)
+            # What the DHT drops (a forged or poisoned record, a datagram that failed)
+            # is a security event of the node, counted in `status` like a bad frame.
+            dht.boundary.also_report(node.report_input_failure)
             snapshot = config.data_dir / SNAPSHOT_FILE if config.data_dir else None
             if snapshot is not None and snapshot.exists():
                 try:
