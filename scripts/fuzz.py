@@ -7,7 +7,7 @@ Each entry point gets its share of ``--n`` generated inputs (all of it but
 the DHT lookup, whose every input runs two lookups: half); see
 :mod:`fuzz_engine` for what fails a run, :mod:`fuzz_mutate` for how inputs
 are made, :mod:`fuzz_targets` and :mod:`fuzz_live` for the table. Prints
-one row per entry point (inputs, seconds, the slowest input in ms, memory
+one row per entry point (inputs, seconds, the slowest input in CPU ms, memory
 growth after the warm-up in MiB of RSS and thousands of allocated blocks,
 OK or FAIL, outcomes by exception type and code), then every problem with a
 reproducing input, then a summary line. Exits 1 when any entry point failed.
