@@ -102,3 +102,14 @@ def test_describe_is_one_line(message: str) -> None:
         text = describe(exc)
         assert "\n" not in text
         assert text.startswith(("ValueError", "TIMEOUT"))
+
+
+def test_a_second_listener_hears_every_later_failure() -> None:
+    first: list[str] = []
+    second: list[str] = []
+    boundary = FailureBoundary(log, lambda s, w, e: first.append(s))
+    boundary.contain("before", "datagram", ValueError("x"))
+    boundary.also_report(lambda s, w, e: second.append(f"{s}:{w}:{type(e).__name__}"))
+    boundary.contain("after", "card record", RemoteError(ErrorCode.INVALID_CARD, "bad"))
+    assert first == ["before", "after"]
+    assert second == ["after:card record:RemoteError"]
