@@ -3,8 +3,10 @@
 It starts N ``p2pnode run`` processes, each with its own identity and an
 agent card with different capabilities and tiers, joins them through the
 first one, then shows discovery by capability, a request/response across
-processes, a broadcast, a cross-tier message refused by policy, and a shared
-CRDT document every node writes to and that converges by gossip. It exits
+processes, a broadcast, a cross-tier message refused by policy, a shared
+CRDT document every node writes to and that converges by gossip, and one
+more process hosting an agent written with the Agent API
+(:mod:`p2pnode.demo_agent`, ``run --agent``) whose input schema is enforced. It exits
 0 when all of that worked, and always stops every process it started.
 """
 
@@ -35,6 +37,7 @@ ROSTER: list[tuple[str, int, str]] = [
     ("callisto", 3, "review.code"),
 ]
 DISCOVERY_TIMEOUT = 30.0
+ORACLE = "p2pnode.demo_agent:agent"
 
 
 def roster(n: int) -> list[tuple[str, int, str]]:
@@ -51,9 +54,18 @@ def roster(n: int) -> list[tuple[str, int, str]]:
 class DemoNode(NodeProcess):
     """A demo daemon: its place in the roster and its agent."""
 
-    def __init__(self, index: int, agent: str, tier: int, capability: str, data_dir: Path) -> None:
+    def __init__(
+        self,
+        index: int,
+        agent: str,
+        tier: int,
+        capability: str,
+        data_dir: Path,
+        run_args: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(data_dir)
         self.index, self.agent, self.tier, self.capability = index, agent, tier, capability
+        self.run_args = run_args
 
 
 class Demo:
@@ -62,6 +74,8 @@ class Demo:
             DemoNode(i, agent, tier, cap, root / f"node{i}")
             for i, (agent, tier, cap) in enumerate(roster(n))
         ]
+        # One more process: an agent written with the Agent API, hosted by `run --agent`.
+        self.oracle = DemoNode(n, "oracle", 3, "demo.answer", root / "oracle", ("--agent", ORACLE))
         self.out = out
         self.checks: list[tuple[str, bool, str]] = []
         self.started = time.monotonic()
@@ -74,6 +88,7 @@ class Demo:
         self.say(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
 
     def prepare(self) -> None:
+        self.oracle.prepare("oracle", 3)
         for node in self.nodes:
             node.prepare(node.agent, node.tier, [
                 {"id": node.capability, "name": node.capability, "description":
@@ -83,7 +98,7 @@ class Demo:
             ])  # fmt: skip
 
     async def start(self, nursery: trio.Nursery, node: DemoNode, bootstrap: str | None) -> None:
-        await node.start(nursery, bootstrap)
+        await node.start(nursery, bootstrap, run_args=node.run_args)
         self.say(f"node {node.index} up: agent {node.agent} (L{node.tier}, {node.capability}) "
                  f"at {node.address}")  # fmt: skip
 
@@ -129,6 +144,7 @@ class Demo:
         )
         await self._refused_cross_tier()
         await self._shared_document()
+        await self._agent_api(asker)
 
     async def _shared_document(self) -> None:
         doc = "demo.board"
@@ -171,11 +187,30 @@ class Demo:
             return
         self.check("refused cross-tier message", False, f"{l1.agent} -> {low.agent} went through")
 
+    async def _agent_api(self, asker: DemoNode) -> None:
+        await self.find(asker, "demo.answer")
+        question = {"question": "how many nodes?"}
+        reply = await asker.call({"op": "send", "from": asker.agent, "to": "demo.answer",
+                                  "capability": True, "payload": question})  # fmt: skip
+        try:
+            await asker.call({"op": "send", "from": asker.agent, "to": "demo.answer",
+                              "capability": True, "payload": {"question": 42}})  # fmt: skip
+            refused = "accepted"
+        except P2PError as exc:
+            refused = str(exc.code)
+        self.check(
+            "agent written with the Agent API",
+            reply["sender"] == "oracle" and refused == ErrorCode.INVALID_INPUT,
+            f"{asker.agent} -> oracle ({ORACLE}, own process): "
+            f"{json.dumps(reply['payload'])}; a number as the question: {refused}",
+        )
+
     async def stop(self) -> None:
+        nodes = [*self.nodes, self.oracle]
         async with trio.open_nursery() as nursery:
-            for node in self.nodes:
+            for node in nodes:
                 nursery.start_soon(node.stop)
-        self.say(f"stopped {len(self.nodes)} node processes")
+        self.say(f"stopped {len(nodes)} node processes")
 
     async def main(self) -> bool:
         self.prepare()
@@ -183,7 +218,7 @@ class Demo:
             async with trio.open_nursery() as nursery:
                 try:
                     await self.start(nursery, self.nodes[0], None)
-                    for node in self.nodes[1:]:
+                    for node in [*self.nodes[1:], self.oracle]:
                         await self.start(nursery, node, self.nodes[0].address)
                     await self.run_scenario()
                 except P2PError as exc:
