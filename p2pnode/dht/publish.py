@@ -72,6 +72,16 @@ def merged_value(new: list[SignedRecord], *held: Iterable[SignedRecord]) -> byte
 class Publisher:
     """Puts records into the DHT and keeps the owner's records republished."""
 
+    __slots__ = (
+        "_interval",
+        "_last_republish",
+        "_lookup",
+        "_makers",
+        "_records",
+        "_store",
+        "_wall_ms",
+    )
+
     def __init__(
         self,
         records: RecordStore,

@@ -170,6 +170,17 @@ class _Call:
 class RpcCore:
     """Sans-IO Kademlia RPC for one node: see the module docstring."""
 
+    __slots__ = (
+        "_finished",
+        "_last_deadline",
+        "_out",
+        "_pending",
+        "_remember",
+        "_rng",
+        "max_pending",
+        "timeout",
+    )
+
     def __init__(
         self,
         *,
