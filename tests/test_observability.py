@@ -271,19 +271,48 @@ def test_listeners_are_called_and_removed(caplog: pytest.LogCaptureFixture) -> N
 
 def test_events_are_logged_with_levels_and_extra(caplog: pytest.LogCaptureFixture) -> None:
     obs = Observability(Clock())
-    with caplog.at_level(logging.INFO, logger="p2pnode.events"):
+    with caplog.at_level(logging.DEBUG, logger="p2pnode.events"):
         obs.message_sent(envelope(), RoutingPath.REMOTE, "peer-1")
         [sent] = obs.recent()
         sec = obs.security(ErrorCode.TIER_VIOLATION, "L1 to L3", "peer-2")
         err = obs.error(ErrorCode.DELIVERY_FAILED, "retries exhausted")
     records = [r for r in caplog.records if r.name == "p2pnode.events"]
-    assert [r.levelno for r in records] == [logging.INFO, logging.WARNING, logging.WARNING]
+    assert [r.levelno for r in records] == [logging.DEBUG, logging.WARNING, logging.WARNING]
     assert [getattr(r, "event", None) for r in records] == [
         sent.to_dict(),
         sec.to_dict(),
         err.to_dict(),
     ]
     assert "id=env-1" in records[0].getMessage() and "peer=peer-1" in records[0].getMessage()
+
+
+def test_info_logs_refusals_and_errors_not_every_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A daemon logs at INFO: one line per envelope would drown what an operator needs.
+    obs = Observability(Clock())
+    env = envelope()
+    with caplog.at_level(logging.INFO, logger="p2pnode.events"):
+        obs.message_sent(env, RoutingPath.REMOTE, "peer-1")
+        obs.message_received(env, "peer-1")
+        obs.routing_decision(env, RoutingPath.REMOTE, Outcome.DELIVERED, 1.0)
+        obs.audit_cross_tier(env, 0, 3)
+        obs.tool_invocation("search", "venus", 3, True)
+        obs.routing_decision(env, RoutingPath.REMOTE, Outcome.REJECTED, 1.0,
+                             code=ErrorCode.TIER_VIOLATION)  # fmt: skip
+        obs.tool_invocation("search", "venus", 3, False)
+        obs.security(ErrorCode.TIER_VIOLATION, "L1 to L3", "peer-2")
+        obs.error(ErrorCode.DELIVERY_FAILED, "retries exhausted")
+    records = [r for r in caplog.records if r.name == "p2pnode.events"]
+    assert [(r.levelno, r.event["kind"]) for r in records] == [  # type: ignore[attr-defined]
+        (logging.INFO, "routing-decision"),
+        (logging.INFO, "tool-invocation"),
+        (logging.WARNING, "security"),
+        (logging.WARNING, "error"),
+    ]
+    # Everything is still kept and counted.
+    assert len(obs.recent()) == 9
+    assert obs.metrics().messages_sent == 1
 
 
 @pytest.fixture
@@ -297,16 +326,16 @@ def p2p_logger() -> Iterator[logging.Logger]:
 
 def test_json_lines_output_parses_and_carries_the_event(p2p_logger: logging.Logger) -> None:
     out = io.StringIO()
-    configure_logging("info", json_lines=True, stream=out)
+    configure_logging("debug", json_lines=True, stream=out)
     obs = Observability(Clock())
     obs.message_sent(envelope(MessageType.STREAM_DATA), RoutingPath.BROADCAST)
     [sent] = obs.recent()
     tool = obs.tool_invocation("search\nnewline", "venus", 12.5, True)
-    logging.getLogger("p2pnode.other").debug("not shown at INFO")
+    logging.getLogger("p2pnode.other").log(5, "not shown at DEBUG")
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     first, second = (json.loads(line) for line in lines)
-    assert first["event"] == sent.to_dict() and first["level"] == "INFO"
+    assert first["event"] == sent.to_dict() and first["level"] == "DEBUG"
     assert first["logger"] == "p2pnode.events" and "message-sent" in first["message"]
     assert first["time"].endswith("+00:00")
     assert second["event"] == tool.to_dict() and second["event"]["tool"] == "search\nnewline"

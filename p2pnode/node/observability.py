@@ -13,15 +13,20 @@ Theory of operation:
   (R10.2, the error table's "emit security event").
 * :meth:`Observability.emit` does four things, in order: keeps the event in a
   bounded ring of recent events, folds it into the counters, writes it
-  through stdlib :mod:`logging` (INFO; WARNING for ``error`` and ``security``)
-  with the event dict in ``extra={"event": ...}``, and calls listeners.
+  through stdlib :mod:`logging` with the event dict in ``extra={"event":
+  ...}``, and calls listeners. Levels (:func:`log_level`): WARNING for
+  ``error`` and ``security``; INFO for a routing decision that did not
+  deliver and a failed tool call; DEBUG for every other per-message event
+  (sent, received, delivered, audit, a tool call that worked), so a daemon
+  at INFO logs its lifecycle, peers, refusals and errors, not one line per
+  envelope.
   Counters are exact totals since the last :meth:`reset_metrics`; only the
   latency percentiles use a bounded window of recent samples, and averages
   use running sums so they stay exact without storing every sample.
 * The per-message helpers (:meth:`~Observability.message_sent`,
   :meth:`~Observability.message_received`,
   :meth:`~Observability.routing_decision`) run on every envelope. When no
-  listener is registered and the event logger is below INFO they keep the
+  listener is registered and the event logger is below their level they keep the
   event's fields as a plain tuple in the ring and count them; the
   :class:`Event` is built only when :meth:`~Observability.recent` reads it.
   The result is the same, without three dataclass constructions per message.
@@ -344,6 +349,22 @@ def _mean(total: float, count: int) -> float:
 _WARNING_KINDS = frozenset({EventKind.ERROR, EventKind.SECURITY})
 
 
+def log_level(event: Event) -> int:
+    """The level ``event`` is logged at (see the module docstring)."""
+    if event.kind in _WARNING_KINDS:
+        return logging.WARNING
+    if event.kind is EventKind.ROUTING_DECISION:
+        return _routing_level(event.outcome)
+    if event.kind is EventKind.TOOL_INVOCATION and event.success is False:
+        return logging.INFO
+    return logging.DEBUG
+
+
+def _routing_level(outcome: Outcome | None) -> int:
+    # A refusal or a failure is news to an operator; a delivery is one of thousands.
+    return logging.DEBUG if outcome in (Outcome.DELIVERED, None) else logging.INFO
+
+
 class Observability:
     """A node's event sink: recent events, metrics, logging and listeners.
 
@@ -381,7 +402,7 @@ class Observability:
         """Record, count, log and announce ``event``; returns it."""
         self._recent.append(event)
         self._counters.add(event)
-        level = logging.WARNING if event.kind in _WARNING_KINDS else logging.INFO
+        level = log_level(event)
         if self._logger.isEnabledFor(level):
             self._logger.log(level, event.summary(), extra={"event": event.to_dict()})
         for listener in tuple(self._listeners):
@@ -464,15 +485,16 @@ class Observability:
             code,
             peer,
         )
-        if detail or not self._is_quiet():
+        if detail or not self._is_quiet(_routing_level(outcome)):
             self.emit(Event(*fields, detail=detail))
         else:
             self._recent.append(fields)
             self._counters.routing(path, outcome, latency_ms)
 
-    def _is_quiet(self) -> bool:
-        """True when nothing reads events as they happen (no listener, no INFO logging)."""
-        return not self._listeners and not self._logger.isEnabledFor(logging.INFO)
+    def _is_quiet(self, level: int = logging.DEBUG) -> bool:
+        """True when nothing reads events of ``level`` as they happen (no listener, and
+        the logger is above that level)."""
+        return not self._listeners and not self._logger.isEnabledFor(level)
 
     def _message_event(
         self,
