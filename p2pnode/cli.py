@@ -148,11 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Noise-encrypted channels, CRDT gossip.",
     )
     parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
-    parser.add_argument(
-        "--data-dir",
-        help="where identity, card and state live (default: $P2PNODE_HOME, "
-        "else $XDG_DATA_HOME/p2pnode, else ~/.local/share/p2pnode)",
-    )
+    _add_global_options(parser, default=None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     init = sub.add_parser("init", help="create an identity and a starter card file")
@@ -183,7 +179,30 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--a2a", action="store_true", help="as an A2A 1.0 AgentCard document")
     export.set_defaults(handler=cmd_card_export)
     add_node_commands(sub)
+    _accept_global_options_anywhere(parser)
     return parser
+
+
+def _add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument(
+        "--data-dir",
+        default=default,
+        help="where identity, card and state live (default: $P2PNODE_HOME, "
+        "else $XDG_DATA_HOME/p2pnode, else ~/.local/share/p2pnode)",
+    )
+
+
+def _accept_global_options_anywhere(parser: argparse.ArgumentParser) -> None:
+    """Let every subcommand take the global options too (``p2pnode status --data-dir D``).
+
+    A subcommand's copy defaults to SUPPRESS, so it sets the option only when given
+    there and never hides the value given before the subcommand.
+    """
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in set(action.choices.values()):
+                _add_global_options(command, default=argparse.SUPPRESS)
+                _accept_global_options_anywhere(command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

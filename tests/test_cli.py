@@ -114,3 +114,24 @@ def test_help_runs_as_a_module() -> None:
         [sys.executable, "-m", "p2pnode", "frobnicate"], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2
+
+
+def test_global_options_are_accepted_after_the_subcommand(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, before, _ = run(capsys, "--data-dir", str(home), "id")
+    code, after, _ = run(capsys, "id", "--data-dir", str(home))
+    assert code == 0 and after == before
+    # Given in both places, the one after the subcommand wins; given before only, it holds.
+    code, after, _ = run(
+        capsys, "--data-dir", str(tmp_path / "none"), "id", "--data-dir", str(home)
+    )
+    assert code == 0 and after == before
+    code, _, _ = run(capsys, "--data-dir", str(home), "card", "show")
+    assert code == 0
+    code, _, err = run(capsys, "card", "show", "--data-dir", str(home))
+    assert code == 0, err
+    code, _, err = run(capsys, "status", "--data-dir", str(tmp_path / "none"))
+    assert code == 1 and str(tmp_path / "none" / "control.sock") in err
+    code, _, err = run(capsys, "doc", "read", "d", "--data-dir", str(tmp_path / "none"))
+    assert code == 1 and str(tmp_path / "none" / "control.sock") in err
