@@ -17,7 +17,7 @@ from p2pnode import Agent, Message
 from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.process import NodeProcess
-from tests.test_node_sim import Inbox, swarm
+from tests.sim import Inbox, swarm
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 factory = EnvelopeFactory(lambda: 1_700_000_000_000)

@@ -30,9 +30,15 @@ from p2pnode.node.control import ControlServer, control_call
 from p2pnode.node.frames import FrameKind, encode_hello
 from p2pnode.node.observability import EventKind
 from p2pnode.wire import pack
-from tests.dht.helpers import make_card, virtual_ms
-from tests.dht.helpers import swarm as dht_swarm
-from tests.test_node_sim import Inbox, swarm, victim_honest_evil
+from tests.sim import (
+    Inbox,
+    dht_swarm,
+    make_card,
+    swarm,
+    victim_honest_evil,
+    virtual_ms,
+    wait_until,
+)
 
 # The minimal poison cards found by fuzzing: endpoints whose transport is a list.
 POISON_CARD = bytes.fromhex("81a9656e64706f696e74739181a97472616e73706f727490")
@@ -50,13 +56,6 @@ def mixed_key_card(owner: Identity) -> bytes:
 
 def security_from(node: Any, peer: str) -> list[Any]:
     return [e for e in node.events.recent(kind=EventKind.SECURITY) if e.peer == peer]
-
-
-async def wait_until(predicate: Any, within: float = 10.0) -> None:
-    """Poll ``predicate`` on the (virtual) clock until it holds; TooSlowError after ``within``."""
-    with trio.fail_after(within):
-        while not predicate():  # noqa: ASYNC110 - state of another object, no event to wait on
-            await trio.sleep(0.05)
 
 
 async def test_poisoned_hellos_end_only_themselves(autojump_clock: Any) -> None:
@@ -90,9 +89,7 @@ async def test_a_failing_interceptor_ends_only_its_envelope(
             await wait_until(lambda: [e.payload for e in inbox.received] == ["ok"])
             await wait_until(lambda: victim.boundary.stats.unexpected["TypeError"] == 3)
         failed = [
-            e
-            for e in security_from(victim, str(evil.peer_id))
-            if e.code is ErrorCode.INPUT_FAILED
+            e for e in security_from(victim, str(evil.peer_id)) if e.code is ErrorCode.INPUT_FAILED
         ]
         assert len(failed) == 3 and "TypeError" in (failed[0].detail or "")
         # One traceback for the source and type, not one per envelope.

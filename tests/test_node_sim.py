@@ -7,8 +7,6 @@ import contextlib
 import dataclasses
 import itertools
 import random
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -36,6 +34,15 @@ from p2pnode.node.policy import PolicyConfig, TierRule
 from p2pnode.node.router import BoundedSet
 from p2pnode.simnet import SimNetwork
 from p2pnode.wire import pack
+from tests.sim import (
+    FAST_NODE,
+    Inbox,
+    connect_all,
+    met,
+    swarm,
+    victim_honest_evil,
+    wait_until,
+)
 
 # -- the channel state machine ------------------------------------------------------------------
 
@@ -89,46 +96,6 @@ def test_bounded_set_remembers_at_least_the_last_size_keys(size: int, keys: list
         assert sum(k in remembered for k in set(keys)) <= 2 * size
 
 
-# -- swarm fixtures -----------------------------------------------------------------------------
-
-
-class Inbox:
-    """A handler that records what an agent received."""
-
-    def __init__(self) -> None:
-        self.received: list[Envelope] = []
-
-    async def __call__(self, envelope: Envelope) -> Any:
-        self.received.append(envelope)
-        return {"echo": envelope.payload}
-
-
-FAST = NodeConfig(
-    retry=RetryPolicy(first_delay=0.05, max_redials=3, dial_timeout=2.0), request_timeout=5.0
-)
-
-
-@asynccontextmanager
-async def swarm(
-    count: int, config: NodeConfig = FAST, seed: int = 1
-) -> AsyncIterator[tuple[SimNetwork, list[Node]]]:
-    sim = SimNetwork(random.Random(seed))
-    async with AsyncExitStack() as stack:
-        nodes = []
-        for i in range(count):
-            host = sim.add_host()
-            ident = Identity(bytes([i + 1]) * 32)
-            cfg = dataclasses.replace(config, listen=(host.host, 7000))
-            nodes.append(await stack.enter_async_context(Node(ident, host, cfg)))
-        yield sim, nodes
-
-
-async def connect_all(nodes: list[Node]) -> None:
-    for node in nodes[1:]:
-        await node.connect(nodes[0].listen_address)
-    await trio.sleep(1)
-
-
 # -- routing ------------------------------------------------------------------------------------
 
 
@@ -172,12 +139,12 @@ async def test_broadcast_reaches_every_agent_of_the_swarm(autojump_clock: Any) -
                 await node.add_agent(name, inboxes[name], tier=3)
         for node in nodes[1:]:
             await nodes[0].connect(node.listen_address)
-        await trio.sleep(1)
+        await wait_until(lambda: all(met(nodes[0], node) for node in nodes[1:]))
         result = await nodes[0].send(
             nodes[0].envelope("sun", "*", MessageType.NOTIFICATION, {"go": True})
         )
         assert result.path == "broadcast"
-        await trio.sleep(1)
+        await wait_until(lambda: all(inbox.received for inbox in inboxes.values()))
         assert sorted(result.targets) == sorted(inboxes)
         for inbox in inboxes.values():
             assert [e.payload for e in inbox.received] == [{"go": True}]
@@ -191,7 +158,7 @@ async def test_per_channel_order_is_kept(autojump_clock: Any) -> None:
         await connect_all([a, b])
         for i in range(200):
             await a.send(a.envelope("sun", "io", MessageType.STREAM_DATA, i))
-        await trio.sleep(1)
+        await wait_until(lambda: len(inbox.received) >= 200)
         assert [e.payload for e in inbox.received] == list(range(200))
 
 
@@ -208,7 +175,7 @@ async def test_a_request_without_an_answer_times_out(autojump_clock: Any) -> Non
             await a.request("probe", "io", "anyone?")
         assert info.value.code is ErrorCode.TIMEOUT
         waited = trio.current_time() - start
-        assert FAST.request_timeout <= waited <= FAST.request_timeout * 1.125 + 0.01
+        assert FAST_NODE.request_timeout <= waited <= FAST_NODE.request_timeout * 1.125 + 0.01
         assert a.routing.pending == {}
 
 
@@ -231,10 +198,11 @@ async def test_send_many_routes_each_envelope_and_keeps_order(autojump_clock: An
             (t,) for t in targets if t != "*"
         ]
         assert results[60].path == "broadcast"
-        await trio.sleep(1)
-        for inbox, name in ((on_b, "io"), (on_c, "europa"), (on_a, "lander")):
-            expected = [i for i, t in enumerate(targets) if t in (name, "*")]
-            assert [e.payload for e in inbox.received] == expected
+        inboxes = {"io": on_b, "europa": on_c, "lander": on_a}
+        expected = {n: [i for i, t in enumerate(targets) if t in (n, "*")] for n in inboxes}
+        await wait_until(lambda: all(len(inboxes[n].received) >= len(expected[n]) for n in inboxes))
+        for name, inbox in inboxes.items():
+            assert [e.payload for e in inbox.received] == expected[name]
         decisions = a.events.recent(kind=EventKind.ROUTING_DECISION)
         assert {e.envelope_id for e in decisions} >= {e.id for e in envelopes}
 
@@ -253,8 +221,9 @@ async def test_send_many_stops_at_the_first_refusal(autojump_clock: Any) -> None
         with pytest.raises(LocalError) as info:
             await a.send_many(envelopes)
         assert info.value.code is ErrorCode.AGENT_NOT_FOUND
-        await trio.sleep(1)
-        assert [e.payload for e in inbox.received] == [0]  # the one before the refusal
+        await wait_until(lambda: inbox.received)
+        # The one before the refusal; that envelope 2 was never sent is the decisions' check.
+        assert [e.payload for e in inbox.received] == [0]
         decisions = {e.envelope_id: e for e in a.events.recent(kind=EventKind.ROUTING_DECISION)}
         assert decisions[envelopes[0].id].outcome is Outcome.DELIVERED
         assert decisions[envelopes[1].id].code is ErrorCode.AGENT_NOT_FOUND
@@ -273,8 +242,8 @@ async def test_an_oversized_envelope_is_refused_and_the_channel_stays(autojump_c
             await a.send(huge)
         assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
         await a.send(a.envelope("probe", "io", MessageType.STREAM_DATA, "small"))
-        await trio.sleep(1)
-        assert [e.payload for e in inbox.received] == ["small"]
+        await wait_until(lambda: inbox.received)
+        assert [e.payload for e in inbox.received] == ["small"]  # the huge one was never sent
         assert link.history == [ChannelState.CONNECTING, ChannelState.OPEN]
 
 
@@ -288,8 +257,8 @@ async def test_reconnects_after_transport_loss(autojump_clock: Any) -> None:
         await connect_all([a, b])
         link = a.links.link(b.peer_id)
         sim.kill(b.listen_address[0])
-        await trio.sleep(0.01)
-        assert link.state is ChannelState.RECONNECTING
+        # The loss is noticed at once (within 10 ms of virtual time).
+        await wait_until(lambda: link.state is ChannelState.RECONNECTING, 0.01, interval=0.001)
         sim.revive(b.listen_address[0])
         reply = await a.request("sun", "io", "after")
         assert reply.payload == {"echo": "after"}
@@ -297,13 +266,13 @@ async def test_reconnects_after_transport_loss(autojump_clock: Any) -> None:
 
 
 async def test_a_quiet_channel_is_kept_open_by_keepalives(autojump_clock: Any) -> None:
-    config = dataclasses.replace(FAST, channel=ChannelConfig(idle_timeout=20.0))
+    config = dataclasses.replace(FAST_NODE, channel=ChannelConfig(idle_timeout=20.0))
     async with swarm(2, config) as (_, (a, b)):
         await a.add_agent("probe", Inbox(), tier=3)
         await b.add_agent("io", Inbox(), tier=3)
         await connect_all([a, b])
         links = [a.links.link(b.peer_id), b.links.link(a.peer_id)]
-        await trio.sleep(5 * 20.0)  # five idle timeouts without a single envelope
+        await trio.sleep(5 * 20.0)  # the behaviour under test: five idle timeouts pass quietly
         for link in links:
             assert link.history == [ChannelState.CONNECTING, ChannelState.OPEN]
             assert link.frames_received <= 2  # keepalives are not frames
@@ -343,7 +312,7 @@ async def test_a_peer_that_goes_silent_is_dropped_after_the_idle_timeout(
         )  # fmt: skip
         start = trio.current_time()
         link.adopt(await dial(), client.peer_id)
-        await trio.sleep(60.0)
+        await trio.sleep(60.0)  # the behaviour under test: past the 20 s idle timeout
         dropped = [at for at, state in states if state is ChannelState.RECONNECTING]
         assert dropped, states
         assert 20.0 <= dropped[0] - start <= 20.0 + 20.0 / 4 + 0.1
@@ -397,8 +366,8 @@ async def test_escalation_required_for_low_to_high_task_proposals(autojump_clock
         assert info.value.code is ErrorCode.ESCALATION_REQUIRED
         meta = Metadata(escalation_justification="the build is on fire")
         await a.send(a.envelope("io", "sun", MessageType.TASK_PROPOSAL, {}, metadata=meta))
-        await trio.sleep(1)
-        assert len(inbox.received) == 1
+        await wait_until(lambda: inbox.received)
+        assert len(inbox.received) == 1  # the refused proposal was never sent
 
 
 async def test_sandbox_routing_and_discovery(autojump_clock: Any) -> None:
@@ -422,23 +391,6 @@ async def test_sandbox_routing_and_discovery(autojump_clock: Any) -> None:
 # -- hostile peers --------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def victim_honest_evil(
-    honest_agent: str, honest_tier: int
-) -> AsyncIterator[tuple[Node, Node, Node, Inbox]]:
-    """Three connected nodes: a victim hosting "io" (whose inbox is yielded), an honest
-    node hosting ``honest_agent``, and an evil node hosting "mallory"."""
-    async with swarm(3) as (_, (victim, honest, evil)):
-        inbox = Inbox()
-        await victim.add_agent("io", inbox, tier=3)
-        await honest.add_agent(honest_agent, Inbox(), tier=honest_tier)
-        await evil.add_agent("mallory", Inbox(), tier=3)
-        await honest.connect(victim.listen_address)
-        await evil.connect(victim.listen_address)
-        await trio.sleep(1)
-        yield victim, honest, evil, inbox
-
-
 async def test_spoofed_sender_is_rejected_and_reported(autojump_clock: Any) -> None:
     async with victim_honest_evil("sun", 0) as (victim, honest, evil, inbox):
         forged = evil._factory.create("sun", "io", MessageType.REQUEST, "from sun, honest")
@@ -446,10 +398,16 @@ async def test_spoofed_sender_is_rejected_and_reported(autojump_clock: Any) -> N
         # A HELLO carrying another peer's card is refused as well.
         sun_card = honest.local_agent("sun")
         await evil.links.link(victim.peer_id).send(encode_hello([sun_card], []))
-        await trio.sleep(1)
+
+        def mismatches() -> int:
+            security = victim.events.recent(kind=EventKind.SECURITY)
+            return [e.code for e in security].count(ErrorCode.SENDER_MISMATCH)
+
+        # Both frames were handled once both are reported: the forged one was refused.
+        await wait_until(lambda: mismatches() >= 2)
         assert inbox.received == []
         security = victim.events.recent(kind=EventKind.SECURITY)
-        assert [e.code for e in security].count(ErrorCode.SENDER_MISMATCH) == 2
+        assert mismatches() == 2
         assert all(e.peer == str(evil.peer_id) for e in security)
         assert victim.registry.get("sun").peer_id == honest.peer_id
 
@@ -462,7 +420,12 @@ async def test_an_envelopes_frame_is_checked_envelope_by_envelope(autojump_clock
         plain.insert(1, forged.to_dict())
         plain.insert(3, {"schemaVersion": 1, "id": "broken"})
         await evil.links.link(victim.peer_id).send(pack([FrameKind.ENVELOPES, plain]))
-        await trio.sleep(1)
+        # The whole frame was handled: its last envelope arrived, both refusals reported.
+        await wait_until(
+            lambda: (
+                len(inbox.received) >= 3 and len(victim.events.recent(kind=EventKind.SECURITY)) >= 2
+            )
+        )
         assert [e.payload for e in inbox.received] == [0, 1, 2]
         codes = {e.code for e in victim.events.recent(kind=EventKind.SECURITY)}
         assert codes == {ErrorCode.SENDER_MISMATCH, ErrorCode.INVALID_ENVELOPE}
@@ -474,28 +437,33 @@ async def test_ingress_policy_holds_when_a_peer_skips_egress_checks(autojump_clo
         await victim.add_agent("io", inbox, tier=3)
         await rogue.add_agent("mercury", Inbox(), tier=1)
         await rogue.connect(victim.listen_address)
-        await trio.sleep(1)
+        await wait_until(lambda: met(victim, rogue))
         envelope = rogue.envelope("mercury", "io", MessageType.REQUEST, None)
         await rogue.links.link(victim.peer_id).send(encode_envelope(envelope))
-        await trio.sleep(1)
+        await wait_until(lambda: victim.events.recent(kind=EventKind.SECURITY))
         assert inbox.received == []
         assert victim.events.recent(kind=EventKind.SECURITY)[-1].code is ErrorCode.TIER_VIOLATION
 
 
 async def test_authority_swarm_rejects_unendorsed_tier_claims(autojump_clock: Any) -> None:
     authority = Identity(b"\xaa" * 32)
-    config = dataclasses.replace(FAST, policy=PolicyConfig(authority_key=authority.public_key))
+    config = dataclasses.replace(FAST_NODE, policy=PolicyConfig(authority_key=authority.public_key))
     async with swarm(3, config) as (_, (hub, member, pretender)):
         await hub.add_agent("earth", Inbox(), tier=1, authority=authority)
         await member.add_agent("venus", Inbox(), tier=2, authority=authority)
         await pretender.add_agent("sun", Inbox(), tier=0)  # claims L0, no endorsement
         await member.connect(hub.listen_address)
         await pretender.connect(hub.listen_address)
-        await trio.sleep(1)
-        assert "venus" in hub.registry
+
+        def codes() -> list[ErrorCode | None]:
+            return [e.code for e in hub.events.recent(kind=EventKind.SECURITY)]
+
+        # Both HELLOs were handled: the member's card is in, the pretender's refused.
+        await wait_until(
+            lambda: "venus" in hub.registry and ErrorCode.INVALID_ENDORSEMENT in codes()
+        )
         assert "sun" not in hub.registry
-        codes = [e.code for e in hub.events.recent(kind=EventKind.SECURITY)]
-        assert ErrorCode.INVALID_ENDORSEMENT in codes
+        assert ErrorCode.INVALID_ENDORSEMENT in codes()
         assert not hub.policy.is_open
         assert hub.status()["swarm"] == "authority"
 
@@ -506,14 +474,16 @@ async def test_garbage_frames_do_not_break_the_node(autojump_clock: Any) -> None
         await victim.add_agent("io", inbox, tier=3)
         await evil.add_agent("triton", Inbox(), tier=3)
         await evil.connect(victim.listen_address)
-        await trio.sleep(1)
+        await wait_until(lambda: met(victim, evil))
         link = evil.links.link(victim.peer_id)
         for junk in (b"\x00", b"\x92\x07\x80", b"\xc1" * 10, b"\x92\x01\x81\xa1x\x01"):
             await link.send(junk)
         await link.send(b"")  # an empty message is a keepalive, not a bad frame
-        await trio.sleep(1)
-        assert len(victim.events.recent(kind=EventKind.SECURITY)) == 4
+        await wait_until(lambda: len(victim.events.recent(kind=EventKind.SECURITY)) >= 4)
+        # The request comes after the keepalive on the same channel, which keeps order: once
+        # it is answered the keepalive was handled too, and it must not have added a fifth.
         assert (await evil.request("triton", "io", "still fine")).payload == {"echo": "still fine"}
+        assert len(victim.events.recent(kind=EventKind.SECURITY)) == 4
 
 
 def test_node_config_is_validated() -> None:
@@ -527,7 +497,7 @@ def test_node_config_is_validated() -> None:
 async def test_closing_a_node_stops_its_tasks(autojump_clock: Any) -> None:
     sim = SimNetwork(random.Random(3))
     host = sim.add_host()
-    config = dataclasses.replace(FAST, listen=(host.host, 7000))
+    config = dataclasses.replace(FAST_NODE, listen=(host.host, 7000))
     async with Node(Identity.generate(), host, config) as node:
         await node.add_agent("io", Inbox(), tier=3)
     # The nursery exited: nothing is left running, and the node refuses new work.

@@ -13,7 +13,7 @@ from p2pnode.envelope import MessageType
 from p2pnode.errors import ErrorCode, RemoteError
 from p2pnode.node.frames import encode_envelope
 from p2pnode.node.routing import PendingRequest
-from tests.test_node_sim import Inbox, swarm
+from tests.sim import Inbox, swarm
 
 
 async def test_a_request_for_an_agent_the_node_does_not_host_is_answered(

@@ -11,7 +11,7 @@ from p2pnode.card import AgentCard
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.node.service import ServiceHost
-from tests.test_node_sim import Inbox, swarm
+from tests.sim import Inbox, swarm, wait_until
 
 
 class Pinger:
@@ -47,9 +47,7 @@ async def test_a_service_intercepts_by_type_and_answers_through_the_host(
         pinger = Pinger(a)
         await a.start_service(pinger)
         await b.send(b.envelope("triton", "io", MessageType.NOTIFICATION, "ping"))
-        with trio.fail_after(5):
-            while not b_inbox.received:  # noqa: ASYNC110 - the inbox records, no event
-                await trio.sleep(0.01)
+        await wait_until(lambda: b_inbox.received, 5, interval=0.01)
         assert [e.payload for e in b_inbox.received] == ["pong"]
         assert pinger.seen == ["triton"]
         assert a_inbox.received == []  # intercepted: never reached the agent's handler

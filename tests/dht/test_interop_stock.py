@@ -18,7 +18,7 @@ from p2pnode.dht.node import DhtConfig, DhtNode
 from p2pnode.dht.records import capability_key, encode_value
 from p2pnode.identity import Identity
 from p2pnode.net import TrioNetwork
-from tests.dht.helpers import make_card
+from tests.sim import make_card
 
 pytestmark = pytest.mark.slow
 

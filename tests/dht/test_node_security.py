@@ -23,7 +23,7 @@ from p2pnode.identity import Identity
 from p2pnode.net import DatagramEndpoint
 from p2pnode.simnet import SimNetwork
 from p2pnode.wire import pack
-from tests.dht.helpers import virtual_ms
+from tests.sim import virtual_ms
 
 KEY = capability_key("translate")
 ATTACKER_ID = b"\xee" * 20

@@ -20,7 +20,7 @@ from p2pnode.dht.rpc import Address, RpcCore
 from p2pnode.errors import LocalError
 from p2pnode.net import DatagramEndpoint
 from p2pnode.simnet import SimNetwork
-from tests.dht.helpers import make_card, swarm, virtual_ms
+from tests.sim import dht_swarm, make_card, virtual_ms
 
 OTHER_ID = b"\x0f" * 20
 
@@ -123,7 +123,7 @@ async def test_a_finished_lookup_abandons_its_calls(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="p2pnode.dht")
-    async with swarm(12, seed=5) as (_, nodes):
+    async with dht_swarm(12, seed=5) as (_, nodes):
         owner = nodes[3]
         assert owner.identity is not None
         card = make_card(owner.identity, ["ocr"])
@@ -213,7 +213,7 @@ async def test_an_interrupted_flush_loses_no_datagram() -> None:
 async def test_the_card_api_keeps_its_records_published(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with swarm(8, seed=8) as (_, nodes):
+    async with dht_swarm(8, seed=8) as (_, nodes):
         owner = nodes[2]
         assert owner.identity is not None
         card = make_card(owner.identity, ["plan"], ttl_ms=24 * 3600 * 1000)

@@ -10,7 +10,7 @@ import trio.testing
 from p2pnode.card import AgentCard
 from p2pnode.dht.node import DhtNode
 from p2pnode.identity import PeerId
-from tests.dht.helpers import FAST, make_card, swarm
+from tests.sim import FAST_DHT, dht_swarm, make_card
 
 N = 200
 CAPS = [f"cap-{i}" for i in range(8)]
@@ -59,14 +59,14 @@ async def test_every_provider_found_without_churn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     rng = random.Random(21)
-    async with swarm(N, seed=21) as (_, nodes):
+    async with dht_swarm(N, seed=21) as (_, nodes):
         expected = await _publish(nodes, rng)
         assert await _lookups(nodes, expected, rng, 200) == 1.0
 
 
 async def test_lookups_survive_killing_a_fifth(autojump_clock: trio.testing.MockClock) -> None:
     rng = random.Random(22)
-    async with swarm(N, seed=22) as (sim, nodes):
+    async with dht_swarm(N, seed=22) as (sim, nodes):
         expected = await _publish(nodes, rng)
         victims = rng.sample(nodes[1:], N // 5)
         for v in victims:
@@ -75,13 +75,13 @@ async def test_lookups_survive_killing_a_fifth(autojump_clock: trio.testing.Mock
         # Providers that died are no longer required, only those alive.
         alive_expected = {c: p - dead for c, p in expected.items()}
         alive = [n for n in nodes if n not in victims]
-        await trio.sleep(FAST.refresh_interval + FAST.maintenance_interval)
+        await trio.sleep(FAST_DHT.refresh_interval + FAST_DHT.maintenance_interval)
         assert await _lookups(alive, alive_expected, rng, 400) >= 0.995
 
 
 async def test_partition_heals(autojump_clock: trio.testing.MockClock) -> None:
     rng = random.Random(23)
-    async with swarm(N // 2, seed=23) as (sim, nodes):
+    async with dht_swarm(N // 2, seed=23) as (sim, nodes):
         expected = await _publish(nodes, rng)
         side_a, side_b = nodes[: len(nodes) // 2], nodes[len(nodes) // 2 :]
         sim.partition({n.address[0] for n in side_a})
@@ -94,6 +94,6 @@ async def test_partition_heals(autojump_clock: trio.testing.MockClock) -> None:
         assert await _lookups(side_a, late, rng, 20) == 1.0
         sim.heal()
         # One republish interval later the owner has stored it across the healed network.
-        await trio.sleep(FAST.republish_interval + FAST.maintenance_interval)
+        await trio.sleep(FAST_DHT.republish_interval + FAST_DHT.maintenance_interval)
         assert await _lookups(side_b, late, rng, 50) == 1.0
         assert await _lookups(nodes, expected, rng, 100) == 1.0

@@ -12,11 +12,11 @@ from p2pnode.dht.node import DhtNode
 from p2pnode.dht.records import capability_key
 from p2pnode.errors import LocalError
 from p2pnode.wire import pack
-from tests.dht.helpers import make_card, swarm, virtual_ms
+from tests.sim import dht_swarm, make_card, virtual_ms
 
 
 async def test_small_swarm_provide_and_find(autojump_clock: trio.testing.MockClock) -> None:
-    async with swarm(12) as (_, nodes):
+    async with dht_swarm(12) as (_, nodes):
         assert all(len(n.table) >= 5 for n in nodes)
         owner = nodes[3]
         assert owner.identity is not None
@@ -33,7 +33,7 @@ async def test_small_swarm_provide_and_find(autojump_clock: trio.testing.MockClo
 
 
 async def test_find_node_returns_k_closest(autojump_clock: trio.testing.MockClock) -> None:
-    async with swarm(60, seed=4) as (_, nodes):
+    async with dht_swarm(60, seed=4) as (_, nodes):
         rng = random.Random(8)
         for _ in range(5):
             target = rng.randbytes(20)
@@ -49,7 +49,7 @@ async def test_find_node_returns_k_closest(autojump_clock: trio.testing.MockCloc
 async def test_snapshot_restore_rejoins_without_bootstrap(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with swarm(30, seed=6) as (sim, nodes):
+    async with dht_swarm(30, seed=6) as (sim, nodes):
         owner = nodes[4]
         assert owner.identity is not None
         card = make_card(owner.identity, ["ocr"])
@@ -73,7 +73,7 @@ async def test_snapshot_restore_rejoins_without_bootstrap(
 
 
 async def test_provide_refuses_foreign_card(autojump_clock: trio.testing.MockClock) -> None:
-    async with swarm(3, seed=7) as (_, nodes):
+    async with dht_swarm(3, seed=7) as (_, nodes):
         other = nodes[1].identity
         assert other is not None
         with pytest.raises(LocalError):

@@ -1,4 +1,4 @@
-"""Shared helpers for DHT tests: cards, virtual wall clock, simulated swarms."""
+"""DHT helpers: signed cards, a wall clock on trio's virtual time, simulated DHT swarms."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import trio
 
 from p2pnode.card import AgentCard, Capability
-from p2pnode.dht.node import DhtConfig, DhtNode
+from p2pnode.dht.config import DhtConfig
+from p2pnode.dht.node import DhtNode
 from p2pnode.identity import Identity
 from p2pnode.simnet import LinkConditions, SimNetwork
+from tests.sim.configs import FAST_DHT
 
 EPOCH_MS = 1_800_000_000_000
 
@@ -49,15 +51,14 @@ def make_card(
 
 
 DEFAULT_LINK = LinkConditions(latency=0.02, jitter=0.01)
-FAST = DhtConfig(maintenance_interval=60.0, refresh_interval=600.0, republish_interval=1200.0)
 
 
 @asynccontextmanager
-async def swarm(
+async def dht_swarm(
     n: int,
     *,
     seed: int = 1,
-    config: DhtConfig = FAST,
+    config: DhtConfig = FAST_DHT,
     conditions: LinkConditions = DEFAULT_LINK,
 ) -> AsyncIterator[tuple[SimNetwork, list[DhtNode]]]:
     """``n`` nodes with identities on a simulated network, each bootstrapped off node 0."""
