@@ -15,12 +15,19 @@ from typing import Any
 
 from p2pnode.card import DEFAULT_CARD_TTL_MS, AgentCard
 from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
+from p2pnode.identity import Identity, PeerId
 from p2pnode.jsonutil import b64encode, loads_untrusted
 
 CARD_FILE_NAME = "card.json"
 MAX_CARD_FILE_BYTES = 1024 * 1024
 _TEMPLATE_ONLY = frozenset({"ttlSeconds"})
+
+
+def default_agent_id(peer_id: PeerId) -> str:
+    """The agent id ``p2pnode init`` and ``run`` give a node's first agent when none is
+    chosen: readable, and unique per identity, so two nodes set up the same way do not
+    claim one id (ids are first come, first served in every registry)."""
+    return f"agent-{str(peer_id)[:6]}"
 
 
 def starter_template(agent_id: str, name: str, tier: int = 3) -> dict[str, Any]:

@@ -18,7 +18,13 @@ from pathlib import Path
 from p2pnode import __version__
 from p2pnode.a2a import to_a2a
 from p2pnode.card import AgentCard
-from p2pnode.cardfile import CARD_FILE_NAME, card_from_template, read_card_file, starter_template
+from p2pnode.cardfile import (
+    CARD_FILE_NAME,
+    card_from_template,
+    default_agent_id,
+    read_card_file,
+    starter_template,
+)
 from p2pnode.cli_node import add_node_commands
 from p2pnode.envelope import wall_clock_ms
 from p2pnode.errors import ErrorCode, LocalError, P2PError
@@ -77,7 +83,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         )
     identity = Identity.generate()
     save_identity(identity, key_path, overwrite=True)
-    template = starter_template(args.agent_id, args.name or args.agent_id.upper(), args.tier)
+    agent_id = args.agent_id or default_agent_id(identity.peer_id)
+    template = starter_template(agent_id, args.name or agent_id.upper(), args.tier)
     write_private_file(card_path, (json.dumps(template, indent=2) + "\n").encode())
     print(f"peer id   {identity.peer_id}")
     print(f"identity  {key_path}")
@@ -152,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     init = sub.add_parser("init", help="create an identity and a starter card file")
-    init.add_argument("--agent-id", default="agent", help="id of the starter agent card")
+    init.add_argument(
+        "--agent-id", help="id of the starter agent card (default: agent-<first 6 of the peer id>)"
+    )
     init.add_argument("--name", help="display name of the agent")
     init.add_argument("--tier", type=int, choices=range(4), default=3, help="tier 0-3")
     init.add_argument("--force", action="store_true", help="replace an existing identity and card")

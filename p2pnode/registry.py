@@ -75,11 +75,20 @@ class Registry:
         if existing is not None:
             if existing.origin is Origin.LOCAL:
                 raise RemoteError(
-                    ErrorCode.INVALID_CARD, f"agent id {card.id!r} is a local agent of this node"
+                    ErrorCode.INVALID_CARD,
+                    f"agent id {card.id!r} of peer {card.peer_id} collides with the local "
+                    f"agent of this node (peer {existing.peer_id}); one of them needs another id",
+                    holder=str(existing.peer_id),
+                    claimant=str(card.peer_id),
                 )
             if existing.public_key != card.public_key and not existing.is_expired(now_ms):
                 raise RemoteError(
-                    ErrorCode.INVALID_CARD, f"agent id {card.id!r} is held by another peer"
+                    ErrorCode.INVALID_CARD,
+                    f"agent id {card.id!r} of peer {card.peer_id} is refused: peer "
+                    f"{existing.peer_id} holds it (first come, first served until its card "
+                    "expires); one of them needs another id",
+                    holder=str(existing.peer_id),
+                    claimant=str(card.peer_id),
                 )
             if existing.public_key == card.public_key and card.revision <= existing.revision:
                 if card.revision == existing.revision:

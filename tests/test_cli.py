@@ -135,3 +135,17 @@ def test_global_options_are_accepted_after_the_subcommand(
     assert code == 1 and str(tmp_path / "none" / "control.sock") in err
     code, _, err = run(capsys, "doc", "read", "d", "--data-dir", str(tmp_path / "none"))
     assert code == 1 and str(tmp_path / "none" / "control.sock") in err
+
+
+def test_init_gives_each_node_its_own_default_agent_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = []
+    for name in ("one", "two"):
+        code, out, _ = run(capsys, "--data-dir", str(tmp_path / name), "init")
+        assert code == 0
+        peer_id = out.split()[2]
+        agent_id = json.loads((tmp_path / name / "card.json").read_text())["id"]
+        assert agent_id == f"agent-{peer_id[:6]}"
+        ids.append(agent_id)
+    assert ids[0] != ids[1]

@@ -111,8 +111,11 @@ def test_forged_remote_card_is_rejected_and_not_stored() -> None:
     assert info.value.code is ErrorCode.INVALID_SIGNATURE
     assert "earth" not in registry
     registry.merge_remote(card, NOW)
-    with pytest.raises(RemoteError, match="another peer"):
+    with pytest.raises(RemoteError) as info:
         registry.merge_remote(card_for(thief, "earth", revision=9), NOW)
+    # The refusal names both owners, for the operator who has to rename one.
+    assert info.value.details == {"holder": str(owner.peer_id), "claimant": str(thief.peer_id)}
+    assert str(owner.peer_id) in info.value.message and str(thief.peer_id) in info.value.message
     assert registry.get("earth").public_key == owner.public_key
 
 

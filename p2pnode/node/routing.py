@@ -56,6 +56,9 @@ logger = logging.getLogger("p2pnode.node")
 
 Handler = Callable[[Envelope], Awaitable[Any]]
 
+#: Agent-id collisions remembered (to warn once each); a bound, not a limit.
+_MAX_COLLISIONS = 4096
+
 
 @dataclass(slots=True)
 class LocalAgent:
@@ -163,6 +166,7 @@ class Routing:
         self._clock_ms = clock_ms
         self._max_peers = max_peers
         self._seen = BoundedSet(dedup_window)
+        self._collisions = BoundedSet(_MAX_COLLISIONS)
         self._hellos: dict[PeerId, trio.Event] = {}
         self._interceptors: dict[str, Interceptor] = {}
         self._type_interceptors: dict[MessageType, Interceptor] = {}
@@ -458,9 +462,21 @@ class Routing:
         try:
             self._registry.merge_remote(card, self._clock_ms())
         except RemoteError as exc:
-            self._events.security(exc.code, exc.message, peer, None)
+            if "holder" in exc.details:
+                self._note_collision(card, exc, peer)
+            else:
+                self._events.security(exc.code, exc.message, peer, None)
             return False
         return True
+
+    def _note_collision(self, card: AgentCard, exc: RemoteError, peer: str | None) -> None:
+        """An agent id claimed by two owners: one warning (a security event naming both)
+        per id and claiming owner. Every HELLO and DHT read repeats the claim, and an
+        operator needs to hear it once, not on each of them."""
+        if self._collisions.add(f"{card.id}\0{card.peer_id}"):
+            self._events.security(exc.code, exc.message, peer, None)
+        else:
+            logger.debug("%s", exc.message)
 
     def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
         for card in hello.cards:
