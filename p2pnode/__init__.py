@@ -38,7 +38,13 @@ _LAZY = {
 }
 
 
+#: Submodules loaded on first use (``p2pnode.aio`` loads asyncio).
+_LAZY_MODULES = {"aio"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"p2pnode.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'p2pnode' has no attribute {name!r}")
