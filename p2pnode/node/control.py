@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,26 @@ async def _read_line(stream: trio.abc.Stream, buffer: bytearray) -> bytes | None
     return line
 
 
+def listen_owner_only(path: Path, backlog: int = 16) -> trio.SocketListener:
+    """A Unix stream socket listening at ``path`` with mode 0600 (only the owner may
+    connect), replacing what is there: the data directory's lock says no other
+    daemon uses it. Raises OSError."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # created 0600: no moment in which others may connect
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(backlog)
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+
 def _encode(obj: Any) -> bytes:
     return (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
 
@@ -63,17 +84,7 @@ class ControlServer:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; reports readiness once the socket accepts connections."""
-        if self.path.exists() or self.path.is_symlink():
-            self.path.unlink()
-        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)  # the socket is created 0600: owner only
-        try:
-            await sock.bind(str(self.path))
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.path, 0o600)
-        sock.listen(16)
-        listener = trio.SocketListener(sock)
+        listener = listen_owner_only(self.path)
         try:
             task_status.started()
             await trio.serve_listeners(self._handle, [listener])

@@ -39,7 +39,7 @@ from typing import Any
 
 import trio
 
-from p2pnode.agent import Agent, agent_for_handler
+from p2pnode.agent import Agent, Message, agent_for_handler
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.card import AgentCard, Capability, Endpoint, Origin
 from p2pnode.envelope import (
@@ -96,6 +96,8 @@ class Node(TaskOwner):
         self._clock_ms = clock_ms
         self._factory = EnvelopeFactory(clock_ms)
         self._agents: dict[str, LocalAgent] = {}
+        #: Set when a local agent's task has ended (its inbox closed and drained).
+        self._agent_done: dict[str, trio.Event] = {}
 
         def on_frame(peer_id: PeerId, data: bytes) -> Awaitable[None]:
             return self.routing.on_frame(peer_id, data)
@@ -286,12 +288,39 @@ class Node(TaskOwner):
             send, receive = trio.open_memory_channel[Envelope](self.config.inbox_size)
             hosted = LocalAgent(stored, agent, send, receive)
             self._agents[card.id] = hosted
-            self.nursery.start_soon(self._agent_loop, hosted)
+            done = self._agent_done[card.id] = trio.Event()
+            self.nursery.start_soon(self._agent_loop, hosted, done)
         else:
             existing.definition = agent
             existing.set_card(stored)
         self.nursery.start_soon(self._announce, stored)
         return stored
+
+    async def remove_agent(self, agent_id: str) -> None:
+        """Stop hosting local agent ``agent_id``. What is already queued for it is answered
+        as if it were gone (a request with ``AGENT_UNAVAILABLE``); then its card is
+        unregistered, connected peers get a HELLO without it, :meth:`join` provides it no
+        more, and shared documents forget it as a member. A handler still running is
+        waited for at most ``config.request_timeout``.
+
+        Raises LocalError(AGENT_NOT_FOUND).
+        """
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
+        agent.definition = _withdrawn(agent_id)
+        agent.inbox_send.close()  # its task answers what is queued, then ends
+        done = self._agent_done.get(agent_id)
+        if done is not None:
+            with trio.move_on_after(self.config.request_timeout):
+                await done.wait()
+        if self._agents.get(agent_id) is agent:  # not removed (or replaced) meanwhile
+            del self._agents[agent_id]
+            self._agent_done.pop(agent_id, None)
+            self.registry.unregister(agent_id)
+            if self._shared is not None:
+                self._shared.remove_member(agent_id)
+            self.nursery.start_soon(self._announce, None)
 
     async def add_capability(self, agent_id: str, capability: Capability) -> AgentCard:
         """Re-publish local agent ``agent_id``'s card with ``capability`` added: the revision
@@ -395,7 +424,8 @@ class Node(TaskOwner):
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
         return agent.card
 
-    async def _announce(self, card: AgentCard) -> None:
+    async def _announce(self, card: AgentCard | None) -> None:
+        """Send connected peers a HELLO of the current cards, and provide ``card``."""
         hello = self._hello_bytes()
         for link in self.links:
             if link.state is ChannelState.OPEN:
@@ -404,6 +434,8 @@ class Node(TaskOwner):
                         await link.send(hello)
                     except P2PError as exc:
                         logger.info("card update to %s failed: %s", link.peer_id, exc)
+        if card is None:
+            return
         try:
             await self.discovery.provide(card)
         except P2PError as exc:
@@ -412,18 +444,21 @@ class Node(TaskOwner):
     def _hello_bytes(self) -> bytes:
         return encode_hello([a.card for a in self._agents.values()], self.advertised_addresses())
 
-    async def _agent_loop(self, agent: LocalAgent) -> None:
+    async def _agent_loop(self, agent: LocalAgent, done: trio.Event) -> None:
         inbox = agent.inbox_receive
-        async with inbox:
-            async for envelope in inbox:
-                await self._run_handler(agent, envelope)
-                # Drain what is already queued without a scheduler pass per envelope.
-                while True:
-                    try:
-                        queued = inbox.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    await self._run_handler(agent, queued)
+        try:
+            async with inbox:
+                async for envelope in inbox:
+                    await self._run_handler(agent, envelope)
+                    # Drain what is already queued without a scheduler pass per envelope.
+                    while True:
+                        try:
+                            queued = inbox.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                        await self._run_handler(agent, queued)
+        finally:
+            done.set()
 
     async def _run_handler(self, agent: LocalAgent, envelope: Envelope) -> None:
         reply = await agent.definition.handle(envelope)
@@ -535,6 +570,18 @@ class Node(TaskOwner):
             "discovery": self.discovery.statistics(),
             "metrics": metrics.to_dict(),
         }
+
+
+def _withdrawn(agent_id: str) -> Agent:
+    """What answers for an agent being removed: a request gets AGENT_UNAVAILABLE."""
+    agent = Agent(agent_id)
+
+    @agent.on_message
+    def unavailable(message: Message) -> None:
+        if message.type is MessageType.REQUEST:
+            raise RemoteError(ErrorCode.AGENT_UNAVAILABLE, f"agent {agent_id!r} was withdrawn")
+
+    return agent
 
 
 __all__ = ["Handler", "Interceptor", "Node", "RoutingResult"]

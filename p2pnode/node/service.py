@@ -11,6 +11,8 @@ a service may use of the node that runs it, and nothing else.
   reader task, behind the frame's failure boundary: they must not block.
 * Read the registry, ask the policy, emit events, contain a failure.
 * Add a capability to a local agent's card (re-signed and re-published).
+* Host an agent definition as a local agent, and stop hosting one (its card
+  withdrawn, what was queued for it answered ``AGENT_UNAVAILABLE``).
 * Find agents by capability (registry, refreshed through discovery).
 
 A service's lifetime is its :meth:`Service.run`: the node starts it in its
@@ -28,10 +30,11 @@ from typing import Any, Protocol
 
 import trio
 
+from p2pnode.agent import Agent
 from p2pnode.boundary import FailureBoundary
 from p2pnode.card import AgentCard, Capability
 from p2pnode.envelope import Envelope, MessageType, Metadata
-from p2pnode.identity import PeerId
+from p2pnode.identity import Identity, PeerId
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Verdict
 from p2pnode.node.router import Interceptor, RoutingResult
@@ -121,6 +124,10 @@ class ServiceHost(Protocol):
     ) -> None: ...
 
     async def add_capability(self, agent_id: str, capability: Capability) -> AgentCard: ...
+
+    async def add_agent(self, agent: Agent, *, authority: Identity | None = None) -> AgentCard: ...
+
+    async def remove_agent(self, agent_id: str) -> None: ...
 
     async def find(self, capability: str) -> list[AgentCard]: ...
 

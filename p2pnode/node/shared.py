@@ -321,6 +321,15 @@ class SharedState(TaskOwner):
         self._flush(d)
         return delta
 
+    def remove_member(self, agent_id: str) -> None:
+        """Forget ``agent_id`` as a member of every document: the node stopped hosting it.
+        Its saved subscriptions stay on disk (restored when it is hosted again at a
+        start); peers it talked to are reached through the other members, if any."""
+        for d in self._docs.values():
+            if agent_id in d.members:
+                d.members.discard(agent_id)
+                self._sync_peers(d)
+
     def read(self, doc: str) -> dict[str, Any]:
         """The current value of ``doc`` as plain data (``{}`` if unknown)."""
         return self.replica.value(doc)
@@ -462,6 +471,10 @@ class SharedState(TaskOwner):
             async for item in receive:
                 while self._durable_gen < item.gen:
                     await self._durable_changed.wait()
+                d = self._docs.get(item.doc)
+                if d is None or item.via not in d.members:
+                    self.frames_dropped += 1  # its member was removed after it was queued
+                    continue
                 envelope = self.host.envelope(item.via, peer, MessageType.STREAM_DATA, item.payload)
                 try:
                     await self.host.send(envelope)
