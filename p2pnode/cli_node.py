@@ -26,6 +26,7 @@ from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import default_data_dir, load_identity, load_or_create_identity
 from p2pnode.jsonutil import b64decode
 from p2pnode.net import Address, DatagramEndpoint, StreamListener, TrioNetwork
+from p2pnode.node.agentsocket import AGENT_SOCKET_NAME, AgentSocket
 from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.control import (
     CONTROL_SOCKET_NAME,
@@ -287,6 +288,9 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         await node.join()
         server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
         await node.nursery.start(server.serve)
+        agents_socket = AgentSocket(node, data_dir / AGENT_SOCKET_NAME, documents=node.shared,
+                                    endorser=endorser)  # fmt: skip
+        await node.start_service(agents_socket)
         print(
             json.dumps({"event": "ready", "peerId": str(node.peer_id),
                         "addresses": node.advertised_addresses(),
