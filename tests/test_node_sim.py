@@ -439,8 +439,9 @@ async def test_ingress_policy_holds_when_a_peer_skips_egress_checks(autojump_clo
         await rogue.connect(victim.listen_address)
         await wait_until(lambda: met(victim, rogue))
         envelope = rogue.envelope("mercury", "io", MessageType.REQUEST, None)
+        before = len(victim.events.recent(kind=EventKind.SECURITY))
         await rogue.links.link(victim.peer_id).send(encode_envelope(envelope))
-        await wait_until(lambda: victim.events.recent(kind=EventKind.SECURITY))
+        await wait_until(lambda: len(victim.events.recent(kind=EventKind.SECURITY)) > before)
         assert inbox.received == []
         assert victim.events.recent(kind=EventKind.SECURITY)[-1].code is ErrorCode.TIER_VIOLATION
 

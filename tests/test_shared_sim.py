@@ -8,7 +8,6 @@ The 100-node lossy-network case is covered at the gossip-core level by test_crdt
 from __future__ import annotations
 
 import dataclasses
-import random
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,15 +19,12 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, GossipConfig, GossipError
+from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, GossipError
 from p2pnode.crdt.ops import CounterAdd, RegisterSet, SetAdd
 from p2pnode.crdt.replica import Replica
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import Identity
-from p2pnode.node.channels import RetryPolicy
-from p2pnode.node.config import NodeConfig
-from p2pnode.node.discovery import MemoryDiscovery
 from p2pnode.node.docops import (
     decode_gossip_payload_untrusted,
     gossip_payload,
@@ -39,108 +35,45 @@ from p2pnode.node.frames import encode_envelope
 from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
 from p2pnode.node.shared import STORE_FILE_NAME, SharedConfig, SharedState
-from p2pnode.simnet import SimNetwork
 from p2pnode.wire import pack
+from tests.sim import (
+    FAST_NODE,
+    FAST_SHARED,
+    Member,
+    Swarm,
+    converged,
+    knows,
+    open_swarm,
+    wait_until,
+)
 
 DOC = "plan"
-FAST = NodeConfig(
-    retry=RetryPolicy(first_delay=0.05, max_redials=3, dial_timeout=2.0), request_timeout=5.0
-)
-SHARED = SharedConfig(
-    gossip=GossipConfig(interval=1.0), refresh_interval=1.0, discovery_interval=5.0, suspend=3.0
-)
 
 
 async def ignore(envelope: Envelope) -> Any:
     return None
 
 
-@dataclasses.dataclass
-class Member:
-    """One node of the swarm, restartable on the same identity, host and data directory."""
-
-    index: int
-    host: str
-    config: NodeConfig
-    agent: str
-    sandbox: str | None = None
-    node: Node | None = None
-    scope: trio.CancelScope | None = None
-    stopped: trio.Event = dataclasses.field(default_factory=trio.Event)
-    #: Envelopes the agent's handler got (gossip must never land here).
-    inbox: list[Envelope] = dataclasses.field(default_factory=list)
-
-    async def handle(self, envelope: Envelope) -> Any:
-        self.inbox.append(envelope)
-
-    @property
-    def shared(self) -> SharedState:
-        assert self.node is not None
-        return self.node.shared
-
-
-class Swarm:
-    def __init__(self, sim: SimNetwork, nursery: trio.Nursery, tmp: Path | None) -> None:
-        self.sim = sim
-        self.nursery = nursery
-        self.tmp = tmp
-        self.directory = MemoryDiscovery()
-        self.members: list[Member] = []
-
-    async def add(self, *, durable: bool = False, sandbox: str | None = None) -> Member:
-        i = len(self.members)
-        host = self.sim.add_host()
-        data_dir = self.tmp / f"node{i}" if durable and self.tmp is not None else None
-        config = dataclasses.replace(FAST, listen=(host.host, 7000), data_dir=data_dir)
-        member = Member(i, host.host, config, f"agent{i}", sandbox)
-        self.members.append(member)
-        await self.start(member, subscribe=True)
-        return member
-
-    async def start(self, member: Member, *, subscribe: bool) -> None:
-        member.stopped = trio.Event()
-        member.node = await self.nursery.start(self._run, member)
-        if subscribe:
-            await member.shared.subscribe(member.agent, DOC)
-
-    async def _run(self, member: Member, *, task_status: trio.TaskStatus[Node]) -> None:
-        try:
-            with trio.CancelScope() as member.scope:
-                host = self.sim._hosts[member.host]
-                identity = Identity(bytes([member.index + 1]) * 32)
-                async with Node(identity, host, member.config, discovery=self.directory) as node:
-                    await node.add_agent(member.agent, member.handle, sandbox_id=member.sandbox)
-                    await node.open_shared(SHARED, rng=random.Random(member.index))
-                    task_status.started(node)
-                    await trio.sleep_forever()
-        finally:
-            member.stopped.set()
-
-    async def stop(self, member: Member) -> None:
-        assert member.scope is not None
-        member.scope.cancel()
-        await member.stopped.wait()
-
-
 @asynccontextmanager
-async def swarm(tmp: Path | None = None, seed: int = 7) -> AsyncIterator[Swarm]:
-    async with trio.open_nursery() as nursery:
-        yield Swarm(SimNetwork(random.Random(seed)), nursery, tmp)
-        nursery.cancel_scope.cancel()
+async def shared_swarm(data_root: Path | None = None) -> AsyncIterator[Swarm]:
+    """The builder's members finding each other through one in-memory directory and
+    opening the shared-state service."""
+    async with open_swarm(seed=7, discovery=True, shared=FAST_SHARED, data_root=data_root) as sw:
+        yield sw
 
 
-def snapshot(members: list[Member]) -> list[tuple[Any, Any]]:
-    return [(m.shared.read(DOC), m.shared.clock(DOC)) for m in members]
+async def join(sw: Swarm, *, durable: bool = False, sandbox: str | None = None) -> Member:
+    """A new member hosting agent<index>, subscribed to the document."""
+    member = await sw.add(agent=f"agent{len(sw.members)}", sandbox=sandbox, durable=durable)
+    await member.shared.subscribe(member.agent, DOC)
+    return member
 
 
-async def wait_converged(members: list[Member], within: float) -> bool:
-    with trio.move_on_after(within):
-        while True:
-            states = snapshot(members)
-            if all(s == states[0] for s in states):
-                return True
-            await trio.sleep(0.5)
-    return False
+def gossiping(*members: Member) -> bool:
+    """Each of ``members`` gossips the document with every other one of them."""
+    return all(
+        set(m.shared.peers(DOC)) >= {o.agent for o in members if o is not m} for m in members
+    )
 
 
 # -- convergence ----------------------------------------------------------------------------------
@@ -149,13 +82,21 @@ async def wait_converged(members: list[Member], within: float) -> bool:
 async def test_swarm_converges_through_partition_kills_and_restarts(
     autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with swarm(tmp_path) as sw:
+    async with shared_swarm(tmp_path) as sw:
         n = 24
         restarted = {3, 17}
         for i in range(n):
-            await sw.add(durable=i in restarted)
-        await trio.sleep(3)  # cards announced, peers found
+            await join(sw, durable=i in restarted)
         members = sw.members
+        # The swarm has formed: every card announced, every member gossiping with some peer.
+        assert sw.directory is not None
+        directory = sw.directory
+        await wait_until(
+            lambda: all(
+                directory.cards[m.agent].has_capability("crdt:" + DOC) and m.shared.peers(DOC)
+                for m in members
+            )
+        )
         ops: dict[str, int] = {}  # acknowledged operations per writer
         expected_members: set[str] = set()
 
@@ -165,7 +106,7 @@ async def test_swarm_converges_through_partition_kills_and_restarts(
                 await m.shared.update(m.agent, DOC, SetAdd(("members",), f"{m.agent}-{tag}{r}"))
                 ops[m.agent] = ops.get(m.agent, 0) + 2
                 expected_members.add(f"{m.agent}-{tag}{r}")
-                await trio.sleep(0.05)
+                await trio.sleep(0.05)  # writers interleave with each other and with gossip
 
         # Concurrent writers everywhere.
         async with trio.open_nursery() as writers:
@@ -177,7 +118,7 @@ async def test_swarm_converges_through_partition_kills_and_restarts(
         async with trio.open_nursery() as writers:
             for m in members[::3]:
                 writers.start_soon(write, m, 2, "b")
-        await trio.sleep(5)
+        await trio.sleep(5)  # the behaviour under test: the partition lasts 5 s
         assert left[0].shared.read(DOC) != right[0].shared.read(DOC)
         # Kill some nodes (they keep writing, cut off) and restart the durable ones.
         killed = [members[5], members[20]]
@@ -189,35 +130,35 @@ async def test_swarm_converges_through_partition_kills_and_restarts(
         for i in restarted:
             await write(members[i], 2, "d")  # acknowledged: durable
             await sw.stop(members[i])
-        await trio.sleep(5)
+        await trio.sleep(5)  # the behaviour under test: 5 s more with nodes down, still split
         sw.sim.heal()
         for m in killed:
             sw.sim.revive(m.host)
         for i in restarted:
-            await sw.start(members[i], subscribe=False)  # subscription restored from disk
+            await sw.start(members[i])  # not subscribed again: the subscription comes from disk
             me = members[i].shared
             assert me.subscriptions() == {DOC: [members[i].agent]}
             # Every acknowledged update came back from disk, before any gossip.
             assert me.clock(DOC).get(me.replica_id) == ops[members[i].agent]
         start = trio.current_time()
-        assert await wait_converged(members, within=120.0)
+        await wait_until(lambda: converged(members, DOC), 120.0, interval=0.5)
         print(f"converged {trio.current_time() - start:.1f} s (virtual) after healing")
         value = members[0].shared.read(DOC)
         assert value["count"] == sum(ops.values()) // 2
         assert value["members"] == frozenset(expected_members)
         clock = members[0].shared.clock(DOC)
         assert {m.agent: clock.get(m.shared.replica_id) for m in members} == ops
-        assert all(m.inbox == [] for m in members)
+        assert all(m.inbox.received == [] for m in members)
 
 
 async def test_no_frame_carries_an_update_before_it_is_durable(
     autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with swarm(tmp_path) as sw:
-        writer, peer = await sw.add(durable=True), await sw.add()
-        await trio.sleep(3)
+    async with shared_swarm(tmp_path) as sw:
+        writer, peer = await join(sw, durable=True), await join(sw)
+        await wait_until(lambda: gossiping(writer, peer))
         await writer.shared.update(writer.agent, DOC, CounterAdd(("n",), 1))
-        assert await wait_converged([writer, peer], within=10.0)
+        await wait_until(lambda: converged([writer, peer], DOC), 10.0, interval=0.5)
         assert writer.config.data_dir is not None
         # Another connection holds the database's write lock: commits fail (after
         # SQLite's busy timeout), so the next update is not acknowledged...
@@ -228,14 +169,14 @@ async def test_no_frame_carries_an_update_before_it_is_durable(
                 await writer.shared.update(writer.agent, DOC, CounterAdd(("n",), 10))
             assert info.value.code is ErrorCode.INTERNAL
             assert writer.shared.read(DOC) == {"n": 11}  # applied in memory only
-            await trio.sleep(10)  # anti-entropy rounds run meanwhile
+            await trio.sleep(10)  # the behaviour under test: anti-entropy rounds run meanwhile
             # ... and no frame showed it to a peer.
             assert peer.shared.read(DOC) == {"n": 1}
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
         # Once a retried commit succeeds, it is durable and spreads.
-        assert await wait_converged([writer, peer], within=30.0)
+        await wait_until(lambda: converged([writer, peer], DOC), 30.0, interval=0.5)
         assert peer.shared.read(DOC) == {"n": 11}
 
 
@@ -243,15 +184,19 @@ async def test_no_frame_carries_an_update_before_it_is_durable(
 
 
 async def test_gossip_obeys_sandboxes(autojump_clock: Any) -> None:
-    async with swarm() as sw:
-        boxed = await sw.add(sandbox="sb1")
-        sibling = await sw.add(sandbox="sb1")
-        outside = await sw.add()
-        await trio.sleep(3)
+    async with shared_swarm() as sw:
+        boxed = await join(sw, sandbox="sb1")
+        sibling = await join(sw, sandbox="sb1")
+        outside = await join(sw)
+        await wait_until(lambda: gossiping(boxed, sibling))
         for m in (boxed, sibling, outside):
             await m.shared.update(m.agent, DOC, SetAdd(("who",), m.agent))
-        await trio.sleep(20)
-        assert boxed.shared.read(DOC) == {"who": frozenset({boxed.agent, sibling.agent})}
+        inside = {"who": frozenset({boxed.agent, sibling.agent})}
+        await wait_until(lambda: boxed.shared.read(DOC) == sibling.shared.read(DOC) == inside)
+        # What is asserted next is an absence: ten gossip rounds and two discovery lookups
+        # pass in which a leak across the sandbox would show.
+        await trio.sleep(10 * FAST_SHARED.gossip.interval)
+        assert boxed.shared.read(DOC) == inside
         assert sibling.shared.read(DOC) == boxed.shared.read(DOC)
         assert outside.shared.read(DOC) == {"who": frozenset({outside.agent})}
         assert boxed.shared.peers(DOC) == (sibling.agent,)
@@ -264,8 +209,10 @@ async def test_gossip_obeys_sandboxes(autojump_clock: Any) -> None:
         envelope = outside.node.envelope(
             outside.agent, boxed.agent, MessageType.STREAM_DATA, payload
         )
+        node = boxed.node
+        before = len(node.events.recent(kind=EventKind.SECURITY))
         await outside.node.links.link(boxed.node.peer_id).send(encode_envelope(envelope))
-        await trio.sleep(1)
+        await wait_until(lambda: len(node.events.recent(kind=EventKind.SECURITY)) > before)
         assert "intruder" not in boxed.shared.read(DOC)["who"]
         security = boxed.node.events.recent(kind=EventKind.SECURITY)
         assert security[-1].code is ErrorCode.SANDBOX_VIOLATION
@@ -281,10 +228,12 @@ async def test_gossip_obeys_sandboxes(autojump_clock: Any) -> None:
 
 
 async def test_garbage_gossip_does_not_stop_sync(autojump_clock: Any) -> None:
-    async with swarm() as sw:
-        victim, honest, evil = await sw.add(), await sw.add(), await sw.add()
-        await trio.sleep(3)
+    async with shared_swarm() as sw:
+        victim, honest, evil = await join(sw), await join(sw), await join(sw)
         assert victim.node is not None and evil.node is not None
+        # The victim authenticates the evil agent (knows its card) before it gets the frames.
+        victim_node, evil_node = victim.node, evil.node
+        await wait_until(lambda: gossiping(victim, honest, evil) and knows(victim_node, evil_node))
         link = evil.node.links.link(victim.node.peer_id)
         forged = Replica(evil.shared.replica_id)
         good = forged.update(DOC, CounterAdd(("evil",), 1))
@@ -301,7 +250,14 @@ async def test_garbage_gossip_does_not_stop_sync(autojump_clock: Any) -> None:
         for payload in payloads:
             env = evil.node.envelope(evil.agent, victim.agent, MessageType.STREAM_DATA, payload)
             await link.send(encode_envelope(env))
-        await trio.sleep(1)
+
+        def reported() -> int:
+            return len(victim_node.events.recent(kind=EventKind.SECURITY)) + len(
+                victim_node.events.recent(kind=EventKind.ERROR)
+            )
+
+        # Each of the seven payloads is reported once, as a security event or an error.
+        await wait_until(lambda: reported() >= len(payloads))
         security = victim.node.events.recent(kind=EventKind.SECURITY)
         assert len(security) == 5
         assert {e.code for e in security} <= {
@@ -315,18 +271,19 @@ async def test_garbage_gossip_does_not_stop_sync(autojump_clock: Any) -> None:
         assert victim.shared.read(DOC) == {"evil": 1}  # the good delta of the batch
         # Sync goes on.
         await honest.shared.update(honest.agent, DOC, RegisterSet(("status",), "green", 5))
-        assert await wait_converged([victim, honest], within=10.0)
+        await wait_until(lambda: converged([victim, honest], DOC), 10.0, interval=0.5)
         assert victim.shared.read(DOC)["status"] == "green"
-        assert victim.inbox == [] and honest.inbox == []  # gossip never reaches handlers
+        # Gossip never reaches the agents' handlers.
+        assert victim.inbox.received == [] and honest.inbox.received == []
 
 
 # -- API ------------------------------------------------------------------------------------------
 
 
 async def test_watch_update_membership_and_async_with(autojump_clock: Any) -> None:
-    async with swarm() as sw:
-        a, b = await sw.add(), await sw.add()
-        await trio.sleep(3)
+    async with shared_swarm() as sw:
+        a, b = await join(sw), await join(sw)
+        await wait_until(lambda: gossiping(a, b))
         seen: list[dict[str, Any]] = []
         with b.shared.watch(DOC) as watch:
             await a.shared.update(a.agent, DOC, CounterAdd(("n",), 2))
@@ -348,6 +305,7 @@ async def test_watch_update_membership_and_async_with(autojump_clock: Any) -> No
         # A node's first card has revision = its issue time (ms); subscribing bumps it once.
         assert card.has_capability("crdt:" + DOC) and card.revision == card.issued_at + 1
         assert b.node.registry.get(a.agent).revision == card.revision
+        assert sw.directory is not None
         assert sw.directory.cards[a.agent].has_capability("crdt:" + DOC)
         assert a.node.status()["documents"] == {DOC: [a.agent]}
         assert await a.node.add_capability(a.agent, card.capabilities[0]) == card  # no-op
@@ -356,7 +314,7 @@ async def test_watch_update_membership_and_async_with(autojump_clock: Any) -> No
                 pass
         # A service opened with `async with` on a node of its own.
         host = sw.sim.add_host()
-        config = dataclasses.replace(FAST, listen=(host.host, 7000))
+        config = dataclasses.replace(FAST_NODE, listen=(host.host, 7000))
         async with Node(Identity(b"\x77" * 32), host, config) as bare:
             await bare.add_agent("solo", ignore)
             async with SharedState(bare) as solo:

@@ -56,13 +56,20 @@ class Member:
     network: SimHost
     config: NodeConfig
     #: The agent this member hosts (``None``: none), with ``inbox`` as its handler.
-    agent: str | None = None
+    hosted: str | None = None
     sandbox: str | None = None
     inbox: Inbox = dataclasses.field(default_factory=Inbox)
     node: Node | None = None
     _scope: trio.CancelScope | None = None
     _closing: trio.Event = dataclasses.field(default_factory=trio.Event)
     _stopped: trio.Event = dataclasses.field(default_factory=trio.Event)
+
+    @property
+    def agent(self) -> str:
+        """The id of the agent this member hosts."""
+        if self.hosted is None:
+            raise LookupError(f"member {self.index} hosts no agent")
+        return self.hosted
 
     @property
     def host(self) -> str:
@@ -157,8 +164,8 @@ class Swarm:
                 async with Node(
                     member.identity, member.network, member.config, discovery=self.directory
                 ) as node:
-                    if member.agent is not None:
-                        await node.add_agent(member.agent, member.inbox, sandbox_id=member.sandbox)
+                    if member.hosted is not None:
+                        await node.add_agent(member.hosted, member.inbox, sandbox_id=member.sandbox)
                     if self.shared is not None:
                         await node.open_shared(self.shared, rng=random.Random(member.index))
                     task_status.started(node)
