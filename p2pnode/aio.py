@@ -60,6 +60,7 @@ import contextvars
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -609,7 +610,9 @@ class _OpenNode:
         return None
 
 
-def open_node(identity: Identity, network: Network, config: NodeConfig) -> _OpenNode:
+def open_node(
+    identity: Identity, network: Network, config: NodeConfig
+) -> AbstractAsyncContextManager[AioNode]:
     """A running node with its DHT, for an asyncio program: ``async with open_node(...) as
     node`` (see the module docstring); everything is closed on exit.
 
