@@ -10,7 +10,13 @@ baselines, measured in the same run over the same loopback: raw TCP with a
 4-byte length prefix, and the secure channel alone as the node configures it;
 both carry the same 256-byte messages.
 
-Every measurement runs in two layouts. "1 process": both ends share one
+An agent's request round trip is also measured with the agent embedded in a
+trio program and in an asyncio program (p2pnode.aio: the node runs as a trio
+guest on the asyncio loop and the agent's handlers run as asyncio tasks), in
+one process, from a node to a node and from an agent to an agent of the same
+node.
+
+Every measurement but the embedded one runs in two layouts. "1 process": both ends share one
 trio loop (and so one core's worth of Python). "2 processes": the receiving
 end runs in a child process, as two nodes on one machine do, so each end has
 a core. The client code is the same in both; only where the server runs
@@ -20,6 +26,7 @@ differs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import subprocess
 import sys
@@ -32,12 +39,16 @@ from typing import Any
 import trio
 from bench_channel import ChannelEndpoint, Endpoint, FramedStream, fmt
 
+from p2pnode import aio
+from p2pnode.agent import Agent, Message
 from p2pnode.channel import ChannelConfig, accept_secure, connect_secure
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import P2PError
 from p2pnode.identity import Identity
 from p2pnode.net import TrioNetwork
+from p2pnode.node.config import NodeConfig
 from p2pnode.node.node import Node
+from p2pnode.node.runtime import open_node
 from p2pnode.secure import SecureIdentity
 
 PAYLOAD = "p" * 200  # a 256-byte-ish envelope body once ids and headers are added
@@ -303,6 +314,78 @@ def in_two_processes(scale: float) -> Layout:
         server.wait()
 
 
+# -- an agent embedded with trio vs with asyncio ------------------------------------------------
+
+TARGET_AIO_RATIO = 1.3
+
+
+def echo_agent() -> Agent:
+    """The same definition for both hosts: an async handler answering with the payload."""
+    agent = Agent("server", tier=3)
+
+    @agent.on_request()
+    async def echo_payload(message: Message) -> Any:
+        return message.payload
+
+    return agent
+
+
+async def trio_embedded(count: int, remote: bool) -> float:
+    """Round trip p50 to an agent hosted by a node in a trio program."""
+    async with open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as server:
+        await server.add_agent(echo_agent())
+        if not remote:
+            await server.add_agent("client", echo, tier=3)
+            return quantiles(await timed_round_trips(count, partial(ask, server)))[0]
+        async with open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as client:
+            await client.add_agent("client", echo, tier=3)
+            await client.connect((HOST, server.listen_address[1]))
+            return quantiles(await timed_round_trips(count, partial(ask, client)))[0]
+
+
+async def asyncio_embedded(count: int, remote: bool) -> float:
+    """The same, the nodes opened by an asyncio program (p2pnode.aio)."""
+    async with aio.open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as server:
+        await server.add_agent(echo_agent())
+        if not remote:
+            await server.add_agent("client", echo, tier=3)
+            return quantiles(await timed_round_trips(count, partial(ask, server)))[0]
+        async with aio.open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as client:
+            await client.add_agent("client", echo, tier=3)
+            await client.connect((HOST, server.listen_address[1]))
+            return quantiles(await timed_round_trips(count, partial(ask, client)))[0]
+
+
+async def ask(node: Node | aio.AioNode) -> Envelope:
+    return await node.request("client", "server", PAYLOAD)
+
+
+EmbeddedRow = tuple[str, float, float]
+
+
+def embedded_rows(scale: float) -> list[EmbeddedRow]:
+    count = max(BATCH * 10, int(5000 * scale))
+    rows = []
+    for remote, name in ((True, "node to node"), (False, "same node")):
+        trio_p50 = trio.run(trio_embedded, count, remote)
+        asyncio_p50 = asyncio.run(asyncio_embedded(count, remote))
+        rows.append((f"agent round trip p50 (us), {name}", trio_p50, asyncio_p50))
+    return rows
+
+
+def print_embedded(rows: list[EmbeddedRow]) -> None:
+    header = f"{'embedded agent, 1 process':<42}{'trio':>9}{'asyncio':>9}{'asyncio/trio':>14}"
+    print(header)
+    print("-" * len(header))
+    for name, trio_p50, asyncio_p50 in rows:
+        ratio = asyncio_p50 / trio_p50
+        print(f"{name:<42}{fmt(trio_p50):>9}{fmt(asyncio_p50):>9}{ratio:>14.2f}")
+    print(f"target: asyncio-embedded within {TARGET_AIO_RATIO}x of trio-embedded")
+    for name, trio_p50, asyncio_p50 in rows:
+        met = "met" if asyncio_p50 <= TARGET_AIO_RATIO * trio_p50 else "NOT met"
+        print(f"  {name.split(', ')[1] + ':':<13} {asyncio_p50 / trio_p50:.2f}x {met}")
+
+
 def main(scale: float) -> None:
     layouts = [trio.run(in_one_process, scale), in_two_processes(scale)]
     header = (
@@ -325,6 +408,8 @@ def main(scale: float) -> None:
     )
     for layout in layouts:
         print(layout.verdict())
+    print()
+    print_embedded(embedded_rows(scale))
 
 
 if __name__ == "__main__":
