@@ -8,7 +8,6 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
-import trio
 
 from p2pnode.card import Capability
 from p2pnode.envelope import Envelope
@@ -18,6 +17,7 @@ from p2pnode.node.config import NodeConfig
 from p2pnode.node.node import Node
 from p2pnode.node.runtime import open_node
 from p2pnode.simnet import SimNetwork
+from tests.sim import met, wait_until
 
 
 async def echo(envelope: Envelope) -> Any:
@@ -44,8 +44,10 @@ async def test_discovery_through_the_dht(autojump_clock: Any) -> None:
         )
         await nodes[1].add_agent("callisto", echo, tier=3)
         for node in nodes:
-            await node.join()
-        await trio.sleep(5)
+            await node.join()  # returns once its cards are provided to the DHT
+        # Every node has met the bootstrap node, which so knows every agent: it is not
+        # the bootstrap node that tells the asker about "io" below.
+        await wait_until(lambda: all(met(nodes[0], node) for node in nodes[1:]))
         asker = nodes[1]
         assert "io" not in asker.registry  # never met: only the bootstrap node
         found = await asker.find("docs.write")

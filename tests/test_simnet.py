@@ -105,7 +105,7 @@ async def test_close_wakes_receiver(autojump_clock: trio.testing.MockClock) -> N
                 await ep.recvfrom()
 
         nursery.start_soon(recv)
-        await trio.sleep(1)
+        await trio.testing.wait_all_tasks_blocked()  # the receiver waits in recvfrom
         ep.close()
     with pytest.raises(trio.ClosedResourceError):
         await ep.sendto(b"x", ("10.0.0.9", 1))

@@ -23,7 +23,7 @@ from p2pnode.identity import Identity
 from p2pnode.net import DatagramEndpoint
 from p2pnode.simnet import SimNetwork
 from p2pnode.wire import pack
-from tests.sim import virtual_ms
+from tests.sim import virtual_ms, wait_until
 
 KEY = capability_key("translate")
 ATTACKER_ID = b"\xee" * 20
@@ -124,20 +124,22 @@ async def test_flood_from_one_peer_stays_bounded(
         forged = bytearray(_record(Identity(rng.randbytes(32))).to_bytes())
         forged[-3] ^= 0x40
         forged_value = pack([bytes(forged)])
+        handled = node.stats.requests_handled
         for _ in range(10_000):
             await attacker.request("store", [ATTACKER_ID, KEY, forged_value], wait=False)
-            await trio.sleep(0.0001)
-        await trio.sleep(1)
+            await trio.sleep(0.0001)  # the flood's rate: 10,000 stores a second
+        await wait_until(lambda: node.stats.requests_handled >= handled + 10_000)
         assert len(node.records) == 0
         assert await attacker.served() is None
         # Validly signed stores from one address are rate-limited and bounded.
         signers = [Identity(rng.randbytes(32)) for _ in range(300)]
         t0 = trio.current_time()
+        handled = node.stats.requests_handled
         for who in signers:
             value = encode_value([_record(who, cap=f"cap{rng.randrange(10**9)}")])
             await attacker.request("store", [ATTACKER_ID, KEY, value], wait=False)
             await trio.sleep(0.0001)
-        await trio.sleep(1)
+        await wait_until(lambda: node.stats.requests_handled >= handled + len(signers))
         elapsed = trio.current_time() - t0
         store = node.records
         assert len(store) <= store.source_burst + store.source_rate * elapsed + 1
@@ -178,7 +180,7 @@ async def test_responses_matched_by_id_and_address(
         req = rpcwire.decode_datagram_untrusted(data)
         # The attacker learned the id (say, by sniffing) and answers first from its own address.
         await attacker.ep.sendto(rpcwire.encode_response(req.msg_id, ATTACKER_ID), src)
-        await trio.sleep(0.5)
+        await wait_until(lambda: node.stats.datagrams_dropped >= 1)
         assert result == []
         await honest.sendto(rpcwire.encode_response(req.msg_id, b"\x11" * 20), src)
     assert result == [b"\x11" * 20]

@@ -20,7 +20,7 @@ from p2pnode.dht.rpc import Address, RpcCore
 from p2pnode.errors import LocalError
 from p2pnode.net import DatagramEndpoint
 from p2pnode.simnet import SimNetwork
-from tests.sim import dht_swarm, make_card, virtual_ms
+from tests.sim import dht_swarm, make_card, virtual_ms, wait_until
 
 OTHER_ID = b"\x0f" * 20
 
@@ -44,7 +44,7 @@ async def test_a_call_nobody_answers_times_out_at_its_deadline(
     peer = _peer(sim, config=DhtConfig(rpc_hard_timeout=3.0, maintenance_interval=600.0))
     silent = await _endpoint(sim)
     async with peer:
-        await trio.sleep(1)
+        await trio.testing.wait_all_tasks_blocked()
         t0 = trio.current_time()
         # The receive loop sleeps until maintenance (300 s or more): the call pulls it in.
         assert await peer.ping(silent.local_address) is None
@@ -132,11 +132,16 @@ async def test_a_finished_lookup_abandons_its_calls(
         # A card read stops at the first hit, with other requests still out.
         assert await asker.find_card(card.peer_id, card.id) == card
         assert asker.rpc.pending == 0
+        stats = asker.stats
+        abandoned = stats.rpcs_sent - stats.rpcs_answered - stats.rpcs_timed_out
         caplog.clear()
-        await trio.sleep(1)
-        # Their replies came later and were dropped, not used.
-        late = [r.getMessage() for r in caplog.records if "caller gave up" in r.getMessage()]
-        assert late and all("dht.drop" in m for m in late)
+
+        def late() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "caller gave up" in r.getMessage()]
+
+        # Their replies came later (one per abandoned call) and were dropped, not used.
+        await wait_until(lambda: len(late()) >= abandoned > 0)
+        assert all("dht.drop" in m for m in late())
 
 
 async def test_calls_beyond_max_pending_fail_at_once(
@@ -153,7 +158,7 @@ async def test_calls_beyond_max_pending_fail_at_once(
 
         for _ in range(2):
             nursery.start_soon(ping)
-        await trio.sleep(0.1)
+        await wait_until(lambda: peer.rpc.pending == 2)
         t0 = trio.current_time()
         assert await peer.ping(silent.local_address) is None
         assert trio.current_time() == t0  # refused, not waited for
