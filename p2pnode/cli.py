@@ -13,10 +13,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 from p2pnode import __version__
 from p2pnode.a2a import to_a2a
+from p2pnode.boundary import describe
 from p2pnode.card import AgentCard
 from p2pnode.cardfile import (
     CARD_FILE_NAME,
@@ -26,6 +29,7 @@ from p2pnode.cardfile import (
     starter_template,
 )
 from p2pnode.cli_node import add_node_commands
+from p2pnode.datalock import hold_data_dir
 from p2pnode.envelope import wall_clock_ms
 from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import (
@@ -37,6 +41,9 @@ from p2pnode.identity import (
     write_private_file,
 )
 from p2pnode.jsonutil import b64encode
+from p2pnode.node.control import CONTROL_SOCKET_NAME
+from p2pnode.node.runtime import SNAPSHOT_FILE
+from p2pnode.node.shared import STORE_FILE_NAME, SUBSCRIPTIONS_FILE_NAME
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -71,21 +78,56 @@ def _signed_card(args: argparse.Namespace) -> tuple[AgentCard, Identity]:
 # -- commands ---------------------------------------------------------------------------------
 
 
+def _identity_state(data_dir: Path) -> list[Path]:
+    """What in ``data_dir`` belongs to its identity: the key, the card, and the state
+    the node keeps under its peer id (DHT contacts, CRDT replica and subscriptions)."""
+    names = [KEY_FILE_NAME, CARD_FILE_NAME, SNAPSHOT_FILE, SUBSCRIPTIONS_FILE_NAME]
+    paths = [data_dir / name for name in names]
+    paths += sorted(data_dir.glob(STORE_FILE_NAME + "*"))  # with SQLite's -wal and -shm
+    return [p for p in paths if p.exists() or p.is_symlink()]
+
+
+def _move_aside(data_dir: Path, paths: list[Path]) -> Path:
+    """Move ``paths`` into a new ``replaced-<UTC time>`` folder of ``data_dir``; its path."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    folder = data_dir / f"replaced-{stamp}"
+    n = 1
+    while folder.exists():
+        n += 1
+        folder = data_dir / f"replaced-{stamp}-{n}"
+    try:
+        folder.mkdir(mode=0o700)
+        for path in paths:
+            path.rename(folder / path.name)
+    except OSError as exc:
+        raise LocalError(
+            ErrorCode.CONFIG_ERROR, f"cannot move the old identity aside: {describe(exc)}"
+        ) from exc
+    return folder
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
     key_path = data_dir / KEY_FILE_NAME
     card_path = data_dir / CARD_FILE_NAME
-    existing = [p for p in (key_path, card_path) if p.exists()]
+    existing = _identity_state(data_dir)
     if existing and not args.force:
         raise LocalError(
             ErrorCode.CONFIG_ERROR,
             f"{', '.join(map(str, existing))} already exist; use --force to replace them",
         )
-    identity = Identity.generate()
-    save_identity(identity, key_path, overwrite=True)
-    agent_id = args.agent_id or default_agent_id(identity.peer_id)
-    template = starter_template(agent_id, args.name or agent_id.upper(), args.tier)
-    write_private_file(card_path, (json.dumps(template, indent=2) + "\n").encode())
+    # The lock keeps a running daemon's state from being moved under it.
+    with hold_data_dir(data_dir, data_dir / CONTROL_SOCKET_NAME):
+        if existing:
+            # State bound to the old identity would stop the new one from running (the
+            # CRDT store belongs to the old peer id): it is kept, out of the way.
+            folder = _move_aside(data_dir, existing)
+            print(f"moved the previous identity and its state to {folder}")
+        identity = Identity.generate()
+        save_identity(identity, key_path, overwrite=True)
+        agent_id = args.agent_id or default_agent_id(identity.peer_id)
+        template = starter_template(agent_id, args.name or agent_id.upper(), args.tier)
+        write_private_file(card_path, (json.dumps(template, indent=2) + "\n").encode())
     print(f"peer id   {identity.peer_id}")
     print(f"identity  {key_path}")
     print(f"card      {card_path}")
@@ -148,8 +190,18 @@ def cmd_card_export(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr like every other error (exit code 2); the
+    subcommands' parsers are of this class too (argparse makes them of the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("p2pnode").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"p2pnode: error: {where}{message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="p2pnode",
         description="A peer-to-peer node for AI agents: signed Agent Cards on a Kademlia DHT, "
         "Noise-encrypted channels, CRDT gossip.",
@@ -164,7 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("--name", help="display name of the agent")
     init.add_argument("--tier", type=int, choices=range(4), default=3, help="tier 0-3")
-    init.add_argument("--force", action="store_true", help="replace an existing identity and card")
+    init.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing identity and card (the old ones and their state are moved "
+        "to a replaced-<time> folder of the data directory)",
+    )
     init.set_defaults(handler=cmd_init)
 
     ident = sub.add_parser("id", help="print this node's peer id")
@@ -230,3 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`p2pnode card show | head`): not an error of ours.
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        # The system refused what the user asked for (a missing directory for -o, no
+        # permission): the user's to fix, so one line, not a traceback.
+        print(f"p2pnode: error: CONFIG_ERROR: {describe(exc)}", file=sys.stderr)
+        return 1

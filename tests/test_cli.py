@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from p2pnode.card import AgentCard
 from p2pnode.cli import main
+from p2pnode.datalock import hold_data_dir
+from p2pnode.process import NodeProcess
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -39,8 +42,9 @@ def test_init_creates_identity_and_card_and_refuses_to_overwrite(
     code, _, err = run(capsys, "--data-dir", str(home), "init")
     assert code == 1
     assert "--force" in err
-    code, _, _ = run(capsys, "--data-dir", str(home), "init", "--force")
+    code, out, _ = run(capsys, "--data-dir", str(home), "init", "--force")
     assert code == 0
+    assert out.splitlines()[0].startswith(f"moved the previous identity and its state to {home}")
 
 
 def test_id_and_card_show_agree(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,3 +153,60 @@ def test_init_gives_each_node_its_own_default_agent_id(
         assert agent_id == f"agent-{peer_id[:6]}"
         ids.append(agent_id)
     assert ids[0] != ids[1]
+
+
+def test_init_force_moves_the_old_identity_and_its_state_aside(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What a daemon of the old identity left: state bound to its peer id.
+    for name in ("routing.snapshot", "crdt.sqlite3", "crdt.sqlite3-wal", "crdt-subscriptions.json"):
+        (home / name).write_bytes(b"old")
+    old_key = (home / "identity.key").read_bytes()
+    code, out, _ = run(capsys, "--data-dir", str(home), "init", "--force")
+    assert code == 0
+    [folder] = [p for p in home.iterdir() if p.name.startswith("replaced-")]
+    assert out.splitlines()[0] == f"moved the previous identity and its state to {folder}"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "card.json", "crdt-subscriptions.json", "crdt.sqlite3", "crdt.sqlite3-wal",
+        "identity.key", "routing.snapshot",
+    ]  # fmt: skip
+    assert (folder / "identity.key").read_bytes() == old_key
+    assert (home / "identity.key").read_bytes() != old_key
+    assert not (home / "crdt.sqlite3").exists() and not (home / "routing.snapshot").exists()
+    # A second --force keeps the first folder and makes another.
+    code, _, _ = run(capsys, "--data-dir", str(home), "init", "--force")
+    assert code == 0
+    assert len([p for p in home.iterdir() if p.name.startswith("replaced-")]) == 2
+
+
+def test_init_force_refuses_while_a_daemon_holds_the_directory(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old_key = (home / "identity.key").read_bytes()
+    with hold_data_dir(home, home / "control.sock"):
+        code, _, err = run(capsys, "--data-dir", str(home), "init", "--force")
+    assert code == 1 and "BUSY" in err
+    assert (home / "identity.key").read_bytes() == old_key
+    assert not [p for p in home.iterdir() if p.name.startswith("replaced-")]
+
+
+@pytest.mark.slow
+async def test_a_node_runs_after_init_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--data-dir", str(tmp_path), "init"]) == 0
+    node = NodeProcess(tmp_path)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            try:
+                await node.start(nursery, None)
+                await node.call({"op": "doc.subscribe", "doc": "plan"})
+                await node.stop()
+                assert main(["--data-dir", str(tmp_path), "init", "--force"]) == 0
+                new_id = capsys.readouterr().out.split("peer id")[-1].split()[0]
+                await node.start(nursery, None)
+                status = await node.call({"op": "status"})
+                assert status["peerId"] == new_id
+            finally:
+                await node.stop()

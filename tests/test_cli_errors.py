@@ -1,0 +1,115 @@
+"""Every command, given bad input, as a user runs it (a subprocess): one error line
+on stderr (``p2pnode: error: ...``), a non-zero exit code, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from p2pnode.cli import main
+
+pytestmark = pytest.mark.slow
+
+# Paths are relative to a prepared directory (the fixture below): `ok` has an identity,
+# `none` does not exist, `afile` is a file, `bad.json` is not JSON, `array.json` is JSON
+# but not an object, `template.json` is a card template with problems.
+CASES: list[tuple[str, ...]] = [
+    # init
+    ("init", "--tier", "9"),
+    ("init", "--agent-id"),
+    ("--data-dir", "afile", "init"),
+    ("--data-dir", "ok", "init"),
+    ("--data-dir", "ok", "init", "--agent-id", "not valid!"),
+    # id
+    ("--data-dir", "none", "id"),
+    ("--data-dir", "corrupt", "id"),
+    ("--data-dir", "ok", "id", "--bogus"),
+    # card show / validate / sign / export
+    ("card", "show"),
+    ("--data-dir", "ok", "card", "show", "bad.json"),
+    ("--data-dir", "ok", "card", "show", "missing.json"),
+    ("--data-dir", "ok", "card", "show", "array.json"),
+    ("card", "validate"),
+    ("card", "validate", "bad.json"),
+    ("card", "validate", "missing.json"),
+    ("card", "validate", "array.json"),
+    ("card", "frobnicate"),
+    ("--data-dir", "ok", "card", "sign", "-o", "no/such/dir/card.json"),
+    ("--data-dir", "ok", "card", "sign", "template.json"),
+    ("--data-dir", "none", "card", "sign"),
+    ("--data-dir", "ok", "card", "export"),
+    ("--data-dir", "ok", "card", "export", "--a2a", "bad.json"),
+    ("--data-dir", "ok", "card", "export", "--a2a", "template.json"),
+    # run
+    ("--data-dir", "run1", "run", "--listen", "nohost"),
+    ("--data-dir", "run2", "run", "--listen", "127.0.0.1:99999"),
+    ("--data-dir", "run3", "run", "--bootstrap", "not-an-address"),
+    ("--data-dir", "run4", "run", "--bootstrap-file", "missing.list"),
+    ("--data-dir", "run5", "run", "--card", "missing.json"),
+    ("--data-dir", "run6", "run", "--card", "bad.json"),
+    ("--data-dir", "run7", "run", "--authority-key", "not-a-key"),
+    ("--data-dir", "run8", "run", "--log-level", "LOUD"),
+    ("--data-dir", "run9", "run", "--agent", "no_such_module:agent"),
+    ("--data-dir", "run10", "run", "--endorse-with", "missing.key"),
+    ("--data-dir", "afile", "run"),
+    ("--data-dir", "corrupt", "run"),
+    ("--data-dir", "run11", "run", "--bogus"),
+    # control clients with no daemon running (one has a stale socket file)
+    ("--data-dir", "none", "status"),
+    ("--data-dir", "stale", "status"),
+    ("--data-dir", "none", "status", "--bogus"),
+    ("--data-dir", "none", "find"),
+    ("--data-dir", "none", "find", "echo"),
+    ("--data-dir", "none", "send", "someone"),
+    ("--data-dir", "none", "send", "someone", "--payload", "{not json"),
+    ("--data-dir", "none", "send"),
+    ("--data-dir", "none", "doc"),
+    ("--data-dir", "none", "doc", "subscribe", "d"),
+    ("--data-dir", "none", "doc", "update", "d", "{not json"),
+    ("--data-dir", "none", "doc", "update", "d", '{"op": "counter.add", "path": "n"}'),
+    ("--data-dir", "none", "doc", "read", "d"),
+    ("--data-dir", "none", "doc", "read"),
+    # the command itself
+    ("frobnicate",),
+    (),
+    ("demo", "--nodes", "1"),
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli-errors")
+    assert main(["--data-dir", str(root / "ok"), "init"]) == 0
+    (root / "afile").write_text("not a directory\n")
+    (root / "bad.json").write_text("{not json\n")
+    (root / "array.json").write_text("[1, 2]\n")
+    (root / "template.json").write_text('{"id": "x", "tier": 7}\n')
+    (root / "corrupt").mkdir(mode=0o700)
+    (root / "corrupt" / "identity.key").write_text("garbage\n")
+    os.chmod(root / "corrupt" / "identity.key", 0o600)
+    (root / "stale").mkdir(mode=0o700)
+    (root / "stale" / "control.sock").write_text("")  # left behind, nobody listens
+    return root
+
+
+@pytest.mark.parametrize("argv", CASES, ids=[" ".join(c) or "(nothing)" for c in CASES])
+def test_bad_input_is_one_error_line(workdir: Path, argv: tuple[str, ...]) -> None:
+    env = dict(os.environ, P2PNODE_HOME=str(workdir / "home"), PYTHONUNBUFFERED="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "p2pnode", *argv],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("p2pnode: error: "), result.stderr
