@@ -316,7 +316,10 @@ class AgentSession:
                 ref = _ref_untrusted(obj)
                 event = self._dispatch_untrusted(obj, ref)
             except AttachError as exc:
-                self._reply(error_line(ref, exc))
+                extra: dict[str, Any] = {}
+                if ref is not None and ref.op == "reply" and isinstance(obj.get("to"), str):
+                    extra["to"] = obj["to"]  # which request the failed reply was for
+                self._reply(error_line(ref, exc, **extra))
                 continue
             return event
 
@@ -384,15 +387,13 @@ class AgentSession:
         to = text(obj, "to", None, MAX_ID_LENGTH)
         type_text = obj.get("type", "response")
         if type_text not in ("response", "error"):
-            raise invalid('type: must be "response" or "error"', to=to)
+            raise invalid('type: must be "response" or "error"')
         payload = payload_untrusted(obj)
         if type_text == "error" and not is_error_body(payload):
-            raise invalid(
-                'payload: an error is {"code": str, "message": str, "details": object}', to=to
-            )
+            raise invalid('payload: an error is {"code": str, "message": str, "details": object}')
         entry = self._pending.pop(to, None)
         if entry is None:
-            raise invalid(f"no request {to!r} is waiting (unknown, answered or forgotten)", to=to)
+            raise invalid(f"no request {to!r} is waiting (unknown, answered or forgotten)")
         return Answer(ref, entry[0], MessageType(type_text), payload)
 
     def _doc(self, obj: dict[str, Any], ref: Ref) -> Event:
