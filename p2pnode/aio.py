@@ -188,14 +188,16 @@ class _Call(Generic[T]):
 
 
 class _Linger:
-    """Keeps the guest run ticking for a few loop passes after trio handed asyncio a
-    result or a handler to run, so the answer (the caller's next call, the handler's
-    reply) is picked up at the next tick.
+    """Keeps the guest run from going idle for a few loop passes after trio handed
+    asyncio a result, so the caller's next call is picked up at the next tick.
 
     Why: an idle guest run waits for I/O in trio's worker thread, and waking it from
-    the loop goes through that thread and back (``call_soon_threadsafe``), which costs
-    tens of microseconds per crossing; a tick while ready costs a few. Bounded: after
-    ``LINGER_ROUNDS`` passes with nothing to do, the run goes idle as usual.
+    the loop goes through that thread and back (``call_soon_threadsafe``): tens of
+    microseconds per crossing, where a tick costs a few. The task waits with
+    ``wait_all_tasks_blocked()``, which wakes it only on a pass where no other task
+    is runnable (its zero cushion turns the I/O wait into a poll, never the thread),
+    so lingering costs nothing while trio is busy. Bounded: after ``LINGER_ROUNDS``
+    such passes the run goes idle as usual.
     """
 
     def __init__(self) -> None:
@@ -209,7 +211,7 @@ class _Linger:
             self._parked = None
 
     async def run(self) -> None:
-        while True:  # until the guest run is cancelled; each pass waits or ticks once
+        while True:  # until the guest run is cancelled; each pass waits for a pass or a poke
             if self.rounds > 0:
                 self.rounds -= 1
                 await trio.testing.wait_all_tasks_blocked()
@@ -353,6 +355,8 @@ class _Guest:
             # The previous run is ending; a new one may start only after it.
             await _settle(guest.finished, CLOSE_TIMEOUT)
             guest = _GUESTS.get(loop)
+            if guest is not None:
+                raise LocalError(ErrorCode.TIMEOUT, "the loop's last trio guest run did not end")
         if guest is None:
             guest = _GUESTS[loop] = cls(loop)
         guest.users += 1
@@ -410,7 +414,8 @@ class _Guest:
         done = trio.Event()
         try:
             # A quick handler ends within a pass or two of the loop: look at each tick
-            # rather than park and be woken through trio's I/O thread (see _Linger).
+            # rather than park and be woken through trio's I/O thread (see _Linger);
+            # a slow one is waited for with a done callback.
             for _ in range(LINGER_ROUNDS):
                 await trio.lowlevel.checkpoint()
                 if task.done():
