@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -15,52 +15,25 @@ import pytest
 import trio
 
 from p2pnode.card import Capability
+from p2pnode.dht.node import DhtNode
 from p2pnode.envelope import Envelope
+from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import Identity
-from p2pnode.node.channels import RetryPolicy
-from p2pnode.node.config import NodeConfig
+from p2pnode.node.discovery import DhtDiscovery
 from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
-from p2pnode.simnet import SimNetwork
-
-WAIT = 60.0
-FAST = NodeConfig(
-    retry=RetryPolicy(first_delay=0.05, max_redials=3, dial_timeout=2.0), request_timeout=5.0
-)
+from p2pnode.simnet import SimHost, SimNetwork
+from tests.sim import FAST_NODE, dht_swarm, make_card, swarm, virtual_ms, wait_until
 
 
 async def echo(envelope: Envelope) -> Any:
     return {"from": envelope.recipient}
 
 
-async def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    """Poll ``predicate`` on the virtual clock until it holds; fail naming ``what``."""
-    with trio.move_on_after(WAIT):
-        while True:
-            if predicate():
-                return
-            await trio.sleep(0.1)
-    pytest.fail(f"not within {WAIT:g} s: {what}")
-
-
-@asynccontextmanager
-async def nodes(count: int, config: NodeConfig = FAST) -> AsyncIterator[list[Node]]:
-    sim = SimNetwork(random.Random(3))
-    async with AsyncExitStack() as stack:
-        out = []
-        for i in range(count):
-            host = sim.add_host()
-            cfg = dataclasses.replace(config, listen=(host.host, 7000))
-            out.append(
-                await stack.enter_async_context(Node(Identity(bytes([i + 1]) * 32), host, cfg))
-            )
-        yield out
-
-
 async def test_an_agent_id_collision_is_one_warning_naming_both_owners(
     autojump_clock: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with nodes(3) as (a, b, c):
+    async with swarm(3) as (_, (a, b, c)):
         await a.add_agent("agent", echo)
         await b.add_agent("agent", echo)
         await c.add_agent("agent", echo)
@@ -75,7 +48,7 @@ async def test_an_agent_id_collision_is_one_warning_naming_both_owners(
                 link = a.links.get(b.peer_id)
                 return link.frames_received if link is not None else 0
 
-            await wait_until(lambda: hellos_from_b() >= 4, "b's first HELLO and three updates")
+            await wait_until(lambda: hellos_from_b() >= 4)
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         # Each node warns once per claiming owner (a: b and c; b and c: a), however many
         # HELLOs repeated the claim.
@@ -86,3 +59,103 @@ async def test_an_agent_id_collision_is_one_warning_naming_both_owners(
             assert str(other.peer_id) in message and str(a.peer_id) in message
             assert message in " ".join(warnings)
         assert a.events.metrics().security_by_code == {"INVALID_CARD": 2}
+
+
+# -- cards over time: nodes with their DHT, on a wall clock that follows trio's ------------------
+
+TTL = 600  # seconds: the shortest card lifetimes are minutes
+
+
+@asynccontextmanager
+async def dht_node(
+    network: SimHost, seed: int, bootstrap: tuple[tuple[str, int], ...] = ()
+) -> AsyncIterator[Node]:
+    """What :func:`p2pnode.node.runtime.open_node` builds, with the virtual wall clock."""
+    identity = Identity(bytes([seed]) * 32)
+    host = network.host
+    config = dataclasses.replace(
+        FAST_NODE, listen=(host, 7000), card_ttl_seconds=TTL, bootstrap=bootstrap
+    )
+    async with (
+        Node(identity, network, config, clock_ms=virtual_ms) as node,
+        DhtNode(network, identity=identity, address=(host, 7000), wall_clock_ms=virtual_ms) as dht,
+    ):
+        node.discovery = DhtDiscovery(dht)
+        yield node
+
+
+async def test_cards_are_renewed_and_a_late_joiner_finds_the_agents(autojump_clock: Any) -> None:
+    sim = SimNetwork(random.Random(11))
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(dht_node(sim.add_host(), 1))
+        await first.add_agent("io", echo, capabilities=(Capability("test.unit", "T"),))
+        await first.join()
+        others = []
+        for seed in (2, 3, 4):
+            node = await stack.enter_async_context(
+                dht_node(sim.add_host(), seed, (first.listen_address,))
+            )
+            await node.join()
+            others.append(node)
+        issued = first.local_agent("io")
+        # Five card lifetimes: without renewal the card (and its DHT records) would be
+        # refused everywhere after the first.
+        await trio.sleep(5 * TTL)
+        card = first.local_agent("io")
+        assert card.revision > issued.revision
+        assert card.expires_at - card.issued_at == TTL * 1000
+        assert not card.is_expired(virtual_ms())
+        # A peer connected all along holds the renewed card (it came in a HELLO).
+        held = others[0].registry.find("io")
+        assert held is not None and held.revision == card.revision
+        late = await stack.enter_async_context(
+            dht_node(sim.add_host(), 9, (others[-1].listen_address,))
+        )
+        await late.add_agent("callisto", echo)
+        await late.join()
+        found = await late.find("test.unit")
+        assert [c.id for c in found] == ["io"]
+        assert found[0].revision == card.revision
+        reply = await late.request("callisto", "test.unit", {"n": 1}, capability=True)
+        assert reply.sender == "io"
+
+
+async def test_a_gone_nodes_cards_expire_everywhere(autojump_clock: Any) -> None:
+    sim = SimNetwork(random.Random(12))
+    async with AsyncExitStack() as stack:
+        keeper = await stack.enter_async_context(dht_node(sim.add_host(), 1))
+        await keeper.add_agent("callisto", echo)
+        await keeper.join()
+        async with dht_node(sim.add_host(), 2, (keeper.listen_address,)) as doomed:
+            await doomed.add_agent("io", echo, capabilities=(Capability("test.unit", "T"),))
+            await doomed.join()
+            await wait_until(lambda: keeper.registry.find("io") is not None)
+            assert [c.id for c in await keeper.find("test.unit")] == ["io"]
+            expires_at = doomed.local_agent("io").expires_at
+        # The node is gone: nothing renews its card. Past its expiry it is not found,
+        # not routed to, and the registry forgets it on its own.
+        await trio.sleep((expires_at - virtual_ms()) / 1000 + 1)
+        assert await keeper.find("test.unit") == []
+        with pytest.raises(LocalError) as info:
+            await keeper.request("callisto", "test.unit", None, capability=True)
+        assert info.value.code is ErrorCode.CAPABILITY_NOT_FOUND
+        with pytest.raises(LocalError) as info:
+            await keeper.request("callisto", "io", None)
+        assert info.value.code is ErrorCode.AGENT_NOT_FOUND
+        await wait_until(lambda: "io" not in keeper.registry, timeout=60)
+
+
+async def test_an_expired_cards_records_are_not_republished(autojump_clock: Any) -> None:
+    async with dht_swarm(6, seed=5) as (_, dhts):
+        owner = dhts[1]
+        assert owner.identity is not None
+        # A card that expires before the first republish and is never renewed.
+        card = make_card(
+            owner.identity, ["plan"], ttl_ms=int(owner.config.republish_interval * 500)
+        )
+        await owner.provide(card)
+        assert owner.publisher.kept == 3
+        await trio.sleep(owner.config.republish_interval + owner.config.maintenance_interval * 2)
+        # The owner forgot them instead of announcing an expired card again.
+        assert owner.publisher.kept == 0
+        assert await dhts[4].find_providers("plan") == []

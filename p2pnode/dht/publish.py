@@ -135,24 +135,43 @@ class Publisher:
         return accepted
 
     async def publish(self, makers: Iterable[tuple[bytes, Maker]]) -> int:
-        """Put a fresh record of each maker under its key, all at once; total accepted."""
+        """Put a fresh record of each maker under its key, all at once; total accepted.
+        A record that would be born expired (its card expired) is not put."""
+        now_ms = self._wall_ms()
+        return await self._put_all(
+            [(key, record) for key, make in makers if (record := make()).expires_at > now_ms]
+        )
+
+    async def _put_all(self, records: list[tuple[bytes, SignedRecord]]) -> int:
         total = 0
 
-        async def one(key: bytes, make: Maker) -> None:
+        async def one(key: bytes, record: SignedRecord) -> None:
             nonlocal total
-            total += await self.put_records(key, [make()])
+            total += await self.put_records(key, [record])
 
         async with trio.open_nursery() as nursery:
-            for key, make in makers:
-                nursery.start_soon(one, key, make)
+            for key, record in records:
+                nursery.start_soon(one, key, record)
         return total
 
     async def republish_if_due(self, now: float) -> int:
-        """Republish every kept record if ``republish_interval`` passed since the last time."""
+        """Republish every kept record if ``republish_interval`` passed since the last time.
+
+        A kept record whose card has expired is forgotten instead (§7: a record lives
+        no longer than its card; an expired card is never announced again).
+        """
         if not self._makers or now - self._last_republish < self._interval:
             return 0
         self._last_republish = now
-        return await self.publish([(key, make) for (key, _), make in self._makers.items()])
+        now_ms = self._wall_ms()
+        fresh: list[tuple[bytes, SignedRecord]] = []
+        for slot, make in list(self._makers.items()):
+            record = make()
+            if record.expires_at > now_ms:
+                fresh.append((slot[0], record))
+            else:
+                del self._makers[slot]
+        return await self._put_all(fresh)
 
 
 def card_makers(

@@ -6,8 +6,10 @@ Theory of operation:
   starts the secure-channel listener and the discovery service; closing it
   cancels and awaits every task it started.
 * A node hosts local agents (:meth:`Node.add_agent`), each with a signed
-  card and a handler. Each agent has a bounded inbox and one task that feeds
-  its handler in arrival order (per-channel order is kept end to end).
+  card and a handler. Each card is re-issued at half its lifetime, and
+  remote cards past their expiry are forgotten (``_keep_cards``). Each agent
+  has a bounded inbox and one task that feeds its handler in arrival order
+  (per-channel order is kept end to end).
 * **Egress** (:meth:`Node.send`, in :mod:`p2pnode.node.routing`): the sender
   must be a local agent. The router resolves the recipient (local agent, registry, then discovery;
   ``*`` for broadcast; a capability with ``routingHint``), checks policy for
@@ -72,6 +74,15 @@ from p2pnode.secure import SecureIdentity
 logger = logging.getLogger("p2pnode.node")
 
 
+#: Seconds between checks for expired remote cards (local ones are renewed on time).
+CARD_CHECK_INTERVAL = 30.0
+
+
+def _renewal_due(card: AgentCard) -> int:
+    """When (ms) a local card is re-issued: half its lifetime after it was issued."""
+    return card.issued_at + (card.expires_at - card.issued_at) // 2
+
+
 class Node(TaskOwner):
     """A full peer. Use ``async with Node(...) as node``."""
 
@@ -130,6 +141,8 @@ class Node(TaskOwner):
         )
         self._shared: SharedState | None = None
         self._listen_address: Address | None = None
+        #: Set when a local card changes, so the renewal timer looks again.
+        self._cards_changed = trio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -138,6 +151,7 @@ class Node(TaskOwner):
         self._listen_address = listener.local_address
         await nursery.start(self._run_links, listener)
         nursery.start_soon(self.routing.expire_requests, self.config.request_timeout / 8)
+        nursery.start_soon(self._keep_cards)
 
     async def _run_links(
         self,
@@ -293,6 +307,7 @@ class Node(TaskOwner):
         else:
             existing.definition = agent
             existing.set_card(stored)
+        self._cards_changed.set()  # its renewal may be due before the one waited for
         self.nursery.start_soon(self._announce, stored)
         return stored
 
@@ -416,13 +431,54 @@ class Node(TaskOwner):
         for card in await self.discovery.find_providers(capability):
             if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
                 self.routing.learn_card(card)
-        return self.registry.find_by_capability(capability)
+        now = self._clock_ms()
+        return [c for c in self.registry.find_by_capability(capability) if not c.is_expired(now)]
 
     def local_agent(self, agent_id: str) -> AgentCard:
         agent = self._agents.get(agent_id)
         if agent is None:
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
         return agent.card
+
+    # -- cards over time --------------------------------------------------------------------
+
+    async def _keep_cards(self) -> None:
+        """Renew local cards at half their lifetime and forget expired remote ones, forever.
+
+        A card is valid until its ``expiresAt``; peers and the DHT refuse it after
+        that (docs/protocol/dht.md §4.2). So each local card is re-issued once half
+        its lifetime has passed: new issue and expiry times (the same lifetime),
+        revision + 1, re-signed, a HELLO to connected peers and a discovery
+        ``provide``, as for any card update. Remote cards past their expiry are
+        dropped from the registry: they are not found, routed to or announced.
+        """
+        while True:
+            now = self._clock_ms()
+            for agent in list(self._agents.values()):
+                if now >= _renewal_due(agent.card) and self._agents.get(agent.card.id) is agent:
+                    await self._renew(agent)
+            expired = self.registry.prune_expired(now)
+            if expired:
+                logger.info("forgot %d expired remote cards: %s", len(expired), ", ".join(expired))
+            due = min((_renewal_due(a.card) for a in self._agents.values()), default=None)
+            delay = CARD_CHECK_INTERVAL
+            if due is not None:
+                # At least a second: a renewal that failed is retried, not spun on.
+                delay = min(delay, max(1.0, (due - self._clock_ms()) / 1000))
+            with trio.move_on_after(delay):
+                await self._cards_changed.wait()
+            self._cards_changed = trio.Event()
+
+    async def _renew(self, agent: LocalAgent) -> None:
+        card = agent.card
+        now = self._clock_ms()
+        renewed = dataclasses.replace(
+            card, issued_at=now, expires_at=now + (card.expires_at - card.issued_at)
+        )
+        try:
+            await self.add_agent_card(renewed, agent.definition)
+        except P2PError as exc:
+            self.events.error(exc.code, f"renewing the card of {card.id}: {exc.message}")
 
     async def _announce(self, card: AgentCard | None) -> None:
         """Send connected peers a HELLO of the current cards, and provide ``card``."""

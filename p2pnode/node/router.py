@@ -11,7 +11,8 @@ Egress (docs/protocol/node.md "Routing"):
 
 * :meth:`Router.source` — the sender must be a local agent.
 * :meth:`Router.known_target` — a recipient known to the registry (local
-  agents are registered too); None means "ask discovery".
+  agents are registered too); None means "ask discovery". Egress questions
+  take ``now_ms``: a card past its expiry is never a target.
 * :meth:`Router.candidates` — agents offering a capability that the source
   may discover and send a request to, local ones first.
 * :meth:`Router.check` — the policy verdict for one (source, target) pair;
@@ -175,14 +176,21 @@ class Router:
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
         return agent.card
 
-    def known_target(self, agent_id: str) -> AgentCard | None:
-        """The registry's card for ``agent_id``; None when only discovery can tell."""
-        return self._registry.find(agent_id)
+    def known_target(self, agent_id: str, now_ms: int | None = None) -> AgentCard | None:
+        """The registry's card for ``agent_id``; None when only discovery can tell (also
+        when the card expired at ``now_ms``: an expired card is never routed to)."""
+        card = self._registry.find(agent_id)
+        if card is not None and now_ms is not None and card.is_expired(now_ms):
+            return None
+        return card
 
-    def candidates(self, source: AgentCard, capability: str) -> list[AgentCard]:
+    def candidates(
+        self, source: AgentCard, capability: str, now_ms: int | None = None
+    ) -> list[AgentCard]:
         """Agents offering ``capability`` that ``source`` may discover and send a request to,
-        in registry order (local agents first), ``source`` itself excluded."""
-        cards = self._registry.find_by_capability(capability)
+        in registry order (local agents first), ``source`` itself and cards expired at
+        ``now_ms`` excluded."""
+        cards = _live(self._registry.find_by_capability(capability), now_ms)
         policy = self._policy
         return [
             c
@@ -197,12 +205,13 @@ class Router:
             return None
         return self._policy.check_envelope(source, target, envelope)
 
-    def fan_out(self, source: AgentCard, envelope: Envelope) -> Fanout:
-        """Every agent the node knows, other than ``source``, that policy lets it reach."""
+    def fan_out(self, source: AgentCard, envelope: Envelope, now_ms: int | None = None) -> Fanout:
+        """Every agent the node knows, other than ``source``, that policy lets it reach
+        (cards expired at ``now_ms`` left out)."""
         local: list[str] = []
         peers: dict[PeerId, list[str]] = {}
         for card in self._registry:
-            if card.id == source.id:
+            if card.id == source.id or (now_ms is not None and card.is_expired(now_ms)):
                 continue
             if not self._policy.check_envelope(source, card, envelope).allowed:
                 continue
@@ -250,6 +259,12 @@ class Router:
         """True when ``envelope`` is a reply its sender may give to a request sent to
         ``targets`` (None: not yet resolved, any sender)."""
         return envelope.type in REPLY_TYPES and (targets is None or envelope.sender in targets)
+
+
+def _live(cards: list[AgentCard], now_ms: int | None) -> list[AgentCard]:
+    if now_ms is None:
+        return cards
+    return [c for c in cards if not c.is_expired(now_ms)]
 
 
 __all__ = [

@@ -316,7 +316,7 @@ class Routing:
                 ),
             )
         else:
-            found = self.router.known_target(envelope.recipient)
+            found = self.router.known_target(envelope.recipient, self._clock_ms())
             target = found if found is not None else await self._resolve_agent(envelope.recipient)
         verdict = self.router.check(source, target, envelope)
         self._note_verdict(verdict, envelope, None)
@@ -348,18 +348,18 @@ class Routing:
     async def _resolve_agent(self, agent_id: str) -> AgentCard:
         for found in await self.discovery.find_agent(agent_id):
             self.learn_card(found)
-        card = self.router.known_target(agent_id)
+        card = self.router.known_target(agent_id, self._clock_ms())
         if card is None:
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
         return card
 
     async def _resolve_capability(self, source: AgentCard, envelope: Envelope) -> AgentCard:
         capability = envelope.recipient
-        candidates = self.router.candidates(source, capability)
+        candidates = self.router.candidates(source, capability, self._clock_ms())
         if not candidates:
             for found in await self.discovery.find_providers(capability):
                 self.learn_card(found)
-            candidates = self.router.candidates(source, capability)
+            candidates = self.router.candidates(source, capability, self._clock_ms())
         if not candidates:
             raise LocalError(
                 ErrorCode.CAPABILITY_NOT_FOUND,
@@ -381,7 +381,7 @@ class Routing:
     async def _broadcast(
         self, source: AgentCard, envelope: Envelope, start: float
     ) -> RoutingResult:
-        fanout = self.router.fan_out(source, envelope)
+        fanout = self.router.fan_out(source, envelope, self._clock_ms())
         await self._deliver_local(envelope, fanout.local)
         frame = encode_envelope(envelope)
         async with trio.open_nursery() as nursery:
