@@ -159,3 +159,84 @@ async def test_an_expired_cards_records_are_not_republished(autojump_clock: Any)
         # The owner forgot them instead of announcing an expired card again.
         assert owner.publisher.kept == 0
         assert await dhts[4].find_providers("plan") == []
+
+
+# -- the node's own address and card, met again --------------------------------------------------
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_node_skips_its_own_address_in_the_bootstrap_list(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = SimNetwork(random.Random(13))
+    hosts = [sim.add_host(), sim.add_host()]
+    # One list for the whole swarm, as bootstrap/README.md has it: each node is in it.
+    everyone = tuple((h.host, 7000) for h in hosts)
+    with caplog.at_level(logging.INFO, logger="p2pnode"):
+        async with dht_node(hosts[0], 1, everyone) as a, dht_node(hosts[1], 2, everyone) as b:
+            await a.add_agent("sun", echo, tier=0)
+            await b.add_agent("io", echo)
+            assert await a.join() == 1  # b only
+            assert await b.join() == 1  # a only
+            assert {link.peer_id for link in a.links} == {b.peer_id}
+            assert (await a.request("sun", "io", None)).sender == "io"
+            # Dialed anyway (an address only the handshake shows to be its own), the
+            # channel to itself is closed and nothing is learnt from it.
+            with pytest.raises(LocalError) as info:
+                await a.connect(a.listen_address)
+            assert info.value.code is ErrorCode.INVALID_ARGUMENT
+            for node in (a, b):
+                assert node.events.recent(kind=EventKind.SECURITY) == []
+                assert node.events.metrics().errors == 0
+    assert warnings_of(caplog) == []
+
+
+async def test_a_capability_fallback_to_the_dht_ignores_the_nodes_own_card(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = SimNetwork(random.Random(14))
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(dht_node(sim.add_host(), 1))
+        node = await stack.enter_async_context(dht_node(sim.add_host(), 2, (first.listen_address,)))
+        await node.add_agent("io", echo, capabilities=(Capability("test.unit", "T"),))
+        await node.join()
+        # The only provider is the sender itself: routing falls back to the DHT, which
+        # hands back the node's own card.
+        with caplog.at_level(logging.INFO, logger="p2pnode"):
+            with pytest.raises(LocalError) as info:
+                await node.request("io", "test.unit", None, capability=True)
+            assert [c.id for c in await node.find("test.unit")] == ["io"]
+        assert info.value.code is ErrorCode.CAPABILITY_NOT_FOUND
+        assert node.events.recent(kind=EventKind.SECURITY) == []
+        assert warnings_of(caplog) == []
+
+
+async def test_bootstrapping_off_a_dht_only_node_is_quiet(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = SimNetwork(random.Random(15))
+    plain = sim.add_host()
+    # A DHT node with no secure-channel listener, like a stock `kademlia` node.
+    async with DhtNode(
+        plain, node_id=bytes([7]) * 20, address=(plain.host, 7000), wall_clock_ms=virtual_ms
+    ):
+        entry = ((plain.host, 7000),)
+        with caplog.at_level(logging.INFO, logger="p2pnode"):
+            async with (
+                dht_node(sim.add_host(), 1, entry) as a,
+                dht_node(sim.add_host(), 2, entry) as b,
+            ):
+                await a.add_agent("io", echo, capabilities=(Capability("test.unit", "T"),))
+                await b.add_agent("callisto", echo)
+                assert await a.join() == 0
+                assert await b.join() == 0
+                # Joined all the same: through the DHT, b finds and reaches a's agent.
+                reply = await b.request("callisto", "test.unit", None, capability=True)
+                assert reply.sender == "io"
+                assert a.events.metrics().errors == 0
+    assert warnings_of(caplog) == []
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert f"bootstrap {plain.host}:7000: no p2pnode channel there; joining by its DHT" in said

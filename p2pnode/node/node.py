@@ -58,7 +58,7 @@ from p2pnode.identity import Identity, PeerId
 from p2pnode.lifetime import TaskOwner
 from p2pnode.net import Address, Network, StreamListener
 from p2pnode.node.channels import ChannelState
-from p2pnode.node.config import NodeConfig, format_address
+from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.discovery import Discovery, NoDiscovery
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.links import LinkManager
@@ -408,16 +408,25 @@ class Node(TaskOwner):
 
     async def join(self) -> int:
         """Join the swarm through the configured bootstrap peers: open a channel to
-        each (exchanging cards) and bootstrap the DHT. Returns how many answered."""
+        each (exchanging cards) and bootstrap the DHT. Returns how many channels opened.
+
+        The node's own address is skipped (one bootstrap list serves every node of a
+        swarm, bootstrap nodes included). A bootstrap peer without a secure channel
+        (a DHT-only node, such as a stock ``kademlia`` one, or one that is down) is
+        one INFO line, not an error: the DHT bootstrap is what joining needs.
+        """
+        bootstrap = [a for a in self.config.bootstrap if not self._is_own_address(a)]
         reached = 0
-        for address in self.config.bootstrap:
+        for address in bootstrap:
             try:
                 with trio.fail_after(self.config.retry.dial_timeout):
                     await self.connect(address)
                 reached += 1
             except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                self.events.error(ErrorCode.CHANNEL_CLOSED, f"bootstrap {address}: {exc}")
-        await self.discovery.bootstrap(list(self.config.bootstrap))
+                where = format_address(address)
+                logger.info("bootstrap %s: no p2pnode channel there; joining by its DHT", where)
+                logger.debug("bootstrap %s: %s", where, describe(exc))
+        await self.discovery.bootstrap(bootstrap)
         # Cards published before the DHT had peers reached nobody: publish them again.
         for agent in list(self._agents.values()):
             try:
@@ -425,6 +434,17 @@ class Node(TaskOwner):
             except P2PError as exc:
                 self.events.error(exc.code, f"publishing {agent.card.id}: {exc.message}")
         return reached
+
+    def _is_own_address(self, address: Address) -> bool:
+        """Is ``address`` this node's listener (by port, and by host as listened on or
+        advertised; any loopback host when listening on every interface)?"""
+        host, port = address[0], address[1]
+        if port != self.listen_address[1]:
+            return False
+        own = {self.listen_address[0]} | {parse_address(a)[0] for a in self.advertised_addresses()}
+        if self.listen_address[0] in ("0.0.0.0", "::"):
+            own |= {"127.0.0.1", "::1", "localhost"}
+        return host in own
 
     async def find(self, capability: str) -> list[AgentCard]:
         """Agents offering ``capability``: the registry, refreshed from the DHT."""
@@ -597,6 +617,13 @@ class Node(TaskOwner):
         """Open a channel to the node at ``address`` and return its peer id once its
         HELLO (its agents' cards) has arrived, or after the dial timeout."""
         peer_id = await self.links.connect(address)
+        if peer_id == self.peer_id:
+            # An address of this node that _is_own_address cannot tell (another
+            # interface of a wildcard listener): a channel to itself carries nothing.
+            link = self.links.get(peer_id)
+            if link is not None:
+                await link.aclose()
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"{format_address(address)} is this node")
         with trio.move_on_after(self.config.retry.dial_timeout):
             await self.routing.hello_seen(peer_id).wait()
         return peer_id

@@ -453,6 +453,10 @@ class Routing:
 
     def learn_card(self, card: AgentCard, peer: str | None = None) -> bool:
         """Admit a remote card (policy, then the registry's merge rules); False if refused."""
+        if card.peer_id == self._links.local_peer_id:
+            # One of this node's own cards, read back from the DHT (or from a channel to
+            # itself): nothing to learn, and no one to warn about.
+            return False
         verdict = self._policy.admit_card(card)
         if not verdict.allowed:
             self._events.security(
