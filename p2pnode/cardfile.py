@@ -5,11 +5,14 @@ A template is a JSON object with the descriptive fields of a card (``id``,
 ``capabilities``, optional ``sandboxId``, ``addresses``, ``endpoints``) and
 ``ttlSeconds``. The node fills in what only it knows (public key, peer id,
 Noise key, issue and expiry times, revision) and signs the result.
-A file that already holds a signed card (it has ``signature``) is read as is.
+A file that already holds a signed card (it has ``signature``) is read as is,
+except by a node publishing it: that fills in its addresses and Noise key,
+re-issues and signs it again (:func:`card_from_template`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +79,28 @@ def card_from_template(
     noise_static_key: bytes | None = None,
     addresses: tuple[str, ...] | None = None,
 ) -> AgentCard:
-    """A signed card from a template. Raises LocalError(INVALID_CARD) listing every problem."""
+    """A signed card from a template. Raises LocalError(INVALID_CARD) listing every problem.
+
+    A file that holds a signed card is returned as it is, unless ``addresses`` or
+    ``noise_static_key`` is given (a node about to publish it): the node then fills
+    those in, re-issues the card now with its lifetime and ``revision`` (never
+    lowering it) and signs it again, exactly as for a template.
+    """
     if "signature" in template:
         card = AgentCard.from_dict(template)
         if card.public_key != identity.public_key:
             raise LocalError(ErrorCode.INVALID_CARD, "the card file belongs to another identity")
-        return card
+        if addresses is None and noise_static_key is None:
+            return card
+        return dataclasses.replace(
+            card,
+            addresses=addresses if addresses is not None else card.addresses,
+            noise_static_key=noise_static_key or card.noise_static_key,
+            issued_at=now_ms,
+            expires_at=now_ms + (card.expires_at - card.issued_at),
+            revision=max(revision, card.revision),
+            last_seen_at=now_ms,
+        ).signed(identity)
     ttl = template.get("ttlSeconds", DEFAULT_CARD_TTL_MS // 1000)
     if not isinstance(ttl, int) or isinstance(ttl, bool) or not 60 <= ttl <= 30 * 86400:
         raise LocalError(

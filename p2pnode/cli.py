@@ -71,7 +71,9 @@ def _card_path(args: argparse.Namespace) -> Path:
 
 def _signed_card(args: argparse.Namespace) -> tuple[AgentCard, Identity]:
     identity = _identity(args)
-    card = card_from_template(read_card_file(_card_path(args)), identity, wall_clock_ms())
+    now = wall_clock_ms()
+    # The revision a node would publish this card at (a restart's cards supersede).
+    card = card_from_template(read_card_file(_card_path(args)), identity, now, revision=now)
     return card, identity
 
 

@@ -12,8 +12,10 @@ import pytest
 import trio
 
 from p2pnode.card import AgentCard
-from p2pnode.cli import main
+from p2pnode.cardfile import card_from_template
+from p2pnode.cli import build_parser, main
 from p2pnode.datalock import hold_data_dir
+from p2pnode.identity import load_identity
 from p2pnode.process import NodeProcess
 
 
@@ -135,10 +137,10 @@ def test_global_options_are_accepted_after_the_subcommand(
     assert code == 0
     code, _, err = run(capsys, "card", "show", "--data-dir", str(home))
     assert code == 0, err
-    code, _, err = run(capsys, "status", "--data-dir", str(tmp_path / "none"))
-    assert code == 1 and str(tmp_path / "none" / "control.sock") in err
-    code, _, err = run(capsys, "doc", "read", "d", "--data-dir", str(tmp_path / "none"))
-    assert code == 1 and str(tmp_path / "none" / "control.sock") in err
+    # Every command and subcommand takes it (parsed only: these would dial a daemon).
+    for argv in (["status"], ["find", "x"], ["send", "x"], ["doc", "read", "d"], ["run"]):
+        args = build_parser().parse_args([*argv, "--data-dir", "D"])
+        assert args.data_dir == "D", argv
 
 
 def test_init_gives_each_node_its_own_default_agent_id(
@@ -210,3 +212,56 @@ async def test_a_node_runs_after_init_force(
                 assert status["peerId"] == new_id
             finally:
                 await node.stop()
+
+
+def test_card_show_gives_the_revision_a_node_publishes(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "--data-dir", str(home), "card", "show")
+    assert code == 0
+    card = AgentCard.from_json_untrusted(out)
+    # docs/protocol/data-model.md: a card is issued at revision = its issue time (ms).
+    assert card.revision == card.issued_at > 0
+
+
+def test_a_signed_card_file_gets_the_publishing_nodes_addresses(
+    home: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    signed = tmp_path / "signed.json"
+    assert main(["--data-dir", str(home), "card", "sign", "-o", str(signed)]) == 0
+    identity = load_identity(home / "identity.key")
+    data = json.loads(signed.read_text())
+    original = AgentCard.from_dict(data)
+    assert original.addresses == ()
+    # Shown or exported, a signed file is what it holds.
+    assert card_from_template(data, identity, original.issued_at + 5) == original
+    # Published by a node, it carries the node's addresses and key, re-issued and re-signed.
+    now = original.issued_at + 60_000
+    card = card_from_template(
+        data, identity, now, revision=now, addresses=("127.0.0.1:7400",), noise_static_key=b"k" * 32
+    )
+    card.verify()
+    assert card.addresses == ("127.0.0.1:7400",) and card.noise_static_key == b"k" * 32
+    assert (card.issued_at, card.revision) == (now, now)
+    assert card.expires_at - card.issued_at == original.expires_at - original.issued_at
+
+
+@pytest.mark.slow
+async def test_run_with_a_signed_card_publishes_its_address(tmp_path: Path) -> None:
+    home, other = tmp_path / "home", tmp_path / "other"
+    assert main(["--data-dir", str(home), "init", "--agent-id", "signed-one"]) == 0
+    signed = tmp_path / "signed.json"
+    assert main(["--data-dir", str(home), "card", "sign", "-o", str(signed)]) == 0
+    node, peer = NodeProcess(home), NodeProcess(other)
+    peer.prepare("asker", 3)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            try:
+                await node.start(nursery, None, run_args=["--card", str(signed)])
+                await peer.start(nursery, node.address)
+                found = await peer.call({"op": "find", "capability": "echo"})
+                [mine] = [c for c in found if c["id"] == "signed-one"]
+                assert mine["addresses"] == [node.address]
+            finally:
+                await node.stop()
+                await peer.stop()
