@@ -63,7 +63,7 @@ from fuzz_seeds import (
     transcripts,
     xx_transport_key,
 )
-from fuzz_targets import cut, hostile_frames
+from fuzz_streams import cut, hostile_frames
 
 from p2pnode.boundary import FailureBoundary
 from p2pnode.card import Capability

@@ -6,13 +6,14 @@ run. Runners go a step past the parser where the node would: an accepted
 card is encoded again, an accepted delta is joined into a replica and read
 back, a decoded gossip frame is handled by a gossip core. A value the
 parser accepted but the next step cannot handle is a parser bug too, so
-only the layer's ``RemoteError`` may come out of a runner.
+only the layer's ``RemoteError`` may come out of a runner. The byte-stream
+protocols (handshakes, transport frames, agent sessions) are in
+:mod:`fuzz_streams`; :data:`ENTRIES` lists them all.
 """
 
 from __future__ import annotations
 
 import random
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,12 +23,9 @@ from fuzz_mutate import (
     Generator,
     from_json_seeds,
     from_seeds,
-    mutate_any,
     mutate_bytes,
     mutate_json,
-    mutate_msgpack,
     mutate_tree,
-    random_bytes,
     unpack_plain,
     wire_value,
 )
@@ -36,8 +34,6 @@ from fuzz_seeds import (
     INITIATOR,
     NOW_MS,
     OWNER,
-    RESPONDER,
-    FixedKeys,
     base_replica,
     bulk_crdt_seeds,
     cards,
@@ -54,17 +50,24 @@ from fuzz_seeds import (
     provider_payload,
     records,
     registry_seed,
-    reply_with_payload,
     resigned_card,
     resigned_record,
     resigned_value,
     tool_seeds,
-    transcript,
-    transcripts,
     value_seeds,
 )
+from fuzz_streams import (
+    handshake_input,
+    noise_input,
+    run_handshake,
+    run_noise,
+    run_payload,
+    run_session,
+    run_transport,
+    session_input,
+    transport_input,
+)
 
-from p2pnode.aead import seal_in_place
 from p2pnode.card import AgentCard
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.gossip import Digest, GossipNode, decode_untrusted
@@ -81,14 +84,11 @@ from p2pnode.dht.records import (
 from p2pnode.dht.rpc import ReplyReceived, RpcCore
 from p2pnode.envelope import Envelope
 from p2pnode.errors import RemoteError
-from p2pnode.framing import TransportCodec
 from p2pnode.identity import PeerId
 from p2pnode.node.config import parse_address
 from p2pnode.node.docops import decode_gossip_payload_untrusted, value_to_json
 from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted
-from p2pnode.noise import IK, NN, XX, CipherState, HandshakeState, NoiseTransport
 from p2pnode.registry import Registry
-from p2pnode.secure import PROLOGUE, HandshakeStage, SecureHandshake, SecureIdentity
 from p2pnode.tools import ToolInvocation
 from p2pnode.wire import pack, unpack_untrusted
 
@@ -347,203 +347,6 @@ def run_provider(data: bytes) -> None:
     ProviderInfo.from_bytes_untrusted(data).to_bytes()
 
 
-# --------------------------------------------------------------------------- Noise
-
-
-@dataclass(frozen=True, slots=True)
-class HandshakeInput:
-    """Bytes for one side of a handshake, cut into the chunks they arrive in."""
-
-    initiator: bool
-    pattern: str
-    chunks: tuple[bytes, ...]
-
-
-def run_handshake(x: HandshakeInput) -> None:
-    hs = SecureHandshake(
-        INITIATOR if x.initiator else RESPONDER,
-        initiator=x.initiator,
-        now=0.0,
-        timeout=10.0,
-        remote_static=RESPONDER.static_public if x.initiator and x.pattern == "IK" else None,
-        generate_keypair=FixedKeys(1 if x.initiator else 2),
-    )
-    for i, chunk in enumerate(x.chunks):
-        if hs.stage is HandshakeStage.DONE:
-            break  # what follows belongs to the transport (the channel takes it over)
-        hs.receive_data_untrusted(chunk, float(i))
-        hs.data_to_send()
-    if hs.stage is HandshakeStage.DONE:
-        hs.result()
-
-
-def cut(rng: random.Random, data: bytes) -> tuple[bytes, ...]:
-    """``data`` as it may arrive: whole, or in a few pieces."""
-    if not data or rng.random() < 0.6:
-        return (data,)
-    cuts = sorted(rng.randrange(len(data) + 1) for _ in range(rng.randrange(1, 4)))
-    pieces, last = [], 0
-    for c in [*cuts, len(data)]:
-        pieces.append(data[last:c])
-        last = c
-    return tuple(p for p in pieces if p) or (data,)
-
-
-def _payload_variant(rng: random.Random, payload: bytes) -> bytes:
-    return mutate_msgpack(rng, payload) if rng.random() < 0.8 else mutate_any(rng, payload)
-
-
-def _handshake_input(rng: random.Random) -> HandshakeInput:
-    pattern = rng.choice(("XX", "IK"))
-    initiator = rng.random() < 0.4
-    t = transcripts()[pattern]
-    roll = rng.random()
-    if initiator:
-        if roll < 0.35:
-            data = reply_with_payload(pattern, _payload_variant(rng, RESPONDER.payload))
-        elif roll < 0.45:
-            data = rng.choice((b"\x00\x00\x01", b"\x00\x00", b"\x04\x01" + bytes(1025)))
-        else:
-            data = mutate_any(rng, t.responder_reply) if roll < 0.97 else t.responder_reply
-    elif roll < 0.35:
-        mutated = _payload_variant(rng, INITIATOR.payload)
-        alt = (
-            transcript(pattern, first_payload=mutated)
-            if pattern == "IK"
-            else transcript(pattern, last_payload=mutated)
-        )
-        data = alt.initiator_first + alt.initiator_last
-    elif roll < 0.45:
-        data = rng.choice((b"\x02X", b"\x01Z", b"\x01", b"\x01X\x00\x00", b"\x01X\xff\xff"))
-        data += random_bytes(rng)
-    else:
-        whole = t.initiator_first + t.initiator_last
-        data = mutate_any(rng, whole) if roll < 0.97 else whole
-    return HandshakeInput(initiator, pattern, cut(rng, data))
-
-
-def run_payload(data: bytes) -> None:
-    # A fresh identity per input: the verified-payload cache must not hide the parser.
-    verifier = SecureIdentity(RESPONDER.identity, RESPONDER.static, verified_cache=0)
-    verifier.verify_payload_untrusted(data, INITIATOR.static_public)
-
-
-@dataclass(frozen=True, slots=True)
-class NoiseInput:
-    pattern: str
-    message: bytes
-
-
-_NOISE_PATTERNS = {"NN": NN, "XX": XX, "IK": IK}
-
-
-def run_noise(x: NoiseInput) -> None:
-    pattern = _NOISE_PATTERNS[x.pattern]
-    state = HandshakeState(
-        pattern,
-        initiator=False,
-        prologue=PROLOGUE,
-        static=RESPONDER.static,
-        generate_keypair=FixedKeys(3),
-    )
-    state.read_message_untrusted(x.message)
-
-
-def _noise_input(rng: random.Random) -> NoiseInput:
-    pattern = rng.choice(("NN", "XX", "IK"))
-    seed = transcripts()["IK" if pattern == "IK" else "XX"].initiator_first[4:]
-    roll = rng.random()
-    if roll < 0.05:
-        message = bytes(rng.choice((65536, 65535, 0)))
-    elif roll < 0.1:
-        message = random_bytes(rng)
-    else:
-        message = mutate_any(rng, seed)
-    return NoiseInput(pattern, message)
-
-
-# --------------------------------------------------------------------------- transport framing
-
-_KEY = bytes(range(32))
-_MAX_MESSAGE = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class TransportInput:
-    """Transport bytes arriving in ``chunks`` at the given times, then maybe EOF."""
-
-    chunks: tuple[tuple[float, bytes], ...]
-    eof: bool
-
-
-def run_transport(x: TransportInput) -> None:
-    transport = NoiseTransport(CipherState(bytes(32)), CipherState(_KEY), b"\x00" * 64, None)
-    codec = TransportCodec(
-        transport, now=0.0, max_message_size=_MAX_MESSAGE, idle_timeout=60.0, frame_timeout=5.0
-    )
-    for now, chunk in x.chunks:
-        codec.handle_timer(now)
-        codec.receive_data_untrusted(chunk, now)
-        while codec.next_message() is not None:
-            pass
-    if x.eof:
-        codec.receive_eof_untrusted()
-
-
-def records_plaintext(rng: random.Random) -> bytes:
-    """Transport plaintext: records of many sizes, some announcing a size they lack."""
-    out = bytearray()
-    for _ in range(rng.randrange(0, 6)):
-        size = rng.choice((0, 1, 5, 100, 4000, _MAX_MESSAGE, _MAX_MESSAGE + 1, 70_000))
-        announced = size if rng.random() < 0.85 else rng.choice((2**32 - 1, size + 1, 0))
-        out += struct.pack(">I", announced) + rng.randbytes(min(size, 70_000))
-    if rng.random() < 0.2:
-        out += rng.randbytes(rng.randrange(1, 4))  # a record header cut short
-    return bytes(out)
-
-
-def seal_frames(rng: random.Random, plaintext: bytes, key: bytes = _KEY) -> list[bytes]:
-    """``plaintext`` encrypted as transport frames of random sizes, nonces from 0."""
-    frames: list[bytes] = []
-    pos, nonce = 0, 0
-    while pos < len(plaintext) or not frames:
-        size = min(len(plaintext) - pos, rng.choice((1, 7, 100, 5000, 65519)))
-        buf = bytearray(2 + size + 16)
-        buf[2 : 2 + size] = plaintext[pos : pos + size]
-        seal_in_place(key, struct.pack("<4xQ", nonce), buf, 0, size)
-        frames.append(bytes(buf))
-        pos += size
-        nonce += 1
-    return frames
-
-
-def hostile_frames(rng: random.Random, key: bytes = _KEY) -> list[bytes]:
-    """Sealed frames, sometimes one of them corrupted, dropped, replayed or re-sized."""
-    frames = seal_frames(rng, records_plaintext(rng), key)
-    roll = rng.random()
-    if roll < 0.1:
-        frames = [random_bytes(rng)]
-    elif roll < 0.4:
-        i = rng.randrange(len(frames))
-        change = rng.randrange(4)
-        if change == 0:
-            frames[i] = mutate_any(rng, frames[i])
-        elif change == 1:
-            del frames[i]  # the nonces after it no longer match
-        elif change == 2:
-            frames.insert(i, frames[i])  # a replay
-        else:
-            frames[i] = rng.choice((b"\x00\x0f", b"\x00\x00", b"\xff\xff")) + frames[i][2:]
-    return frames
-
-
-def _transport_input(rng: random.Random) -> TransportInput:
-    stream = b"".join(hostile_frames(rng))
-    chunks = cut(rng, stream)
-    times = sorted(rng.choice((0.0, 1.0, 4.0, 6.0, 61.0)) for _ in chunks)
-    return TransportInput(tuple(zip(times, chunks, strict=True)), rng.random() < 0.2)
-
-
 # --------------------------------------------------------------------------- CRDT
 
 
@@ -667,10 +470,11 @@ ENTRIES: list[Entry] = [
     Entry(
         "dht.provider", _lazy(lambda: (provider_payload(), provider_payload("a", ""))), run_provider
     ),
-    Entry("secure.handshake", _handshake_input, run_handshake),
+    Entry("secure.handshake", handshake_input, run_handshake),
     Entry("secure.payload", _lazy(lambda: (INITIATOR.payload,)), run_payload),
-    Entry("noise.message", _noise_input, run_noise),
-    Entry("framing", _transport_input, run_transport),
+    Entry("noise.message", noise_input, run_noise),
+    Entry("framing", transport_input, run_transport),
+    Entry("attach.session", session_input, run_session),
     Entry("crdt.clock", _lazy(clock_seeds), run_clock),
     Entry("crdt.delta", _crdt(delta_seeds), run_delta),
     Entry("crdt.full_state", _crdt(full_state_seeds), run_full_state),

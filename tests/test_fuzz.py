@@ -90,7 +90,7 @@ def test_every_untrusted_parser_is_in_the_table() -> None:
         "frame", "card.msgpack", "card.json", "envelope.msgpack", "envelope.json",
         "envelope.dict", "registry", "tool.json", "dht.datagram", "dht.rpc", "dht.value",
         "dht.collector", "dht.record", "dht.provider", "secure.handshake", "secure.payload",
-        "noise.message", "framing",
+        "noise.message", "framing", "attach.session",
         "crdt.clock", "crdt.delta", "crdt.full_state", "crdt.gossip", "live.dht_datagram",
         "live.dht_lookup", "live.node_frame", "live.control", "live.channel",
     ):  # fmt: skip
