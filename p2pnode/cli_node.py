@@ -18,7 +18,13 @@ import trio
 
 from p2pnode.agent import Agent
 from p2pnode.boundary import describe
-from p2pnode.cardfile import CARD_FILE_NAME, card_from_template, read_card_file, starter_template
+from p2pnode.cardfile import (
+    CARD_FILE_NAME,
+    card_from_template,
+    default_agent_id,
+    read_card_file,
+    starter_template,
+)
 from p2pnode.datalock import hold_data_dir
 from p2pnode.demo import add_demo_command
 from p2pnode.envelope import Envelope, wall_clock_ms
@@ -254,7 +260,9 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
     default_cards = [] if agents else [data_dir / CARD_FILE_NAME]
     card_paths = [Path(p) for p in args.card] if args.card else default_cards
     templates = [
-        read_card_file(p) if p.exists() or args.card else starter_template("agent", "AGENT")
+        read_card_file(p)
+        if p.exists() or args.card
+        else starter_template(default_agent_id(identity.peer_id), "AGENT")
         for p in card_paths
     ]
     bootstrap = list(args.bootstrap or [])
