@@ -50,6 +50,7 @@ from typing import Any, Literal, Self
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from p2pnode.agent import Agent
 from p2pnode.envelope import Envelope, EnvelopeError, MessageType
@@ -144,8 +145,7 @@ class AgentClient:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._closed = anyio.Event()
         self._failure: P2PError | None = None
-        send, receive = anyio.create_memory_object_stream[Envelope](queue_size)
-        self._inbox_send, self._inbox_receive = send, receive
+        self._inbox_send: MemoryObjectSendStream[Envelope] | None = None
 
     @property
     def agent_id(self) -> str:
@@ -164,11 +164,13 @@ class AgentClient:
                 ErrorCode.CONFIG_ERROR,
                 f"no node answers on {self.path} ({exc}); is `p2pnode run` running?",
             ) from exc
+        send, receive = anyio.create_memory_object_stream[Envelope](self._queue_size)
+        self._inbox_send = send
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         try:
             self._tasks.start_soon(self._read_loop)
-            self._tasks.start_soon(self._handle_loop)
+            self._tasks.start_soon(self._handle_loop, receive)
             result = await self._call(
                 {"v": PROTOCOL_VERSION, "op": "attach", "card": card_template(self.agent)}
             )
@@ -200,10 +202,17 @@ class AgentClient:
         tb: TracebackType | None,
     ) -> bool | None:
         assert self._tasks is not None and self._stream is not None
+        assert self._inbox_send is not None
         self._tasks.cancel_scope.cancel()
         try:
-            return await self._tasks.__aexit__(exc_type, exc, tb)
+            # The body's own exception passes unwrapped (not in an ExceptionGroup of the
+            # client's tasks); a cancellation may be the task group's, which must see it.
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                return await self._tasks.__aexit__(exc_type, exc, tb)
+            await self._tasks.__aexit__(None, None, None)
+            return None
         finally:
+            self._inbox_send.close()
             with anyio.CancelScope(shield=True):
                 await self._stream.aclose()
             self._end(LocalError(ErrorCode.CHANNEL_CLOSED, "the client is closed"))
@@ -355,6 +364,7 @@ class AgentClient:
         except EnvelopeError as exc:
             logger.warning("%s: unreadable envelope from the node: %s", self.agent_id, exc)
             return
+        assert self._inbox_send is not None
         try:
             self._inbox_send.send_nowait(envelope)
         except anyio.WouldBlock:
@@ -363,9 +373,9 @@ class AgentClient:
                 busy = RemoteError(ErrorCode.BUSY, f"agent {self.agent_id!r} is not keeping up")
                 await self._reply(envelope, MessageType.ERROR, busy.to_dict())
 
-    async def _handle_loop(self) -> None:
-        async with self._inbox_receive:
-            async for envelope in self._inbox_receive:
+    async def _handle_loop(self, inbox: MemoryObjectReceiveStream[Envelope]) -> None:
+        async with inbox:
+            async for envelope in inbox:
                 reply = await self.agent.handle(envelope)
                 if reply is not None:
                     await self._reply(envelope, reply.type, reply.payload)

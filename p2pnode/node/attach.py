@@ -216,16 +216,17 @@ REFUSALS: Final[dict[Delivery, tuple[ErrorCode, str]]] = {
 
 
 def _ref_untrusted(obj: dict[str, Any]) -> Ref:
-    """The op and id of a line. Raises AttachError(INVALID_ARGUMENT)."""
+    """The op (as given: it may be unknown) and id of a line, so that even an error reply
+    names them. Raises AttachError(INVALID_ARGUMENT) for an id of the wrong kind."""
     op = obj.get("op")
-    if not isinstance(op, str) or op not in _OPS:
-        raise invalid(f"op: must be one of {sorted(_OPS)}")
     value = obj.get("id")
-    if value is None or (type(value) is int and -(2**63) <= value < 2**63):
-        return Ref(op, value)
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH:
-        return Ref(op, value)
-    raise invalid(f"id: must be a 64-bit integer or a string of 1..{MAX_ID_LENGTH} characters")
+    if not (
+        value is None
+        or (type(value) is int and -(2**63) <= value < 2**63)
+        or (isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH)
+    ):
+        raise invalid(f"id: a 64-bit integer or a string of 1..{MAX_ID_LENGTH} characters")
+    return Ref(op if isinstance(op, str) and len(op) <= MAX_ID_LENGTH else None, value)
 
 
 class AgentSession:
@@ -324,6 +325,8 @@ class AgentSession:
             return event
 
     def _dispatch_untrusted(self, obj: dict[str, Any], ref: Ref) -> Event:
+        if ref.op is None or ref.op not in _OPS:
+            raise invalid(f"op: must be one of {sorted(_OPS)}")
         version = obj.get("v", PROTOCOL_VERSION if ref.op != "attach" else None)
         if version != PROTOCOL_VERSION or type(version) is not int:
             raise invalid(

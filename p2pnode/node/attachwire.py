@@ -34,9 +34,10 @@ class AttachError(RemoteError):
 
 @dataclass(frozen=True, slots=True)
 class Ref:
-    """Which op a reply answers: its name and the process's ``id`` (None when it gave none)."""
+    """Which op a reply answers: its name (None: the line named none) and the process's
+    ``id`` (None when it gave none)."""
 
-    op: str
+    op: str | None
     id: int | str | None = None
 
 

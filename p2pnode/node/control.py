@@ -59,7 +59,7 @@ def listen_owner_only(path: Path, backlog: int = 16) -> trio.SocketListener:
     old_umask = os.umask(0o177)  # created 0600: no moment in which others may connect
     try:
         sock.bind(str(path))
-    except OSError:
+    except BaseException:
         sock.close()
         raise
     finally:
