@@ -293,9 +293,11 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         for agent in agents:
             await node.add_agent(agent, authority=endorser)
         await node.open_shared()
-        await node.join()
+        # The control socket answers before joining, which can take a while (bootstrap
+        # peers down or slow): `status` shows what the node is doing meanwhile.
         server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
         await node.nursery.start(server.serve)
+        await node.join()
         agents_socket = AgentSocket(node, data_dir / AGENT_SOCKET_NAME, documents=node.shared,
                                     endorser=endorser)  # fmt: skip
         await node.start_service(agents_socket)
