@@ -84,6 +84,7 @@ def test_the_default_loop_is_always_tested() -> None:
 # -- the same agent definition as in trio (tests/test_agent.py) -------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_the_planner_behaves_as_embedded_in_trio(factory: LoopFactory) -> None:
     module = planner()
@@ -109,6 +110,7 @@ def test_the_planner_behaves_as_embedded_in_trio(factory: LoopFactory) -> None:
     run(factory, main)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_handlers_run_as_asyncio_tasks_and_see_the_openers_context(
     factory: LoopFactory,
@@ -145,6 +147,7 @@ def test_handlers_run_as_asyncio_tasks_and_see_the_openers_context(
     run(factory, main)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_errors_arrive_as_the_trio_node_raised_them(factory: LoopFactory) -> None:
     async def main() -> None:
@@ -172,6 +175,7 @@ def test_errors_arrive_as_the_trio_node_raised_them(factory: LoopFactory) -> Non
 # -- cancellation and lifetime ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_cancelling_the_caller_cancels_the_trio_call_before_it_returns(
     factory: LoopFactory,
@@ -210,6 +214,7 @@ def test_cancelling_the_caller_cancels_the_trio_call_before_it_returns(
     run(factory, main)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_closing_cancels_running_handlers_and_answers_calls_in_flight(
     factory: LoopFactory,
@@ -251,6 +256,7 @@ def test_closing_cancels_running_handlers_and_answers_calls_in_flight(
     run(factory, main)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_the_bodys_exception_passes_unchanged_and_a_new_guest_run_starts_after(
     factory: LoopFactory,
@@ -269,6 +275,7 @@ def test_the_bodys_exception_passes_unchanged_and_a_new_guest_run_starts_after(
     assert trio.lowlevel.in_trio_run() is False  # nothing of trio is left in this thread
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_a_node_that_fails_cancels_the_body_and_its_error_surfaces_on_exit(
     factory: LoopFactory,
@@ -290,6 +297,7 @@ def test_a_node_that_fails_cancels_the_body_and_its_error_surfaces_on_exit(
     assert info.value.subgroup(RuntimeError) is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_shared_state_through_the_proxy(factory: LoopFactory) -> None:
     async def main() -> None:
@@ -321,6 +329,7 @@ async def http_post(port: int, path: str, body: bytes, method: str = "POST") -> 
     return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_the_http_example_forwards_to_the_agent(factory: LoopFactory) -> None:
     sys.path.insert(0, str(EXAMPLES))
@@ -356,6 +365,7 @@ def test_the_http_example_forwards_to_the_agent(factory: LoopFactory) -> None:
     run(factory, main)
 
 
+@pytest.mark.slow
 def test_importing_the_package_loads_no_asyncio() -> None:
     script = (
         "import sys, p2pnode\n"

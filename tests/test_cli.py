@@ -110,6 +110,7 @@ def test_world_readable_key_is_refused(home: Path, capsys: pytest.CaptureFixture
     assert code == 1 and "KEY_FILE_ERROR" in err
 
 
+@pytest.mark.slow
 def test_help_runs_as_a_module() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "p2pnode", "--help"], capture_output=True, text=True, timeout=60
@@ -122,6 +123,7 @@ def test_help_runs_as_a_module() -> None:
     assert bad.returncode == 2
 
 
+@pytest.mark.slow
 def test_global_options_are_accepted_after_the_subcommand(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -57,6 +57,7 @@ def test_lock_names_the_holder_and_is_free_after_release(tmp_path: Path) -> None
         pass
 
 
+@pytest.mark.slow
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
@@ -110,6 +111,7 @@ def _assert_one_line(err: str, *parts: str) -> None:
         assert part in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [socket.SOCK_STREAM, socket.SOCK_DGRAM])
 def test_run_on_a_busy_port_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: int

@@ -87,6 +87,7 @@ def _loaded_after(modules: list[str]) -> dict[str, list[str]]:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "entry", ["p2pnode.dht.routing", "p2pnode.dht", "p2pnode.crdt.gossip", "p2pnode.crdt"]
 )
@@ -94,11 +95,13 @@ def test_importing_a_core_package_loads_no_driver(entry: str) -> None:
     assert _loaded_after([entry]) == {entry: []}
 
 
+@pytest.mark.slow
 def test_no_core_loads_a_driver_transitively() -> None:
     loaded = _loaded_after(CORES)
     assert {name: found for name, found in loaded.items() if found} == {}
 
 
+@pytest.mark.slow
 def test_the_drivers_do_load_trio() -> None:
     # The check above would pass vacuously if nothing could load trio at all.
     assert _loaded_after(["p2pnode.dht.peer", "p2pnode.crdt.store"]) == {

@@ -7,6 +7,8 @@ import trio
 
 from p2pnode.net import TrioNetwork
 
+pytestmark = pytest.mark.slow  # real sockets on 127.0.0.1
+
 
 async def test_udp_round_trip() -> None:
     net = TrioNetwork()

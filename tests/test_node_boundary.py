@@ -172,6 +172,7 @@ async def test_a_poisoned_dht_value_does_not_stop_a_lookup(
         assert victim.stats.records_rejected >= 1
 
 
+@pytest.mark.slow
 async def test_control_requests_fail_one_by_one(tmp_path: Path) -> None:
     async def status(request: dict[str, Any]) -> Any:
         return {"up": True}

@@ -10,9 +10,12 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from p2pnode.process import NodeProcess
+
+pytestmark = pytest.mark.slow  # OS processes
 
 DOC = "ledger"
 CONVERGE_TIMEOUT = 40.0

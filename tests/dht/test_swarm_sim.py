@@ -75,6 +75,7 @@ async def test_lookups_survive_killing_a_fifth(autojump_clock: trio.testing.Mock
         # Providers that died are no longer required, only those alive.
         alive_expected = {c: p - dead for c, p in expected.items()}
         alive = [n for n in nodes if n not in victims]
+        # The behaviour under test: a refresh and a maintenance pass after the deaths.
         await trio.sleep(FAST_DHT.refresh_interval + FAST_DHT.maintenance_interval)
         assert await _lookups(alive, alive_expected, rng, 400) >= 0.995
 
