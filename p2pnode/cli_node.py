@@ -116,12 +116,17 @@ def _doc_ops(node: Node) -> dict[str, Any]:
 
     def doc_state(doc: str) -> dict[str, Any]:
         shared = node.shared
-        return {
+        state = {
             "doc": doc,
             "value": value_to_json(shared.read(doc)),
             "clock": shared.clock(doc).to_wire(),
             "peers": list(shared.peers(doc)),
+            "refused": shared.refused(doc),
         }
+        warning = shared.convergence_warning(doc)
+        if warning is not None:
+            state["warning"] = warning
+        return state
 
     async def subscribe(request: dict[str, Any]) -> Any:
         doc, agent = str(request["doc"]), member(request)
@@ -379,8 +384,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"peers      {len(status['peers'])}")
     for channel in status["channels"]:
         print(f"  channel  {channel['peer']}  {channel['state']}")
+    warnings = status.get("documentWarnings", {})
     for doc, agents in status.get("documents", {}).items():
         print(f"document   {doc}  ({', '.join(agents)})")
+        if doc in warnings:
+            print(f"  warning  {warnings[doc]}")
     discovery = status.get("discovery") or {}
     if "contacts" in discovery:
         print(f"dht        contacts {discovery['contacts']}  records {discovery['records']}  "
@@ -429,7 +437,10 @@ def cmd_doc(args: argparse.Namespace) -> int:
             request["update"] = json.loads(args.update)
         except json.JSONDecodeError as exc:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"UPDATE is not JSON: {exc}") from exc
-    print(json.dumps(_control(args, request), indent=2))
+    result = _control(args, request)
+    print(json.dumps(result, indent=2))
+    if isinstance(result, dict) and result.get("warning"):
+        print(f"p2pnode: warning: {result['warning']}", file=sys.stderr)
     return 0
 
 

@@ -650,6 +650,7 @@ class Node(TaskOwner):
                 for link in self.links
             ],
             "documents": self._shared.subscriptions() if self._shared is not None else {},
+            "documentWarnings": self._shared.warnings() if self._shared is not None else {},
             "discovery": self.discovery.statistics(),
             "metrics": metrics.to_dict(),
         }

@@ -14,7 +14,8 @@ Egress (docs/protocol/node.md "Routing"):
   agents are registered too); None means "ask discovery". Egress questions
   take ``now_ms``: a card past its expiry is never a target.
 * :meth:`Router.candidates` — agents offering a capability that the source
-  may discover and send a request to, local ones first.
+  may discover and send a request to, local ones first; when there is none,
+  :meth:`Router.refused` says why for each agent that offers it.
 * :meth:`Router.check` — the policy verdict for one (source, target) pair;
   None for a reply to a request this node allowed (not tier-checked again).
 * :meth:`Router.fan_out` — a broadcast's allowed targets: local agents, and
@@ -134,6 +135,19 @@ class Refusal:
 
 
 @dataclass(frozen=True, slots=True)
+class Refused:
+    """An agent offering a capability that policy does not let a source use.
+
+    ``visible`` is False for a card the source may not even discover (a sandbox
+    rule, seed R10.4): an error may count it but must not name it.
+    """
+
+    card: AgentCard
+    verdict: Verdict
+    visible: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Ingress:
     """The local recipients of an authenticated inbound envelope.
 
@@ -199,6 +213,28 @@ class Router:
             and policy.check_message(source, c, MessageType.REQUEST, None).allowed
         ]
 
+    def refused(
+        self, source: AgentCard, capability: str, now_ms: int | None = None
+    ) -> list[Refused]:
+        """Why no agent offering ``capability`` is a candidate for ``source``: each one
+        (``source`` itself and expired cards left out) with the refused verdict of a
+        request to it, in registry order. Empty when the capability is not offered, or
+        when some agent is a candidate after all."""
+        policy = self._policy
+        out: list[Refused] = []
+        for card in _live(self._registry.find_by_capability(capability), now_ms):
+            if card.id == source.id:
+                continue
+            verdict = policy.check_message(source, card, MessageType.REQUEST, None)
+            visible = policy.can_discover(source, card)
+            if verdict.allowed and visible:
+                return []
+            if verdict.allowed:
+                # Hidden by discovery (R10.4) though a request would pass: a sandbox rule.
+                verdict = Verdict(False, ErrorCode.SANDBOX_VIOLATION, "not discoverable")
+            out.append(Refused(card, verdict, visible))
+        return out
+
     def check(self, source: AgentCard, target: AgentCard, envelope: Envelope) -> Verdict | None:
         """The policy verdict; None when ``envelope`` replies to a request this node allowed."""
         if envelope.type in REPLY_TYPES and envelope.correlation_id in self._allowed_requests:
@@ -261,6 +297,26 @@ class Router:
         return envelope.type in REPLY_TYPES and (targets is None or envelope.sender in targets)
 
 
+def capability_refusal(source: AgentCard, capability: str, refused: list[Refused]) -> LocalError:
+    """The error for ``capability`` when policy lets ``source`` use none of the agents that
+    offer it (``refused``, non-empty): the first visible refusal's code (TIER_VIOLATION,
+    SANDBOX_VIOLATION, ...), else SANDBOX_VIOLATION. Visible providers are named with
+    their reasons; hidden ones are only counted (seed R10.4)."""
+    shown = [r for r in refused if r.visible]
+    hidden = len(refused) - len(shown)
+    code = shown[0].verdict.code if shown else None
+    parts = [f"{r.card.id} ({r.verdict.code}: {r.verdict.reason})" for r in shown]
+    if hidden:
+        parts.append(f"{hidden} agent(s) outside what the sandbox rules let {source.id!r} reach")
+    return LocalError(
+        code or ErrorCode.SANDBOX_VIOLATION,
+        f"{capability!r} is offered, but policy lets {source.id!r} use none of its "
+        f"providers: {'; '.join(parts)}",
+        capability=capability,
+        candidates=[{"agent": r.card.id, "code": str(r.verdict.code)} for r in shown],
+    )
+
+
 def _live(cards: list[AgentCard], now_ms: int | None) -> list[AgentCard]:
     if now_ms is None:
         return cards
@@ -275,8 +331,10 @@ __all__ = [
     "Ingress",
     "Interceptor",
     "Refusal",
+    "Refused",
     "RegistryView",
     "Router",
     "RoutingResult",
     "SeenSet",
+    "capability_refusal",
 ]

@@ -49,7 +49,14 @@ from p2pnode.node.frames import (
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
-from p2pnode.node.router import BoundedSet, Interceptor, Refusal, Router, RoutingResult
+from p2pnode.node.router import (
+    BoundedSet,
+    Interceptor,
+    Refusal,
+    Router,
+    RoutingResult,
+    capability_refusal,
+)
 from p2pnode.registry import Registry
 
 logger = logging.getLogger("p2pnode.node")
@@ -361,6 +368,10 @@ class Routing:
                 self.learn_card(found)
             candidates = self.router.candidates(source, capability, self._clock_ms())
         if not candidates:
+            refused = self.router.refused(source, capability, self._clock_ms())
+            if refused:
+                # Offered, but policy refuses every provider: say so, not "not found".
+                raise capability_refusal(source, capability, refused)
             raise LocalError(
                 ErrorCode.CAPABILITY_NOT_FOUND,
                 f"no reachable agent offers {capability!r}",

@@ -15,8 +15,11 @@ Theory of operation (seed R9; docs/protocol/gossip.md §8 and §9):
   offering ``crdt:<doc>`` (registry, refreshed by ``node.find`` through
   discovery) is a gossip peer when policy lets a local member and it
   exchange ``stream-data`` both ways and its card has not expired; one agent
-  per remote node, so ``fanout`` counts distinct replicas. The peer set is
-  rescanned every ``refresh_interval``; discovery runs every
+  per remote node, so ``fanout`` counts distinct replicas. Replicas that
+  policy forbids are listed by :meth:`SharedState.refused`, and a document
+  left without any peer because of them says so
+  (:meth:`SharedState.convergence_warning`, shown by ``doc read`` and
+  ``status``). The peer set is rescanned every ``refresh_interval``; discovery runs every
   ``discovery_interval``. A peer that fails a delivery is left out for
   ``suspend`` seconds (anti-entropy repairs what it missed).
 * **Frames.** Each gossip frame travels in a ``stream-data`` envelope from
@@ -355,6 +358,56 @@ class SharedState(TaskOwner):
         """The remote agents ``doc`` is gossiped with now."""
         d = self._docs.get(doc)
         return d.core.peers if d is not None else ()
+
+    def refused(self, doc: str) -> list[dict[str, str]]:
+        """The replicas of ``doc`` (remote agents offering it, cards not expired) that
+        policy forbids every local member to gossip with: ``{"agent", "peer", "code",
+        "reason"}`` each, the first member's refusal."""
+        d = self._docs.get(doc)
+        if d is None:
+            return []
+        now_ms = self.host.events.now_ms()
+        members = [self.host.local_agent(m) for m in sorted(d.members)]
+        out = []
+        for card in self.host.registry.find_by_capability(CAPABILITY_PREFIX + doc):
+            if card.origin is Origin.LOCAL or card.is_expired(now_ms) or not members:
+                continue
+            if any(self._mutual(member, card) for member in members):
+                continue
+            code, reason = self._refusal(members[0], card)
+            out.append(
+                {"agent": card.id, "peer": str(card.peer_id), "code": code, "reason": reason}
+            )
+        return out
+
+    def convergence_warning(self, doc: str) -> str | None:
+        """Why ``doc`` cannot converge here, or None: it has no gossip peer while
+        replicas exist that policy forbids (:meth:`refused`)."""
+        if self.peers(doc):
+            return None
+        refused = self.refused(doc)
+        if not refused:
+            return None
+        who = ", ".join(f"{r['agent']} ({r['code']})" for r in refused)
+        return (
+            f"{doc!r} cannot converge: policy forbids gossip with every other replica of it ({who})"
+        )
+
+    def warnings(self) -> dict[str, str]:
+        """Document -> :meth:`convergence_warning`, for the documents that have one."""
+        return {doc: w for doc in sorted(self._docs) if (w := self.convergence_warning(doc))}
+
+    def _refusal(self, member: AgentCard, card: AgentCard) -> tuple[str, str]:
+        policy = self.host.policy
+        if not policy.can_discover(member, card):
+            return str(ErrorCode.SANDBOX_VIOLATION), (
+                f"the sandbox rules of {member.id!r} hide agent {card.id!r}"
+            )
+        for source, target in ((member, card), (card, member)):
+            verdict = policy.check_message(source, target, MessageType.STREAM_DATA, None)
+            if not verdict.allowed:
+                return str(verdict.code), verdict.reason
+        return str(ErrorCode.INTERNAL), "no reason"  # not reached: _mutual said no
 
     def statistics(self, doc: str) -> GossipStats:
         """The gossip core's counters for ``doc``."""
