@@ -83,7 +83,8 @@ def _node_ops(node: Node) -> dict[str, Any]:
         return node.status()
 
     async def find(request: dict[str, Any]) -> Any:
-        cards = await node.find(str(request["capability"]))
+        viewer = request.get("agent")
+        cards = await node.find(str(request["capability"]), str(viewer) if viewer else None)
         return [
             {"id": c.id, "peerId": str(c.peer_id), "tier": int(c.tier), "origin": str(c.origin),
              "addresses": list(c.addresses), "capabilities": sorted(c.capability_ids())}
@@ -402,7 +403,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_find(args: argparse.Namespace) -> int:
-    found = _control(args, {"op": "find", "capability": args.capability})
+    request = {"op": "find", "capability": args.capability}
+    if args.agent:
+        request["agent"] = args.agent
+    found = _control(args, request)
     if args.json:
         print(json.dumps(found, indent=2))
     elif not found:
@@ -487,6 +491,9 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     find = sub.add_parser("find", help="find agents offering a capability")
     find.add_argument("capability")
+    find.add_argument(
+        "--agent", help="local agent whose view to show (its sandbox rules; default: the first)"
+    )
     find.add_argument("--json", action="store_true")
     find.set_defaults(handler=cmd_find)
 

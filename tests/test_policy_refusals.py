@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 from p2pnode.card import Capability
-from p2pnode.cli_node import _doc_ops
+from p2pnode.cli_node import _doc_ops, _node_ops
 from p2pnode.envelope import Envelope
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.node.router import capability_refusal
@@ -104,3 +104,24 @@ async def test_a_document_with_a_peer_has_no_warning(autojump_clock: Any) -> Non
         assert a.shared.convergence_warning("plan") is None
         assert a.shared.refused("plan") == []
         assert a.node is not None and a.node.status()["documentWarnings"] == {}
+
+
+async def test_find_shows_what_the_viewing_agent_may_discover(autojump_clock: Any) -> None:
+    async with swarm(3) as (_, (a, b, c)):
+        await a.add_agent("boxed", echo, sandbox_id="lab")  # the first: the default viewer
+        await a.add_agent("free", echo)
+        await b.add_agent("io", echo, capabilities=(Capability("test.unit", "T"),))
+        await connect_all([b, a, c])  # b, hosting io, is the hub
+        # Capability routing would not let "boxed" see io (seed R10.4): nor does find.
+        assert await a.find("test.unit") == []
+        assert [c.id for c in await a.find("test.unit", "free")] == ["io"]
+        ops = _node_ops(a)
+        assert await ops["find"]({"capability": "test.unit"}) == []
+        [found] = await ops["find"]({"capability": "test.unit", "agent": "free"})
+        assert found["id"] == "io"
+        with pytest.raises(LocalError) as info:
+            await a.find("test.unit", "nobody")
+        assert info.value.code is ErrorCode.AGENT_NOT_FOUND
+        # A node without agents has no viewer: it sees every card it holds.
+        await wait_until(lambda: c.registry.find("io") is not None)
+        assert [card.id for card in await c.find("test.unit")] == ["io"]

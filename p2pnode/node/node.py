@@ -446,13 +446,26 @@ class Node(TaskOwner):
             own |= {"127.0.0.1", "::1", "localhost"}
         return host in own
 
-    async def find(self, capability: str) -> list[AgentCard]:
-        """Agents offering ``capability``: the registry, refreshed from the DHT."""
+    async def find(self, capability: str, viewer: str | None = None) -> list[AgentCard]:
+        """Agents offering ``capability`` that local agent ``viewer`` (default: the first)
+        may discover: the registry, refreshed from the DHT, filtered by the viewer's
+        sandbox rules as capability routing is (seed R10.4). Unfiltered on a node
+        that hosts no agent (there is no viewer).
+
+        Raises LocalError(AGENT_NOT_FOUND) when ``viewer`` is not a local agent.
+        """
+        seer = self.local_agent(viewer) if viewer is not None else self._first_card()
         for card in await self.discovery.find_providers(capability):
             if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
                 self.routing.learn_card(card)
         now = self._clock_ms()
-        return [c for c in self.registry.find_by_capability(capability) if not c.is_expired(now)]
+        cards = [c for c in self.registry.find_by_capability(capability) if not c.is_expired(now)]
+        return cards if seer is None else self.policy.filter_discoverable(seer, cards)
+
+    def _first_card(self) -> AgentCard | None:
+        for agent in self._agents.values():
+            return agent.card
+        return None
 
     def local_agent(self, agent_id: str) -> AgentCard:
         agent = self._agents.get(agent_id)
