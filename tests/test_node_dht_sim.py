@@ -3,8 +3,6 @@ reaches agents the asking node never met (seed R1.7, R4.3-4.4)."""
 
 from __future__ import annotations
 
-import random
-from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
@@ -12,12 +10,8 @@ import pytest
 from p2pnode.card import Capability
 from p2pnode.envelope import Envelope
 from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
 from p2pnode.node.config import NodeConfig
-from p2pnode.node.node import Node
-from p2pnode.node.runtime import open_node
-from p2pnode.simnet import SimNetwork
-from tests.sim import met, wait_until
+from tests.sim import met, open_swarm, wait_until
 
 
 async def echo(envelope: Envelope) -> Any:
@@ -25,18 +19,9 @@ async def echo(envelope: Envelope) -> Any:
 
 
 async def test_discovery_through_the_dht(autojump_clock: Any) -> None:
-    sim = SimNetwork(random.Random(7))
-    async with AsyncExitStack() as stack:
-        nodes: list[Node] = []
-        for i in range(12):
-            host = sim.add_host()
-            bootstrap = (nodes[0].listen_address,) if nodes else ()
-            config = NodeConfig(listen=(host.host, 7000), dht_listen=(host.host, 0),
-                                bootstrap=bootstrap)  # fmt: skip
-            node = await stack.enter_async_context(
-                open_node(Identity(bytes([i + 1]) * 32), host, config)
-            )
-            nodes.append(node)
+    # Default timings, each node opened with its DHT as a daemon opens it.
+    async with open_swarm(12, NodeConfig(), seed=7, dht=True) as sw:
+        nodes = sw.nodes
         # The last node hosts two agents: both must be findable, neither hides the other.
         await nodes[-1].add_agent("io", echo, tier=3, capabilities=(Capability("test.unit", "T"),))
         await nodes[-1].add_agent(

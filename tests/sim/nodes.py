@@ -4,8 +4,10 @@ One builder, :class:`Swarm`: every member is a :class:`~p2pnode.node.node.Node` 
 its own simulated host, with identity ``bytes([index + 1]) * 32`` and listening on
 port 7000, run in a task of the swarm's nursery so that one member can be stopped
 and restarted (same identity, host and data directory) while the others go on.
-Optionally the members share a :class:`MemoryDiscovery` directory and open the
-shared-state service; a member may host one agent whose envelopes its
+Optionally the members share a :class:`MemoryDiscovery` directory, or each runs
+its DHT (opened by :func:`~p2pnode.node.runtime.open_node`, as a daemon does,
+bootstrapping off the first member), and they open the shared-state service;
+a member may host one agent whose envelopes its
 :class:`Inbox` records. :func:`swarm` is the plain form most tests use: ``count``
 nodes without agents or discovery, yielded as ``(sim, nodes)``.
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.discovery import MemoryDiscovery
 from p2pnode.node.node import Node
+from p2pnode.node.runtime import open_node
 from p2pnode.node.shared import SharedConfig, SharedState
 from p2pnode.simnet import SimHost, SimNetwork
 from tests.sim.configs import FAST_NODE
@@ -93,8 +96,11 @@ class Member:
 class Swarm:
     """Nodes on one simulated network, each run in a task of ``nursery``.
 
-    ``discovery``: the members share a :class:`MemoryDiscovery` (``directory``);
-    otherwise a node knows only the peers it met. ``shared``: each member opens the
+    ``discovery``: the members share a :class:`MemoryDiscovery` (``directory``).
+    ``dht``: each member runs its DHT on its listening port, and the members after
+    the first bootstrap off the first one (unless the config names bootstrap peers);
+    they still join explicitly (:meth:`Node.join`). With neither, a node knows only
+    the peers it met. ``shared``: each member opens the
     shared-state service with this config (its gossip RNG seeded by its index).
     ``data_root``: where durable members keep their data (``node<index>``).
     """
@@ -106,13 +112,17 @@ class Swarm:
         *,
         config: NodeConfig = FAST_NODE,
         discovery: bool = False,
+        dht: bool = False,
         shared: SharedConfig | None = None,
         data_root: Path | None = None,
     ) -> None:
+        if discovery and dht:
+            raise ValueError("a swarm discovers through its directory or through the DHT")
         self.sim = sim
         self.nursery = nursery
         self.config = config
         self.directory = MemoryDiscovery() if discovery else None
+        self.dht = dht
         self.shared = shared
         self.data_root = data_root
         self.members: list[Member] = []
@@ -143,6 +153,10 @@ class Swarm:
             data_dir = self.data_root / f"node{index}"
         base = self.config if config is None else config
         own = dataclasses.replace(base, listen=(host.host, 7000), data_dir=data_dir)
+        if self.dht:
+            first = (self.members[0].host, 7000) if self.members else None
+            bootstrap = base.bootstrap or ((first,) if first is not None else ())
+            own = dataclasses.replace(own, dht_listen=(host.host, 0), bootstrap=bootstrap)
         member = Member(index, host, own, agent, sandbox)
         self.members.append(member)
         await self.start(member)
@@ -161,9 +175,14 @@ class Swarm:
     async def _run(self, member: Member, *, task_status: trio.TaskStatus[Node]) -> None:
         try:
             with trio.CancelScope() as member._scope:
-                async with Node(
-                    member.identity, member.network, member.config, discovery=self.directory
-                ) as node:
+                opened: AbstractAsyncContextManager[Node] = (
+                    open_node(member.identity, member.network, member.config)
+                    if self.dht
+                    else Node(
+                        member.identity, member.network, member.config, discovery=self.directory
+                    )
+                )
+                async with opened as node:
                     if member.hosted is not None:
                         await node.add_agent(member.hosted, member.inbox, sandbox_id=member.sandbox)
                     if self.shared is not None:
@@ -198,6 +217,7 @@ async def open_swarm(
     seed: int = 1,
     *,
     discovery: bool = False,
+    dht: bool = False,
     shared: SharedConfig | None = None,
     data_root: Path | None = None,
 ) -> AsyncIterator[Swarm]:
@@ -209,6 +229,7 @@ async def open_swarm(
             nursery,
             config=config,
             discovery=discovery,
+            dht=dht,
             shared=shared,
             data_root=data_root,
         )
