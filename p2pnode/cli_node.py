@@ -448,19 +448,40 @@ def cmd_doc(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The operations of ``doc update`` (p2pnode/node/docops.py), for its --help.
+DOC_UPDATE_OPS = """\
+operations (UPDATE is one JSON object; P is a key or a list of 1-8 keys):
+  {"op": "counter.add", "path": P, "amount": N, "growOnly": B}
+        add N (an integer, default 1) to a counter; growOnly: never decreases
+  {"op": "register.set", "path": P, "value": V, "timestamp": MS}
+        set a last-writer-wins register to V (null, boolean, number or string);
+        timestamp defaults to now
+  {"op": "set.add", "path": P, "element": E}
+        add E (an integer or a string) to a set
+  {"op": "set.remove", "path": P, "element": E}
+        remove E from a set
+  {"op": "map.remove", "path": P}
+        remove the key P names from its map
+example:
+  p2pnode doc update plan '{"op": "counter.add", "path": ["tasks", "done"], "amount": 2}'
+"""
+
+
 def _add_doc_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doc = sub.add_parser("doc", help="shared CRDT documents of a running node")
     doc_sub = doc.add_subparsers(dest="doc_command", required=True)
     for name, text in (("subscribe", "replicate a document"), ("read", "print a document"),
                        ("update", "apply an operation; returns once it is durable")):  # fmt: skip
-        cmd = doc_sub.add_parser(name, help=text)
+        update = name == "update"
+        cmd = doc_sub.add_parser(
+            name,
+            help=text,
+            epilog=DOC_UPDATE_OPS if update else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         cmd.add_argument("doc", help="document name")
-        if name == "update":
-            cmd.add_argument(
-                "update",
-                help='operation as JSON, e.g. \'{"op": "counter.add", "path": ["n"]}\'; '
-                "ops: counter.add, register.set, set.add, set.remove, map.remove (see docs)",
-            )
+        if update:
+            cmd.add_argument("update", metavar="UPDATE", help="the operation as JSON (see below)")
         cmd.add_argument("--agent", help="local member agent (default: the first)")
         cmd.set_defaults(handler=cmd_doc)
 
