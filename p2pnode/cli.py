@@ -15,7 +15,9 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
+
+import trio
 
 from p2pnode import __version__
 from p2pnode.a2a import to_a2a
@@ -41,11 +43,15 @@ from p2pnode.identity import (
     write_private_file,
 )
 from p2pnode.jsonutil import b64encode
-from p2pnode.node.control import CONTROL_SOCKET_NAME
+from p2pnode.node.config import format_address, parse_address
+from p2pnode.node.control import CONTROL_SOCKET_NAME, control_call
 from p2pnode.node.runtime import SNAPSHOT_FILE
 from p2pnode.node.shared import STORE_FILE_NAME, SUBSCRIPTIONS_FILE_NAME
 
 Handler = Callable[[argparse.Namespace], int]
+
+#: Seconds to wait for a running node's answer when a command only consults it.
+NODE_QUERY_TIMEOUT = 5.0
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -69,12 +75,36 @@ def _card_path(args: argparse.Namespace) -> Path:
     return Path(args.file) if getattr(args, "file", None) else _data_dir(args) / CARD_FILE_NAME
 
 
-def _signed_card(args: argparse.Namespace) -> tuple[AgentCard, Identity]:
+def _signed_card(
+    args: argparse.Namespace, addresses: tuple[str, ...] | None = None
+) -> tuple[AgentCard, Identity]:
     identity = _identity(args)
     now = wall_clock_ms()
     # The revision a node would publish this card at (a restart's cards supersede).
-    card = card_from_template(read_card_file(_card_path(args)), identity, now, revision=now)
+    card = card_from_template(
+        read_card_file(_card_path(args)), identity, now, revision=now, addresses=addresses
+    )
     return card, identity
+
+
+def _node_addresses(args: argparse.Namespace) -> tuple[str, ...]:
+    """The addresses to publish a card with: ``--address``, else those the node running
+    on the data directory advertises, else none."""
+    if args.address:
+        return tuple(format_address(parse_address(a)) for a in args.address)
+    control = _data_dir(args) / CONTROL_SOCKET_NAME
+    if not control.exists():
+        return ()  # no node has run there (a stale socket is caught below)
+
+    async def ask() -> Any:
+        with trio.fail_after(NODE_QUERY_TIMEOUT):
+            return await control_call(control, {"op": "status"})
+
+    try:
+        status = trio.run(ask)
+    except (P2PError, trio.TooSlowError):
+        return ()  # no node runs there
+    return tuple(str(a) for a in status.get("addresses", ()))
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -185,6 +215,18 @@ def cmd_card_export(args: argparse.Namespace) -> int:
     if not args.a2a:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, "choose an export format: --a2a")
     card, identity = _signed_card(args)
+    if not card.addresses:
+        # A template names no address: the node fills its own in when it runs, and the
+        # A2A URL is only usable with one.
+        addresses = _node_addresses(args)
+        if addresses:
+            card, identity = _signed_card(args, addresses)
+        else:
+            print(
+                "p2pnode: note: no address (no node runs on this data directory and no "
+                "--address given): the A2A interface URL names no host:port",
+                file=sys.stderr,
+            )
     _print_json(to_a2a(card, identity))
     return 0
 
@@ -245,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     export = card_sub.add_parser("export", help="export the card in another format")
     export.add_argument("file", nargs="?", help="card file (default: the data dir's card.json)")
     export.add_argument("--a2a", action="store_true", help="as an A2A 1.0 AgentCard document")
+    export.add_argument(
+        "--address",
+        action="append",
+        metavar="HOST:PORT",
+        help="the node's advertised address for the interface URL (repeatable; default: "
+        "those of the node running on the data directory)",
+    )
     export.set_defaults(handler=cmd_card_export)
     add_node_commands(sub)
     _accept_global_options_anywhere(parser)

@@ -267,3 +267,40 @@ async def test_run_with_a_signed_card_publishes_its_address(tmp_path: Path) -> N
             finally:
                 await node.stop()
                 await peer.stop()
+
+
+def test_export_a2a_url_names_the_nodes_address(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, peer_id, _ = run(capsys, "--data-dir", str(home), "id")
+    code, out, _ = run(
+        capsys, "--data-dir", str(home), "card", "export", "--a2a", "--address", "127.0.0.1:7400"
+    )
+    assert code == 0
+    [interface] = json.loads(out)["supportedInterfaces"]
+    assert interface["url"] == f"p2pnode://127.0.0.1:7400/{peer_id.strip()}/sun"
+    assert interface["protocolBinding"] == "P2PNODE-NOISE"
+    code, _, err = run(
+        capsys, "--data-dir", str(home), "card", "export", "--a2a", "--address", "nowhere"
+    )
+    assert code == 1 and "not a host:port" in err
+
+
+@pytest.mark.slow
+async def test_export_a2a_asks_the_running_node_for_its_address(tmp_path: Path) -> None:
+    assert main(["--data-dir", str(tmp_path), "init", "--agent-id", "sun"]) == 0
+    node = NodeProcess(tmp_path)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            try:
+                await node.start(nursery, None)
+                result = await trio.run_process(
+                    [sys.executable, "-m", "p2pnode", "--data-dir", str(tmp_path),
+                     "card", "export", "--a2a"],
+                    capture_stdout=True, capture_stderr=True,
+                )  # fmt: skip
+            finally:
+                await node.stop()
+    [interface] = json.loads(result.stdout)["supportedInterfaces"]
+    assert interface["url"].startswith(f"p2pnode://{node.address}/")
+    assert result.stderr == b""
