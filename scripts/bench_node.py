@@ -16,6 +16,10 @@ guest on the asyncio loop and the agent's handlers run as asyncio tasks), in
 one process, from a node to a node and from an agent to an agent of the same
 node.
 
+The node's request round trip is also measured to an agent in another OS
+process attached to the server node over its agent socket (p2pnode.client,
+asyncio), beside the in-process agent, in the same run: what attaching adds.
+
 Every measurement but the embedded one runs in two layouts. "1 process": both ends share one
 trio loop (and so one core's worth of Python). "2 processes": the receiving
 end runs in a child process, as two nodes on one machine do, so each end has
@@ -30,10 +34,12 @@ import asyncio
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -46,6 +52,8 @@ from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import P2PError
 from p2pnode.identity import Identity
 from p2pnode.net import TrioNetwork
+from p2pnode.node.agentsocket import AgentSocket
+from p2pnode.node.attachwire import AGENT_SOCKET_NAME
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.node import Node
 from p2pnode.node.runtime import open_node
@@ -119,12 +127,91 @@ class Ports:
         return cls(raw, channel, node)
 
 
+# The attached agent's process: the same echo as "server", through p2pnode.client.
+ATTACHED_AGENT = """
+import sys
+from p2pnode import Agent
+from p2pnode.client import run_agent
+
+agent = Agent("attached", tier=3)
+
+
+@agent.on_request()
+async def echo_payload(message):
+    return message.payload
+
+
+run_agent(agent, path=sys.argv[1])
+"""
+ATTACH_TIMEOUT = 30.0
+
+# The least two process hops cost: a child echoing over a Unix socket, read and written with
+# anyio on asyncio as the attached agent's process does.
+UNIX_ECHO = """
+import sys, anyio
+
+async def main(path):
+    stream = await anyio.connect_unix(path)
+    while data := await stream.receive(65536):
+        await stream.send(data)
+
+anyio.run(main, sys.argv[1])
+"""
+ECHO_LINE = b"e" * 400 + b"\n"  # about the size of an envelope event with PAYLOAD
+
+
+async def unix_echo_round_trips(count: int) -> float:
+    """Round trip p50 (us) of one line to a child process and back over a Unix socket."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        path = Path(data_dir) / "echo.sock"
+        listener = trio.socket.socket(trio.socket.AF_UNIX)
+        await listener.bind(str(path))
+        listener.listen(1)
+        child = await trio.lowlevel.open_process(
+            [sys.executable, "-c", UNIX_ECHO, str(path)], stdin=subprocess.DEVNULL
+        )
+        try:
+            with trio.fail_after(ATTACH_TIMEOUT):
+                sock, _ = await listener.accept()
+            stream = trio.SocketStream(sock)
+
+            async def once() -> None:
+                await stream.send_all(ECHO_LINE)
+                received = 0
+                while received < len(ECHO_LINE):  # bounded: each read returns some bytes
+                    received += len(await stream.receive_some(65536))
+
+            p50 = quantiles(await timed_round_trips(count, once))[0]
+            await stream.aclose()
+            return p50
+        finally:
+            listener.close()
+            child.kill()
+            with trio.CancelScope(shield=True):
+                await child.wait()
+
+
 async def serve_node(*, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    async with Node(Identity.generate(), TrioNetwork()) as node:
-        await node.add_agent("server", echo, tier=3)
-        await node.add_agent("sink", Sink(), tier=3)
-        task_status.started(node.listen_address[1])
-        await trio.sleep_forever()
+    with tempfile.TemporaryDirectory() as data_dir:
+        path = Path(data_dir) / AGENT_SOCKET_NAME
+        async with Node(Identity.generate(), TrioNetwork()) as node:
+            await node.add_agent("server", echo, tier=3)
+            await node.add_agent("sink", Sink(), tier=3)
+            agents = AgentSocket(node, path)
+            await node.start_service(agents)
+            attached = await trio.lowlevel.open_process(
+                [sys.executable, "-c", ATTACHED_AGENT, str(path)], stdin=subprocess.DEVNULL
+            )
+            try:
+                with trio.fail_after(ATTACH_TIMEOUT):
+                    while not agents.attached():  # noqa: ASYNC110 - the service has no event
+                        await trio.sleep(0.01)
+                task_status.started(node.listen_address[1])
+                await trio.sleep_forever()
+            finally:
+                attached.kill()
+                with trio.CancelScope(shield=True):
+                    await attached.wait()
 
 
 async def start_servers(nursery: trio.Nursery) -> Ports:
@@ -206,10 +293,8 @@ async def message_rate(endpoint: Endpoint, count: int, concurrent_sends: bool) -
     return rounds * BATCH / (time.perf_counter() - start)
 
 
-async def node_round_trips(node: Node, count: int) -> tuple[float, float]:
-    return quantiles(
-        await timed_round_trips(count, lambda: node.request("client", "server", PAYLOAD))
-    )
+async def node_round_trips(node: Node, count: int, agent: str = "server") -> tuple[float, float]:
+    return quantiles(await timed_round_trips(count, lambda: node.request("client", agent, PAYLOAD)))
 
 
 async def node_rate(node: Node, count: int, concurrent_sends: bool) -> float:
@@ -241,6 +326,7 @@ async def node_rate(node: Node, count: int, concurrent_sends: bool) -> float:
 Row = tuple[str, float, float, float]
 TARGET_RTT_P50_US = 200.0
 TARGET_RATE = 100_000.0
+TARGET_ATTACH_ADDS_US = 60.0
 
 
 @dataclass(frozen=True)
@@ -249,6 +335,8 @@ class Layout:
     rows: list[Row]
     rtt_p50: float
     rate: float
+    #: Round trip p50 to the agent attached over agent.sock (in another process).
+    attached_p50: float
 
     def verdict(self) -> str:
         rtt_ok = "met" if self.rtt_p50 <= TARGET_RTT_P50_US else "NOT met"
@@ -277,6 +365,7 @@ async def measure(ports: Ports, layout: str, scale: float) -> Layout:
         await node.add_agent("client", echo, tier=3)
         await node.connect((HOST, ports.node))
         node_rtt = await node_round_trips(node, n(5000))
+        attached_rtt = await node_round_trips(node, n(5000), "attached")
         batch_rate = await node_rate(node, n(100_000), concurrent_sends=False)
         tasks_rate = await node_rate(node, n(50_000), concurrent_sends=True)
     rows.append((f"round trip p50 (us), {layout}", raw_rtt[0], channel_rtt[0], node_rtt[0]))
@@ -290,7 +379,7 @@ async def measure(ports: Ports, layout: str, scale: float) -> Layout:
             tasks_rate,
         )
     )
-    return Layout(layout, rows, node_rtt[0], batch_rate)
+    return Layout(layout, rows, node_rtt[0], batch_rate, attached_rtt[0])
 
 
 async def in_one_process(scale: float) -> Layout:
@@ -312,6 +401,27 @@ def in_two_processes(scale: float) -> Layout:
     finally:
         server.kill()
         server.wait()
+
+
+def print_attached(layouts: list[Layout], echo_p50: float) -> None:
+    header = (
+        f"{'attached agent process (agent.sock)':<42}{'in-process':>11}{'attached':>10}{'added':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for layout in layouts:
+        added = layout.attached_p50 - layout.rtt_p50
+        name = f"request round trip p50 (us), {layout.name}"
+        print(f"{name:<42}{fmt(layout.rtt_p50):>11}{fmt(layout.attached_p50):>10}{added:>8.1f}")
+    print(
+        f"baseline: a line to another process and back over a Unix socket, p50 {echo_p50:.1f} us "
+        "(the two process hops attaching adds, with no work at either end)"
+    )
+    print(f"target: attaching adds <= {TARGET_ATTACH_ADDS_US:.0f} us to the p50 round trip")
+    for layout in layouts:
+        added = layout.attached_p50 - layout.rtt_p50
+        met = "met" if added <= TARGET_ATTACH_ADDS_US else "NOT met"
+        print(f"  {layout.name + ':':<13} +{added:.1f} us {met}")
 
 
 # -- an agent embedded with trio vs with asyncio ------------------------------------------------
@@ -408,6 +518,9 @@ def main(scale: float) -> None:
     )
     for layout in layouts:
         print(layout.verdict())
+    print()
+    echo_p50 = trio.run(unix_echo_round_trips, max(BATCH * 10, int(5000 * scale)))
+    print_attached(layouts, echo_p50)
     print()
     print_embedded(embedded_rows(scale))
 

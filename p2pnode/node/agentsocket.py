@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -205,6 +207,14 @@ class _Connection:
         self._wake = trio.Event()  # set when the session has output for the writer
         self._drained = trio.Event()  # set (and replaced) each time the writer wrote
         self._closing = False  # the writer ends once it has written everything
+        # Output is written at once, from whichever task produced it, while nothing is
+        # waiting to be written: through a second handle on the socket, non-blocking, so
+        # an envelope costs no switch to the writer task. What the kernel does not take
+        # (its buffer is full) is left to the writer, which waits for room.
+        self._direct = socket.socket(fileno=os.dup(stream.socket.fileno()))
+        self._direct.setblocking(False)
+        self._leftover = b""  # taken from the session, not yet written: the writer's
+        self._writing = False  # the writer holds data it is writing
         self._writer_done = trio.Event()
         self._withdrawn = False
         self._nursery: trio.Nursery | None = None
@@ -244,6 +254,7 @@ class _Connection:
                 outer.cancel_scope.cancel()
         finally:
             await self._withdraw()  # when cancelled or failed before the step above
+            self._direct.close()
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
 
@@ -300,7 +311,25 @@ class _Connection:
     # -- writing and timers -----------------------------------------------------------------
 
     def _kick(self) -> None:
-        if self.session.has_output():
+        """Write what the session has to send: at once when the writer is idle and the
+        kernel takes it all, else through the writer."""
+        session = self.session
+        if not session.has_output():
+            return
+        if self._writing or self._leftover or self._closing:
+            self._wake.set()
+            return
+        data = session.data_to_send()
+        try:
+            sent = self._direct.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            sent = 0  # the writer meets the same error through trio and ends the session
+        if sent == len(data):
+            session.send_done()
+        else:
+            self._leftover = data[sent:]
             self._wake.set()
 
     async def _write_loop(self) -> None:
@@ -309,8 +338,10 @@ class _Connection:
             while True:  # until the session is over and written, or the process is gone
                 await self._wake.wait()
                 self._wake = trio.Event()
-                data = session.data_to_send()
+                data = self._leftover + session.data_to_send()
+                self._leftover = b""
                 if data:
+                    self._writing = True
                     try:
                         await self._stream.send_all(data)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -318,6 +349,8 @@ class _Connection:
                         if self._nursery is not None:
                             self._nursery.cancel_scope.cancel()  # the reader may be waiting
                         return
+                    finally:
+                        self._writing = False
                     session.send_done()
                 self._drained.set()
                 self._drained = trio.Event()
@@ -341,7 +374,7 @@ class _Connection:
         """Queue ``envelope`` for the process; a refused request's error reply."""
         outcome = self.session.deliver(envelope, trio.current_time())
         if outcome is Delivery.QUEUED:
-            self._wake.set()
+            self._kick()
             return None
         if envelope.type is not MessageType.REQUEST:
             logger.debug("%s: %s envelope dropped (%s)", self.agent_id, envelope.type, outcome)
