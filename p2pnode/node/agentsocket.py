@@ -150,7 +150,12 @@ class AgentSocket:
                     pass
             await stream.aclose()
             return
-        connection = _Connection(self, stream)
+        try:
+            connection = _Connection(self, stream)
+        except OSError as exc:  # out of descriptors for its second handle: this one ends
+            logger.warning("agent connection refused: %s", exc)
+            await stream.aclose()
+            return
         self._connections.add(connection)
         try:
             await connection.serve()
