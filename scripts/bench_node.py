@@ -152,8 +152,11 @@ import sys, anyio
 
 async def main(path):
     stream = await anyio.connect_unix(path)
-    while data := await stream.receive(65536):
-        await stream.send(data)
+    try:
+        while True:  # until the parent closes the socket (then kills this process)
+            await stream.send(await stream.receive(65536))
+    except (anyio.EndOfStream, anyio.BrokenResourceError):
+        pass
 
 anyio.run(main, sys.argv[1])
 """
