@@ -100,8 +100,8 @@ class Swarm:
     ``dht``: each member runs its DHT on its listening port, and the members after
     the first bootstrap off the first one (unless the config names bootstrap peers);
     they still join explicitly (:meth:`Node.join`). With neither, a node knows only
-    the peers it met. ``shared``: each member opens the
-    shared-state service with this config (its gossip RNG seeded by its index).
+    the peers it met. ``shared``: each member opens the shared-state service with
+    this config (its gossip RNG seeded by its index).
     ``data_root``: where durable members keep their data (``node<index>``).
     """
 
