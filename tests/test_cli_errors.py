@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 
 # Paths are relative to a prepared directory (the fixture below): `ok` has an identity,
 # `none` does not exist, `afile` is a file, `bad.json` is not JSON, `array.json` is JSON
-# but not an object, `template.json` is a card template with problems.
+# but not an object, `template.json` is a card template with problems,
+# `foreign-signed.json` a card signed by another identity.
 CASES: list[tuple[str, ...]] = [
     # init
     ("init", "--tier", "9"),
@@ -58,6 +59,9 @@ CASES: list[tuple[str, ...]] = [
     ("--data-dir", "afile", "run"),
     ("--data-dir", "corrupt", "run"),
     ("--data-dir", "run11", "run", "--bogus"),
+    ("--data-dir", "run12", "run", "--card", "template.json"),
+    ("--data-dir", "run13", "run", "--card", "foreign-signed.json"),
+    ("--data-dir", "run14", "run", "--advertise-host", "not a host"),
     # control clients with no daemon running (one has a stale socket file)
     ("--data-dir", "none", "status"),
     ("--data-dir", "stale", "status"),
@@ -84,6 +88,9 @@ CASES: list[tuple[str, ...]] = [
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cli-errors")
     assert main(["--data-dir", str(root / "ok"), "init"]) == 0
+    assert main(["--data-dir", str(root / "foreign"), "init"]) == 0
+    signed = str(root / "foreign-signed.json")
+    assert main(["--data-dir", str(root / "foreign"), "card", "sign", "-o", signed]) == 0
     (root / "afile").write_text("not a directory\n")
     (root / "bad.json").write_text("{not json\n")
     (root / "array.json").write_text("[1, 2]\n")
