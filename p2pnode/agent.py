@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from types import CoroutineType
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -217,7 +218,11 @@ class Agent:
             handler = self._by_type.get(envelope.type, self._fallback)
             if handler is not None:
                 try:
-                    await _call(handler, message)
+                    # Inline rather than through _call: this runs for every notification
+                    # and stream message, and a coroutine per call costs.
+                    result = handler(message)
+                    if _awaitable(result):
+                        await result
                 except Exception:
                     logger.exception("%s: %s handler failed", self.id, envelope.type.value)
             return None
@@ -249,9 +254,15 @@ class Agent:
 
 async def _call(handler: HandlerFunction, message: Message) -> Any:
     result = handler(message)
-    if inspect.isawaitable(result):
+    if _awaitable(result):
         result = await result
     return result
+
+
+def _awaitable(result: Any) -> bool:
+    # The exact type test first: it is what async handlers return, and it is far cheaper
+    # than the general awaitable check (an ABC isinstance) on every envelope.
+    return type(result) is CoroutineType or (result is not None and inspect.isawaitable(result))
 
 
 def agent_for_handler(

@@ -285,7 +285,8 @@ class Router:
                         ErrorCode.AGENT_NOT_FOUND, f"no local agent {envelope.recipient!r}"
                     )
                 )
-            cards = [agent.card]
+            card = agent.card
+            return Ingress(((card.id, self.check(source, card, envelope)),))
         return Ingress(tuple((c.id, self.check(source, c, envelope)) for c in cards))
 
     # -- replies --------------------------------------------------------------------------------
