@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from types import CoroutineType
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import CoroutineType
 from typing import Any, TypeVar
 
 from p2pnode.card import Capability
