@@ -160,65 +160,19 @@ class TransportCodec:
         Raises LocalError(MESSAGE_TOO_LARGE) if any message is above
         ``max_message_size`` (then nothing is encoded).
         """
-        limit = self._max
-        total = 0
-        for message in messages:
-            if len(message) > limit:
-                raise LocalError(
-                    ErrorCode.MESSAGE_TOO_LARGE,
-                    f"message of {len(message)} bytes exceeds the {limit}-byte limit",
-                    size=len(message),
-                    limit=limit,
-                )
-            total += RECORD_HEADER + len(message)
+        total = _record_stream_size(messages, self._max)
         if not total:
             return b""
-        pack = _u32.pack
         if total <= MAX_PLAINTEXT_LEN:
             # One frame: let bytearray.join lay it out in C.
-            parts = [_FRAME_SLOT]
-            for message in messages:
-                parts.append(pack(len(message)))
-                parts.append(message)
-            parts.append(_TAG_SLOT)
-            out = bytearray().join(parts)
+            out = _one_frame(messages)
             seal_in_place(self._send_key, _nonce(self._nonces(1)), out, 0, total)
             return out
         frames = -(-total // MAX_PLAINTEXT_LEN)
-        out = bytearray(total + frames * (FRAME_HEADER + TAGLEN))
-        # Lay the record stream out in the frame bodies, skipping each frame's
-        # length prefix and tag slot, then encrypt every body in place.
-        stride = FRAME_HEADER + MAX_PLAINTEXT_LEN + TAGLEN
-        pos = FRAME_HEADER
-        room = MAX_PLAINTEXT_LEN
-        for message in messages:
-            # Small records as one piece; large ones without copying the body twice.
-            pieces = (
-                (pack(len(message)) + message,)
-                if len(message) < 4096
-                else (pack(len(message)), message)
-            )
-            for piece in pieces:
-                length = len(piece)
-                if length <= room:
-                    out[pos : pos + length] = piece
-                    pos += length
-                    room -= length
-                    continue
-                view = memoryview(piece)
-                offset = 0
-                while offset < length:
-                    if not room:
-                        pos += TAGLEN + FRAME_HEADER
-                        room = MAX_PLAINTEXT_LEN
-                    take = min(room, length - offset)
-                    out[pos : pos + take] = view[offset : offset + take]
-                    pos += take
-                    offset += take
-                    room -= take
-                view.release()
+        out = _frame_bodies(messages, total, frames)
         n = self._nonces(frames)
         key = self._send_key
+        stride = FRAME_HEADER + MAX_PLAINTEXT_LEN + TAGLEN
         for i in range(frames):
             size = min(MAX_PLAINTEXT_LEN, total - i * MAX_PLAINTEXT_LEN)
             seal_in_place(key, _nonce(n + i), out, i * stride, size)
@@ -430,3 +384,68 @@ class TransportCodec:
         self._msg = msg
         self._filled = have
         return True
+
+
+def _record_stream_size(messages: Sequence[bytes], limit: int) -> int:
+    """Bytes of the record stream carrying ``messages`` (each with its length header).
+
+    Raises LocalError(MESSAGE_TOO_LARGE) if any message is above ``limit``.
+    """
+    total = 0
+    for message in messages:
+        if len(message) > limit:
+            raise LocalError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"message of {len(message)} bytes exceeds the {limit}-byte limit",
+                size=len(message),
+                limit=limit,
+            )
+        total += RECORD_HEADER + len(message)
+    return total
+
+
+def _one_frame(messages: Sequence[bytes]) -> bytearray:
+    """One frame's bytes for ``messages``: header and tag slots around the records."""
+    pack = _u32.pack
+    parts = [_FRAME_SLOT]
+    for message in messages:
+        parts.append(pack(len(message)))
+        parts.append(message)
+    parts.append(_TAG_SLOT)
+    return bytearray().join(parts)
+
+
+def _frame_bodies(messages: Sequence[bytes], total: int, frames: int) -> bytearray:
+    """``frames`` frames' bytes, the record stream (``total`` bytes) laid out in their
+    bodies, skipping each frame's length prefix and tag slot (sealed afterwards)."""
+    pack = _u32.pack
+    out = bytearray(total + frames * (FRAME_HEADER + TAGLEN))
+    pos = FRAME_HEADER
+    room = MAX_PLAINTEXT_LEN
+    for message in messages:
+        # Small records as one piece; large ones without copying the body twice.
+        pieces = (
+            (pack(len(message)) + message,)
+            if len(message) < 4096
+            else (pack(len(message)), message)
+        )
+        for piece in pieces:
+            length = len(piece)
+            if length <= room:
+                out[pos : pos + length] = piece
+                pos += length
+                room -= length
+                continue
+            view = memoryview(piece)
+            offset = 0
+            while offset < length:
+                if not room:
+                    pos += TAGLEN + FRAME_HEADER
+                    room = MAX_PLAINTEXT_LEN
+                take = min(room, length - offset)
+                out[pos : pos + take] = view[offset : offset + take]
+                pos += take
+                offset += take
+                room -= take
+            view.release()
+    return out
