@@ -229,10 +229,12 @@ class Agent:
         route = self._requests.get(message.capability)
         if route is None:
             if self._fallback is None:
+                asked = message.capability
+                what = f"does not offer {asked!r}" if asked else "takes requests for a capability"
                 error = RemoteError(
                     ErrorCode.CAPABILITY_NOT_FOUND,
-                    f"agent {self.id!r} does not offer {message.capability!r}",
-                    capability=message.capability,
+                    f"agent {self.id!r} {what}",
+                    capability=asked,
                 )
                 return Reply(MessageType.ERROR, error.to_dict())
             route = _Route(self._fallback, None)
