@@ -6,10 +6,11 @@ Theory of operation:
   starts the secure-channel listener and the discovery service; closing it
   cancels and awaits every task it started.
 * A node hosts local agents (:meth:`Node.add_agent`), each with a signed
-  card and a handler. Each card is re-issued at half its lifetime, and
-  remote cards past their expiry are forgotten (``_keep_cards``). Each agent
-  has a bounded inbox and one task that feeds its handler in arrival order
-  (per-channel order is kept end to end).
+  card and a handler, through its :class:`~p2pnode.node.agents.AgentHost`.
+  Each card is re-issued at half its lifetime, and remote cards past their
+  expiry are forgotten (``AgentHost.keep_cards``). Each agent has a bounded
+  inbox and one task that feeds its handler in arrival order (per-channel
+  order is kept end to end).
 * **Egress** (:meth:`Node.send`, in :mod:`p2pnode.node.routing`): the sender
   must be a local agent. The router resolves the recipient (local agent, registry, then discovery;
   ``*`` for broadcast; a capability with ``routingHint``), checks policy for
@@ -41,9 +42,9 @@ from typing import Any
 
 import trio
 
-from p2pnode.agent import Agent, Message, agent_for_handler
+from p2pnode.agent import Agent
 from p2pnode.boundary import FailureBoundary, describe
-from p2pnode.card import AgentCard, Capability, Endpoint, Origin
+from p2pnode.card import AgentCard, Capability, Origin
 from p2pnode.envelope import (
     ROUTING_HINT_CAPABILITY,
     Envelope,
@@ -57,10 +58,9 @@ from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity, PeerId
 from p2pnode.lifetime import TaskOwner
 from p2pnode.net import Address, Network, StreamListener
-from p2pnode.node.channels import ChannelState
+from p2pnode.node.agents import AgentHost
 from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.discovery import Discovery, NoDiscovery
-from p2pnode.node.frames import encode_hello
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Policy
@@ -72,15 +72,6 @@ from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
-
-
-#: Seconds between checks for expired remote cards (local ones are renewed on time).
-CARD_CHECK_INTERVAL = 30.0
-
-
-def _renewal_due(card: AgentCard) -> int:
-    """When (ms) a local card is re-issued: half its lifetime after it was issued."""
-    return card.issued_at + (card.expires_at - card.issued_at) // 2
 
 
 class Node(TaskOwner):
@@ -107,8 +98,6 @@ class Node(TaskOwner):
         self._clock_ms = clock_ms
         self._factory = EnvelopeFactory(clock_ms)
         self._agents: dict[str, LocalAgent] = {}
-        #: Set when a local agent's task has ended (its inbox closed and drained).
-        self._agent_done: dict[str, trio.Event] = {}
 
         def on_frame(peer_id: PeerId, data: bytes) -> Awaitable[None]:
             return self.routing.on_frame(peer_id, data)
@@ -120,12 +109,32 @@ class Node(TaskOwner):
             self.registry,
             self.events,
             on_frame,  # frames go to the routing driver, made just below
-            self._hello_bytes,
+            lambda: self.hosting.hello_bytes(),  # the agent host, made below
         )
+        self.routing = self._make_routing(discovery)
+        #: The local agents: hosting, inbox tasks, card renewal (see p2pnode.node.agents).
+        self.hosting = AgentHost(
+            self,
+            self._agents,
+            self.secure_identity,
+            self.config,
+            self.registry,
+            self.events,
+            self.links,
+            self.routing,
+            self.advertised_addresses,
+            self._on_agent_removed,
+            clock_ms,
+        )
+        self._shared: SharedState | None = None
+        self._listen_address: Address | None = None
+
+    def _make_routing(self, discovery: Discovery | None) -> Routing:
+        """The routing driver over the node's agents, registry, policy and links."""
         router = Router(
             self.registry, self.policy, self._agents, BoundedSet(self.config.dedup_window)
         )
-        self.routing = Routing(
+        return Routing(
             router,
             self._agents,
             self.registry,
@@ -137,12 +146,8 @@ class Node(TaskOwner):
             discovery if discovery is not None else NoDiscovery(),
             dedup_window=self.config.dedup_window,
             max_peers=self.config.max_peers,
-            clock_ms=clock_ms,
+            clock_ms=self._clock_ms,
         )
-        self._shared: SharedState | None = None
-        self._listen_address: Address | None = None
-        #: Set when a local card changes, so the renewal timer looks again.
-        self._cards_changed = trio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -151,7 +156,7 @@ class Node(TaskOwner):
         self._listen_address = listener.local_address
         await nursery.start(self._run_links, listener)
         nursery.start_soon(self.routing.expire_requests, self.config.request_timeout / 8)
-        nursery.start_soon(self._keep_cards)
+        nursery.start_soon(self.hosting.keep_cards)
 
     async def _run_links(
         self,
@@ -166,8 +171,7 @@ class Node(TaskOwner):
 
     async def _stop(self) -> None:
         await self.links.close_all()
-        for agent in self._agents.values():
-            agent.inbox_send.close()
+        self.hosting.close_inboxes()
 
     def report_input_failure(self, source: str, what: str, exc: Exception) -> None:
         """A security event for an input from ``source`` that a failure boundary dropped."""
@@ -249,67 +253,24 @@ class Node(TaskOwner):
         ``authority`` (tests and single-operator swarms) endorses the card's tier
         and sandbox. Raises LocalError(INVALID_CARD) on invalid fields.
         """
-        if not isinstance(agent, Agent):
-            if handler is None:
-                raise LocalError(ErrorCode.INVALID_ARGUMENT, "an agent id needs a handler")
-            agent = agent_for_handler(
-                agent,
-                handler,
-                name=name or agent.upper(),
-                tier=tier,
-                capabilities=capabilities,
-                sandbox=sandbox_id,
-                description=description,
-                version=version,
-            )
-        now = self._clock_ms()
-        addresses = tuple(self.advertised_addresses())
-        card = AgentCard(
-            id=agent.id,
-            name=agent.name,
-            version=agent.version,
-            description=agent.description,
-            tier=agent.tier,
-            capabilities=agent.capabilities,
-            sandbox_id=agent.sandbox,
-            public_key=self.identity.public_key,
-            addresses=addresses,
-            endpoints=tuple(Endpoint("tcp+noise", a) for a in addresses),
-            noise_static_key=self.secure_identity.static_public,
-            # A restarted node's card must supersede the one it published before.
-            revision=now,
-            issued_at=now,
-            expires_at=now + self.config.card_ttl_seconds * 1000,
+        return await self.hosting.add_agent(
+            agent,
+            handler,
+            name=name,
+            tier=tier,
+            capabilities=capabilities,
+            sandbox_id=sandbox_id,
+            description=description,
+            version=version,
+            authority=authority,
         )
-        return await self.add_agent_card(card, agent, authority=authority)
 
     async def add_agent_card(
         self, card: AgentCard, agent: Agent | Handler, *, authority: Identity | None = None
     ) -> AgentCard:
         """Host an agent whose card (owned by this node's identity) is given, with its
         definition (or one handler for every envelope)."""
-        if card.public_key != self.identity.public_key:
-            raise LocalError(ErrorCode.INVALID_CARD, "the card belongs to another identity")
-        if not isinstance(agent, Agent):
-            agent = agent_for_handler(card.id, agent)
-        if authority is not None:
-            # The endorsement covers id, key, tier and sandbox only, so it survives the
-            # revision bump and re-signing in register().
-            card = card.with_endorsement(authority)
-        stored = self.registry.register(card, self._clock_ms())
-        existing = self._agents.get(card.id)
-        if existing is None:
-            send, receive = trio.open_memory_channel[Envelope](self.config.inbox_size)
-            hosted = LocalAgent(stored, agent, send, receive)
-            self._agents[card.id] = hosted
-            done = self._agent_done[card.id] = trio.Event()
-            self.nursery.start_soon(self._agent_loop, hosted, done)
-        else:
-            existing.definition = agent
-            existing.set_card(stored)
-        self._cards_changed.set()  # its renewal may be due before the one waited for
-        self.nursery.start_soon(self._announce, stored)
-        return stored
+        return await self.hosting.add_agent_card(card, agent, authority=authority)
 
     async def remove_agent(self, agent_id: str) -> None:
         """Stop hosting local agent ``agent_id``. What is already queued for it is answered
@@ -320,22 +281,11 @@ class Node(TaskOwner):
 
         Raises LocalError(AGENT_NOT_FOUND).
         """
-        agent = self._agents.get(agent_id)
-        if agent is None:
-            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
-        agent.definition = _withdrawn(agent_id)
-        agent.inbox_send.close()  # its task answers what is queued, then ends
-        done = self._agent_done.get(agent_id)
-        if done is not None:
-            with trio.move_on_after(self.config.request_timeout):
-                await done.wait()
-        if self._agents.get(agent_id) is agent:  # not removed (or replaced) meanwhile
-            del self._agents[agent_id]
-            self._agent_done.pop(agent_id, None)
-            self.registry.unregister(agent_id)
-            if self._shared is not None:
-                self._shared.remove_member(agent_id)
-            self.nursery.start_soon(self._announce, None)
+        await self.hosting.remove_agent(agent_id)
+
+    def _on_agent_removed(self, agent_id: str) -> None:
+        if self._shared is not None:
+            self._shared.remove_member(agent_id)
 
     async def add_capability(self, agent_id: str, capability: Capability) -> AgentCard:
         """Re-publish local agent ``agent_id``'s card with ``capability`` added: the revision
@@ -344,13 +294,7 @@ class Node(TaskOwner):
 
         Raises LocalError(AGENT_NOT_FOUND) or LocalError(INVALID_CARD) (too many capabilities).
         """
-        agent = self._agents.get(agent_id)
-        if agent is None:
-            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
-        if agent.card.has_capability(capability.id):
-            return agent.card
-        card = dataclasses.replace(agent.card, capabilities=(*agent.card.capabilities, capability))
-        return await self.add_agent_card(card, agent.definition)
+        return await self.hosting.add_capability(agent_id, capability)
 
     def intercept_stream(self, marker: str, interceptor: Interceptor | None) -> None:
         """Send inbound ``stream-data`` envelopes whose payload is a map holding the key
@@ -473,87 +417,6 @@ class Node(TaskOwner):
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
         return agent.card
 
-    # -- cards over time --------------------------------------------------------------------
-
-    async def _keep_cards(self) -> None:
-        """Renew local cards at half their lifetime and forget expired remote ones, forever.
-
-        A card is valid until its ``expiresAt``; peers and the DHT refuse it after
-        that (docs/protocol/dht.md §4.2). So each local card is re-issued once half
-        its lifetime has passed: new issue and expiry times (the same lifetime),
-        revision + 1, re-signed, a HELLO to connected peers and a discovery
-        ``provide``, as for any card update. Remote cards past their expiry are
-        dropped from the registry: they are not found, routed to or announced.
-        """
-        while True:
-            now = self._clock_ms()
-            for agent in list(self._agents.values()):
-                if now >= _renewal_due(agent.card) and self._agents.get(agent.card.id) is agent:
-                    await self._renew(agent)
-            expired = self.registry.prune_expired(now)
-            if expired:
-                logger.info("forgot %d expired remote cards: %s", len(expired), ", ".join(expired))
-            due = min((_renewal_due(a.card) for a in self._agents.values()), default=None)
-            delay = CARD_CHECK_INTERVAL
-            if due is not None:
-                # At least a second: a renewal that failed is retried, not spun on.
-                delay = min(delay, max(1.0, (due - self._clock_ms()) / 1000))
-            with trio.move_on_after(delay):
-                await self._cards_changed.wait()
-            self._cards_changed = trio.Event()
-
-    async def _renew(self, agent: LocalAgent) -> None:
-        card = agent.card
-        now = self._clock_ms()
-        renewed = dataclasses.replace(
-            card, issued_at=now, expires_at=now + (card.expires_at - card.issued_at)
-        )
-        try:
-            await self.add_agent_card(renewed, agent.definition)
-        except P2PError as exc:
-            self.events.error(exc.code, f"renewing the card of {card.id}: {exc.message}")
-
-    async def _announce(self, card: AgentCard | None) -> None:
-        """Send connected peers a HELLO of the current cards, and provide ``card``."""
-        hello = self._hello_bytes()
-        for link in self.links:
-            if link.state is ChannelState.OPEN:
-                with trio.move_on_after(self.config.request_timeout):
-                    try:
-                        await link.send(hello)
-                    except P2PError as exc:
-                        logger.info("card update to %s failed: %s", link.peer_id, exc)
-        if card is None:
-            return
-        try:
-            await self.discovery.provide(card)
-        except P2PError as exc:
-            self.events.error(exc.code, f"publishing {card.id}: {exc.message}")
-
-    def _hello_bytes(self) -> bytes:
-        return encode_hello([a.card for a in self._agents.values()], self.advertised_addresses())
-
-    async def _agent_loop(self, agent: LocalAgent, done: trio.Event) -> None:
-        inbox = agent.inbox_receive
-        try:
-            async with inbox:
-                async for envelope in inbox:
-                    await self._run_handler(agent, envelope)
-                    # Drain what is already queued without a scheduler pass per envelope.
-                    while True:
-                        try:
-                            queued = inbox.receive_nowait()
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                        await self._run_handler(agent, queued)
-        finally:
-            done.set()
-
-    async def _run_handler(self, agent: LocalAgent, envelope: Envelope) -> None:
-        reply = await agent.definition.handle(envelope)
-        if reply is not None:
-            await self.routing.reply(agent.card.id, envelope, reply.type, reply.payload)
-
     # -- envelopes out ----------------------------------------------------------------------
 
     def envelope(
@@ -667,18 +530,6 @@ class Node(TaskOwner):
             "discovery": self.discovery.statistics(),
             "metrics": metrics.to_dict(),
         }
-
-
-def _withdrawn(agent_id: str) -> Agent:
-    """What answers for an agent being removed: a request gets AGENT_UNAVAILABLE."""
-    agent = Agent(agent_id)
-
-    @agent.on_message
-    def unavailable(message: Message) -> None:
-        if message.type is MessageType.REQUEST:
-            raise RemoteError(ErrorCode.AGENT_UNAVAILABLE, f"agent {agent_id!r} was withdrawn")
-
-    return agent
 
 
 __all__ = ["Handler", "Interceptor", "Node", "RoutingResult"]

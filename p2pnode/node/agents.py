@@ -1,0 +1,299 @@
+"""The agents a node hosts: their signed cards, their inbox tasks, and their cards over time.
+
+Theory of operation:
+
+* :class:`AgentHost` is a part of the :class:`~p2pnode.node.node.Node`,
+  which delegates ``add_agent``, ``add_agent_card``, ``remove_agent`` and
+  ``add_capability`` to it. It holds the node's local agents (the same map
+  the router and the routing driver read).
+* Each hosted agent has a bounded inbox and one task, in the node's nursery,
+  that feeds its handler in arrival order; a reply its handler returns goes
+  out through the routing driver.
+* Every card change (an agent added, replaced, given a capability, removed)
+  is announced: a HELLO of the current cards to each open link, and a
+  discovery ``provide`` of the new card.
+* Each card is re-issued at half its lifetime, and remote cards past their
+  expiry are forgotten (:meth:`AgentHost.keep_cards`, run by the node).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import trio
+
+from p2pnode.agent import Agent, Message, agent_for_handler
+from p2pnode.card import AgentCard, Capability, Endpoint
+from p2pnode.envelope import Envelope, MessageType
+from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.identity import Identity
+from p2pnode.lifetime import TaskOwner
+from p2pnode.node.channels import ChannelState
+from p2pnode.node.config import NodeConfig
+from p2pnode.node.frames import encode_hello
+from p2pnode.node.links import LinkManager
+from p2pnode.node.observability import Observability
+from p2pnode.node.routing import Handler, LocalAgent, Routing
+from p2pnode.registry import Registry
+from p2pnode.secure import SecureIdentity
+
+logger = logging.getLogger("p2pnode.node")
+
+#: Seconds between checks for expired remote cards (local ones are renewed on time).
+CARD_CHECK_INTERVAL = 30.0
+
+
+def _renewal_due(card: AgentCard) -> int:
+    """When (ms) a local card is re-issued: half its lifetime after it was issued."""
+    return card.issued_at + (card.expires_at - card.issued_at) // 2
+
+
+class AgentHost:
+    """The local agents of one node (see the module docstring). Its tasks run in the
+    node's nursery (``owner``); ``advertised_addresses`` gives the node's addresses, and
+    ``on_removed`` is told the id of each agent removed (before peers are told)."""
+
+    def __init__(
+        self,
+        owner: TaskOwner,
+        agents: dict[str, LocalAgent],
+        secure_identity: SecureIdentity,
+        config: NodeConfig,
+        registry: Registry,
+        events: Observability,
+        links: LinkManager,
+        routing: Routing,
+        advertised_addresses: Callable[[], list[str]],
+        on_removed: Callable[[str], None],
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.agents = agents
+        self._owner = owner
+        self._secure_identity = secure_identity
+        self._identity = secure_identity.identity
+        self._config = config
+        self._registry = registry
+        self._events = events
+        self._links = links
+        self._routing = routing
+        self._advertised_addresses = advertised_addresses
+        self._on_removed = on_removed
+        self._clock_ms = clock_ms
+        #: Set when a local agent's task has ended (its inbox closed and drained).
+        self._done: dict[str, trio.Event] = {}
+        #: Set when a local card changes, so the renewal timer looks again.
+        self._cards_changed = trio.Event()
+
+    # -- hosting ----------------------------------------------------------------------------
+
+    async def add_agent(
+        self,
+        agent: Agent | str,
+        handler: Handler | None = None,
+        *,
+        name: str | None = None,
+        tier: int = 3,
+        capabilities: tuple[Capability, ...] = (),
+        sandbox_id: str | None = None,
+        description: str = "",
+        version: str = "1.0.0",
+        authority: Identity | None = None,
+    ) -> AgentCard:
+        """See :meth:`p2pnode.node.node.Node.add_agent`."""
+        if not isinstance(agent, Agent):
+            if handler is None:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, "an agent id needs a handler")
+            agent = agent_for_handler(
+                agent,
+                handler,
+                name=name or agent.upper(),
+                tier=tier,
+                capabilities=capabilities,
+                sandbox=sandbox_id,
+                description=description,
+                version=version,
+            )
+        return await self.add_agent_card(self._new_card(agent), agent, authority=authority)
+
+    def _new_card(self, agent: Agent) -> AgentCard:
+        """A first card for ``agent`` on this node (signed when registered)."""
+        now = self._clock_ms()
+        addresses = tuple(self._advertised_addresses())
+        return AgentCard(
+            id=agent.id,
+            name=agent.name,
+            version=agent.version,
+            description=agent.description,
+            tier=agent.tier,
+            capabilities=agent.capabilities,
+            sandbox_id=agent.sandbox,
+            public_key=self._identity.public_key,
+            addresses=addresses,
+            endpoints=tuple(Endpoint("tcp+noise", a) for a in addresses),
+            noise_static_key=self._secure_identity.static_public,
+            # A restarted node's card must supersede the one it published before.
+            revision=now,
+            issued_at=now,
+            expires_at=now + self._config.card_ttl_seconds * 1000,
+        )
+
+    async def add_agent_card(
+        self, card: AgentCard, agent: Agent | Handler, *, authority: Identity | None = None
+    ) -> AgentCard:
+        """See :meth:`p2pnode.node.node.Node.add_agent_card`."""
+        if card.public_key != self._identity.public_key:
+            raise LocalError(ErrorCode.INVALID_CARD, "the card belongs to another identity")
+        if not isinstance(agent, Agent):
+            agent = agent_for_handler(card.id, agent)
+        if authority is not None:
+            # The endorsement covers id, key, tier and sandbox only, so it survives the
+            # revision bump and re-signing in register().
+            card = card.with_endorsement(authority)
+        stored = self._registry.register(card, self._clock_ms())
+        existing = self.agents.get(card.id)
+        if existing is None:
+            send, receive = trio.open_memory_channel[Envelope](self._config.inbox_size)
+            hosted = LocalAgent(stored, agent, send, receive)
+            self.agents[card.id] = hosted
+            done = self._done[card.id] = trio.Event()
+            self._owner.nursery.start_soon(self._agent_loop, hosted, done)
+        else:
+            existing.definition = agent
+            existing.set_card(stored)
+        self._cards_changed.set()  # its renewal may be due before the one waited for
+        self._owner.nursery.start_soon(self._announce, stored)
+        return stored
+
+    async def remove_agent(self, agent_id: str) -> None:
+        """See :meth:`p2pnode.node.node.Node.remove_agent`."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
+        agent.definition = _withdrawn(agent_id)
+        agent.inbox_send.close()  # its task answers what is queued, then ends
+        done = self._done.get(agent_id)
+        if done is not None:
+            with trio.move_on_after(self._config.request_timeout):
+                await done.wait()
+        if self.agents.get(agent_id) is agent:  # not removed (or replaced) meanwhile
+            del self.agents[agent_id]
+            self._done.pop(agent_id, None)
+            self._registry.unregister(agent_id)
+            self._on_removed(agent_id)
+            self._owner.nursery.start_soon(self._announce, None)
+
+    async def add_capability(self, agent_id: str, capability: Capability) -> AgentCard:
+        """See :meth:`p2pnode.node.node.Node.add_capability`."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
+        if agent.card.has_capability(capability.id):
+            return agent.card
+        card = dataclasses.replace(agent.card, capabilities=(*agent.card.capabilities, capability))
+        return await self.add_agent_card(card, agent.definition)
+
+    def close_inboxes(self) -> None:
+        """Close every agent's inbox: its task answers what is queued, then ends."""
+        for agent in self.agents.values():
+            agent.inbox_send.close()
+
+    # -- cards over time --------------------------------------------------------------------
+
+    async def keep_cards(self) -> None:
+        """Renew local cards at half their lifetime and forget expired remote ones, forever.
+
+        A card is valid until its ``expiresAt``; peers and the DHT refuse it after
+        that (docs/protocol/dht.md §4.2). So each local card is re-issued once half
+        its lifetime has passed: new issue and expiry times (the same lifetime),
+        revision + 1, re-signed, a HELLO to connected peers and a discovery
+        ``provide``, as for any card update. Remote cards past their expiry are
+        dropped from the registry: they are not found, routed to or announced.
+        """
+        while True:
+            now = self._clock_ms()
+            for agent in list(self.agents.values()):
+                if now >= _renewal_due(agent.card) and self.agents.get(agent.card.id) is agent:
+                    await self._renew(agent)
+            expired = self._registry.prune_expired(now)
+            if expired:
+                logger.info("forgot %d expired remote cards: %s", len(expired), ", ".join(expired))
+            due = min((_renewal_due(a.card) for a in self.agents.values()), default=None)
+            delay = CARD_CHECK_INTERVAL
+            if due is not None:
+                # At least a second: a renewal that failed is retried, not spun on.
+                delay = min(delay, max(1.0, (due - self._clock_ms()) / 1000))
+            with trio.move_on_after(delay):
+                await self._cards_changed.wait()
+            self._cards_changed = trio.Event()
+
+    async def _renew(self, agent: LocalAgent) -> None:
+        card = agent.card
+        now = self._clock_ms()
+        renewed = dataclasses.replace(
+            card, issued_at=now, expires_at=now + (card.expires_at - card.issued_at)
+        )
+        try:
+            await self.add_agent_card(renewed, agent.definition)
+        except P2PError as exc:
+            self._events.error(exc.code, f"renewing the card of {card.id}: {exc.message}")
+
+    async def _announce(self, card: AgentCard | None) -> None:
+        """Send connected peers a HELLO of the current cards, and provide ``card``."""
+        hello = self.hello_bytes()
+        for link in self._links:
+            if link.state is ChannelState.OPEN:
+                with trio.move_on_after(self._config.request_timeout):
+                    try:
+                        await link.send(hello)
+                    except P2PError as exc:
+                        logger.info("card update to %s failed: %s", link.peer_id, exc)
+        if card is None:
+            return
+        try:
+            await self._routing.discovery.provide(card)
+        except P2PError as exc:
+            self._events.error(exc.code, f"publishing {card.id}: {exc.message}")
+
+    def hello_bytes(self) -> bytes:
+        """A HELLO frame of the local agents' cards and the node's addresses."""
+        return encode_hello([a.card for a in self.agents.values()], self._advertised_addresses())
+
+    # -- inboxes ----------------------------------------------------------------------------
+
+    async def _agent_loop(self, agent: LocalAgent, done: trio.Event) -> None:
+        inbox = agent.inbox_receive
+        try:
+            async with inbox:
+                async for envelope in inbox:
+                    await self._run_handler(agent, envelope)
+                    # Drain what is already queued without a scheduler pass per envelope.
+                    while True:
+                        try:
+                            queued = inbox.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                        await self._run_handler(agent, queued)
+        finally:
+            done.set()
+
+    async def _run_handler(self, agent: LocalAgent, envelope: Envelope) -> None:
+        reply = await agent.definition.handle(envelope)
+        if reply is not None:
+            await self._routing.reply(agent.card.id, envelope, reply.type, reply.payload)
+
+
+def _withdrawn(agent_id: str) -> Agent:
+    """What answers for an agent being removed: a request gets AGENT_UNAVAILABLE."""
+    agent = Agent(agent_id)
+
+    @agent.on_message
+    def unavailable(message: Message) -> None:
+        if message.type is MessageType.REQUEST:
+            raise RemoteError(ErrorCode.AGENT_UNAVAILABLE, f"agent {agent_id!r} was withdrawn")
+
+    return agent
+
+
+__all__ = ["CARD_CHECK_INTERVAL", "AgentHost"]
