@@ -19,9 +19,11 @@ Theory of operation (seed R9; docs/protocol/gossip.md §8 and §9):
   policy forbids are listed by :meth:`SharedState.refused`, and a document
   left without any peer because of them says so
   (:meth:`SharedState.convergence_warning`, shown by ``doc read`` and
-  ``status``). The peer set is rescanned every ``refresh_interval``; discovery runs every
+  ``status``); the selection is in :mod:`p2pnode.node.sharedpeers`. The
+  peer set is rescanned every ``refresh_interval``; discovery runs every
   ``discovery_interval``. A peer that fails a delivery is left out for
-  ``suspend`` seconds (anti-entropy repairs what it missed).
+  ``suspend`` seconds (anti-entropy repairs what it missed). Subscriptions
+  are saved in ``data_dir`` (:mod:`p2pnode.node.subscriptions`).
 * **Frames.** Each gossip frame travels in a ``stream-data`` envelope from
   the member to the peer agent, payload ``{"crdt": doc, "frame": bin}``, sent
   with :meth:`Node.send` so egress policy, and on the receiver sender
@@ -46,7 +48,6 @@ Theory of operation (seed R9; docs/protocol/gossip.md §8 and §9):
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from dataclasses import dataclass, field
@@ -63,7 +64,6 @@ from p2pnode.crdt.replica import Delta, Replica
 from p2pnode.crdt.store import AsyncCRDTStore
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError
-from p2pnode.identity import write_private_file
 from p2pnode.lifetime import TaskOwner
 from p2pnode.node.docops import (
     CAPABILITY_PREFIX,
@@ -73,12 +73,18 @@ from p2pnode.node.docops import (
     gossip_payload,
 )
 from p2pnode.node.service import ServiceHost
+from p2pnode.node.sharedpeers import (
+    check_mutual,
+    convergence_warning,
+    eligible_peers,
+    mutual,
+    refused_replicas,
+)
+from p2pnode.node.subscriptions import SUBSCRIPTIONS_FILE_NAME, SubscriptionFile
 
 logger = logging.getLogger("p2pnode.shared")
 
 STORE_FILE_NAME = "crdt.sqlite3"
-SUBSCRIPTIONS_FILE_NAME = "crdt-subscriptions.json"
-_MAX_SUBSCRIPTIONS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +196,7 @@ class SharedState(TaskOwner):
         self._suspended: dict[str, float] = {}
         self._nursery: trio.Nursery | None = None
         self._dirty = trio.Event()
-        self._save_lock = trio.Lock()
+        self._subscription_file = SubscriptionFile(host.data_dir)
         self._local_gen = 0
         self._durable_gen = 0
         self._durable_changed = trio.Event()
@@ -224,7 +230,7 @@ class SharedState(TaskOwner):
                 nursery.start_soon(self._refresh_loop)
                 if self._store is not None:
                     nursery.start_soon(self._commit_loop)
-                for agent_id, doc in self._saved_subscriptions():
+                for agent_id, doc in self._subscription_file.load():
                     card = self.host.registry.find(agent_id)
                     if card is None or card.origin is not Origin.LOCAL:
                         continue  # kept on disk for when the agent is hosted again
@@ -276,7 +282,7 @@ class SharedState(TaskOwner):
         d = self._docs.get(doc)
         if d is not None and agent_id not in d.members:
             for other in d.members:
-                self._check_mutual(card, self.host.local_agent(other))
+                check_mutual(self.host.policy, card, self.host.local_agent(other))
         await self.host.add_capability(
             agent_id, Capability(capability, f"CRDT document {doc}", "replicated by gossip")
         )
@@ -292,7 +298,9 @@ class SharedState(TaskOwner):
             d = self._docs[doc] = _Doc(doc, core)
             nursery.start_soon(self._timer_loop, d)
         d.members.add(agent_id)
-        await self._save_subscriptions()
+        await self._subscription_file.save(
+            {(a, name) for name, member_doc in self._docs.items() for a in member_doc.members}
+        )
         self._sync_peers(d)
         nursery.start_soon(self._discover, d)
 
@@ -364,50 +372,18 @@ class SharedState(TaskOwner):
         policy forbids every local member to gossip with: ``{"agent", "peer", "code",
         "reason"}`` each, the first member's refusal."""
         d = self._docs.get(doc)
-        if d is None:
-            return []
-        now_ms = self.host.events.now_ms()
-        members = [self.host.local_agent(m) for m in sorted(d.members)]
-        out = []
-        for card in self.host.registry.find_by_capability(CAPABILITY_PREFIX + doc):
-            if card.origin is Origin.LOCAL or card.is_expired(now_ms) or not members:
-                continue
-            if any(self._mutual(member, card) for member in members):
-                continue
-            code, reason = self._refusal(members[0], card)
-            out.append(
-                {"agent": card.id, "peer": str(card.peer_id), "code": code, "reason": reason}
-            )
-        return out
+        return [] if d is None else refused_replicas(self.host, doc, d.members)
 
     def convergence_warning(self, doc: str) -> str | None:
         """Why ``doc`` cannot converge here, or None: it has no gossip peer while
         replicas exist that policy forbids (:meth:`refused`)."""
         if self.peers(doc):
             return None
-        refused = self.refused(doc)
-        if not refused:
-            return None
-        who = ", ".join(f"{r['agent']} ({r['code']})" for r in refused)
-        return (
-            f"{doc!r} cannot converge: policy forbids gossip with every other replica of it ({who})"
-        )
+        return convergence_warning(doc, self.refused(doc))
 
     def warnings(self) -> dict[str, str]:
         """Document -> :meth:`convergence_warning`, for the documents that have one."""
         return {doc: w for doc in sorted(self._docs) if (w := self.convergence_warning(doc))}
-
-    def _refusal(self, member: AgentCard, card: AgentCard) -> tuple[str, str]:
-        policy = self.host.policy
-        if not policy.can_discover(member, card):
-            return str(ErrorCode.SANDBOX_VIOLATION), (
-                f"the sandbox rules of {member.id!r} hide agent {card.id!r}"
-            )
-        for source, target in ((member, card), (card, member)):
-            verdict = policy.check_message(source, target, MessageType.STREAM_DATA, None)
-            if not verdict.allowed:
-                return str(verdict.code), verdict.reason
-        return str(ErrorCode.INTERNAL), "no reason"  # not reached: _mutual said no
 
     def statistics(self, doc: str) -> GossipStats:
         """The gossip core's counters for ``doc``."""
@@ -425,40 +401,8 @@ class SharedState(TaskOwner):
 
     # -- peers ------------------------------------------------------------------------------
 
-    def _check_mutual(self, a: AgentCard, b: AgentCard) -> None:
-        for source, target in ((a, b), (b, a)):
-            verdict = self.host.policy.check_message(source, target, MessageType.STREAM_DATA, None)
-            if not verdict.allowed:
-                raise verdict.to_local_error()
-
-    def _mutual(self, a: AgentCard, b: AgentCard) -> bool:
-        policy = self.host.policy
-        return (
-            policy.can_discover(a, b)
-            and policy.check_message(a, b, MessageType.STREAM_DATA, None).allowed
-            and policy.check_message(b, a, MessageType.STREAM_DATA, None).allowed
-        )
-
-    def _eligible(self, d: _Doc) -> dict[str, str]:
-        """Remote agent -> local member, at most one agent per remote node."""
-        now_ms, now = self.host.events.now_ms(), trio.current_time()
-        members = [self.host.local_agent(m) for m in sorted(d.members)]
-        best: dict[Any, tuple[str, str]] = {}
-        for card in self.host.registry.find_by_capability(CAPABILITY_PREFIX + d.name):
-            if card.origin is Origin.LOCAL or card.is_expired(now_ms):
-                continue
-            if self._suspended.get(card.id, -1.0) > now:
-                continue
-            for member in members:
-                if self._mutual(member, card):
-                    current = best.get(card.peer_id)
-                    if current is None or card.id < current[0]:
-                        best[card.peer_id] = (card.id, member.id)
-                    break
-        return dict(best.values())
-
     def _sync_peers(self, d: _Doc) -> None:
-        eligible = self._eligible(d)
+        eligible = eligible_peers(self.host, d.name, d.members, self._suspended)
         for peer in d.core.peers:
             if peer not in eligible:
                 d.core.remove_peer(peer)
@@ -568,7 +512,9 @@ class SharedState(TaskOwner):
             return  # not replicated here: ignored (gossip.md §5)
         if peer not in d.routes or d.routes[peer] not in d.members:
             d.routes[peer] = target
-        if peer not in d.core.peers and self._mutual(self.host.local_agent(target), source):
+        if peer not in d.core.peers and mutual(
+            self.host.policy, self.host.local_agent(target), source
+        ):
             self._suspended.pop(peer, None)  # it reached us: worth trying again
             d.core.add_peer(peer)
         errors = d.core.statistics().errors
@@ -625,36 +571,6 @@ class SharedState(TaskOwner):
         d = self._docs.get(w.doc)
         if d is not None:
             d.watchers.discard(w)
-
-    # -- saved subscriptions ----------------------------------------------------------------
-
-    def _saved_subscriptions(self) -> list[tuple[str, str]]:
-        if self.data_dir is None:
-            return []
-        path = self.data_dir / SUBSCRIPTIONS_FILE_NAME
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            logger.warning("ignoring unreadable %s: %s", path, exc)
-            return []
-        items = data.get("subscriptions") if isinstance(data, dict) else None
-        out = []
-        for item in items[:_MAX_SUBSCRIPTIONS] if isinstance(items, list) else []:
-            if isinstance(item, list) and len(item) == 2 and all(isinstance(s, str) for s in item):
-                out.append((item[0], item[1]))
-        return out
-
-    async def _save_subscriptions(self) -> None:
-        if self.data_dir is None:
-            return
-        pairs = {(a, doc) for doc, d in self._docs.items() for a in d.members}
-        pairs |= set(self._saved_subscriptions())  # keep those of agents not hosted now
-        text = json.dumps({"subscriptions": sorted([list(p) for p in pairs])}, indent=1)
-        async with self._save_lock:
-            path = self.data_dir / SUBSCRIPTIONS_FILE_NAME
-            await trio.to_thread.run_sync(write_private_file, path, text.encode())
 
 
 __all__ = ["STORE_FILE_NAME", "SUBSCRIPTIONS_FILE_NAME", "SharedConfig", "SharedState", "Watch"]
