@@ -288,3 +288,22 @@ def test_ids_with_a_trailing_newline_are_rejected(field: str) -> None:
     plain["capabilities"] = [{"id": "design.ui\n", "name": "UI"}]
     with pytest.raises(LocalError):
         AgentCard.from_dict(plain)
+
+
+def test_an_omitted_key_is_signed_as_its_default() -> None:
+    """data-model.md: the signature covers the complete form, defaults filled in."""
+    owner = Identity(b"\x07" * 32)
+    full = AgentCard(
+        id="terse", name="T", version="1", public_key=owner.public_key, expires_at=10**12
+    ).signed(owner)
+    plain = full.to_dict()
+    for key in ("description", "protocols", "endpoints", "addresses", "revision", "issuedAt"):
+        assert key in plain
+    # A signer that signed the complete form may leave out keys at their defaults.
+    terse = {k: v for k, v in plain.items() if k not in {"description", "endpoints", "addresses"}}
+    AgentCard.from_dict_untrusted(terse).verify()
+    # A key left out whose signed value was not the default breaks the signature.
+    other = AgentCard.from_dict_untrusted({**plain, "description": "said something"})
+    with pytest.raises(RemoteError) as info:
+        other.verify()
+    assert info.value.code is ErrorCode.INVALID_SIGNATURE
