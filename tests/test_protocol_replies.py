@@ -9,11 +9,12 @@ import pytest
 import trio
 
 from p2pnode.card import AgentCard
-from p2pnode.envelope import MessageType
+from p2pnode.envelope import MessageType, Metadata
 from p2pnode.errors import ErrorCode, RemoteError
 from p2pnode.node.frames import encode_envelope
+from p2pnode.node.observability import EventKind
 from p2pnode.node.routing import PendingRequest
-from tests.sim import Inbox, swarm
+from tests.sim import Inbox, swarm, wait_until
 
 
 async def test_a_request_for_an_agent_the_node_does_not_host_is_answered(
@@ -47,3 +48,20 @@ async def test_a_sandbox_refusal_is_answered_like_a_tier_refusal(autojump_clock:
         assert pending.reply.sender == "io"
         assert pending.reply.payload["code"] == ErrorCode.SANDBOX_VIOLATION
         assert inbox.received == []
+
+
+async def test_an_unresolved_capability_is_refused_as_one(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (a, b)):
+        await a.add_agent("triton", Inbox(), tier=3)
+        await b.add_agent("io", Inbox(), tier=3)
+        await a.connect(b.listen_address)
+        # A peer that skipped resolving the capability sends it as the recipient.
+        hint = Metadata(routing_hint="capability")
+        request = a.envelope("triton", "plan.x", MessageType.REQUEST, None, metadata=hint)
+        await a.links.link(b.peer_id).send(encode_envelope(request))
+
+        def refused() -> bool:
+            events = b.events.recent(kind=EventKind.SECURITY)
+            return any(e.code is ErrorCode.CAPABILITY_NOT_FOUND for e in events)
+
+        await wait_until(refused)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from p2pnode.card import AgentCard, Origin
-from p2pnode.envelope import Envelope, MessageType
+from p2pnode.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import PeerId
 from p2pnode.node.policy import Policy, Verdict
@@ -280,11 +280,19 @@ class Router:
         else:
             agent = self._local.get(envelope.recipient)
             if agent is None:
-                return Ingress(
-                    refusal=Refusal(
+                meta = envelope.metadata
+                if meta is not None and meta.routing_hint == ROUTING_HINT_CAPABILITY:
+                    # Capabilities are resolved by the sender's node; one left unresolved
+                    # is refused as what it names.
+                    refusal = Refusal(
+                        ErrorCode.CAPABILITY_NOT_FOUND,
+                        f"capability {envelope.recipient!r} was not resolved to an agent",
+                    )
+                else:
+                    refusal = Refusal(
                         ErrorCode.AGENT_NOT_FOUND, f"no local agent {envelope.recipient!r}"
                     )
-                )
+                return Ingress(refusal=refusal)
             card = agent.card
             return Ingress(((card.id, self.check(source, card, envelope)),))
         return Ingress(tuple((c.id, self.check(source, c, envelope)) for c in cards))
