@@ -24,6 +24,7 @@ CORES = [
     "p2pnode.dht.rpc",
     "p2pnode.dht.rpcwire",
     "p2pnode.dht.snapshot",
+    "p2pnode.crdt.base",
     "p2pnode.crdt.clock",
     "p2pnode.crdt.dots",
     "p2pnode.crdt.gossip",

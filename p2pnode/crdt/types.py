@@ -44,12 +44,23 @@ joining a full state is linear in both states.
 
 from __future__ import annotations
 
-import abc
-import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from p2pnode.crdt.base import (
+    CRDT,
+    MAX_KEY_LEN,
+    MAX_MAP_DEPTH,
+    MAX_VALUE_LEN,
+    Element,
+    Kind,
+    Scalar,
+    causal_join,
+    check_element,
+    check_scalar,
+    valid_str_untrusted,
+)
 from p2pnode.crdt.clock import (
     MAX_COUNTER,
     CRDTError,
@@ -61,57 +72,6 @@ from p2pnode.crdt.dots import Dot, DotContext, dots_from_wire_untrusted, dots_to
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.wire import canonical_pack
-
-#: Deepest nesting of ORMaps a decoded state may have.
-MAX_MAP_DEPTH = 8
-#: Longest map key / string set element / string register value accepted from peers.
-MAX_KEY_LEN = 256
-MAX_VALUE_LEN = 64 * 1024
-
-Scalar = None | bool | int | float | str | bytes
-Element = int | str | bytes
-
-
-class Kind(enum.IntEnum):
-    """Wire tag and conflict order of each CRDT type."""
-
-    GCOUNTER = 1
-    PNCOUNTER = 2
-    LWW = 3
-    ORSET = 4
-    ORMAP = 5
-
-
-def _causal_join(s: set[Dot], s2: set[Dot], c: DotContext, c2: DotContext) -> set[Dot]:
-    return (s & s2) | {d for d in s if d not in c2} | {d for d in s2 if d not in c}
-
-
-def _valid_str_untrusted(obj: object, limit: int, what: str) -> str:
-    if not isinstance(obj, str) or len(obj) > limit:
-        raise CRDTError(f"bad {what}: {obj!r:.80}")
-    return obj
-
-
-class CRDT(abc.ABC):
-    """A mutable CRDT value owned by one document. Joins happen in place."""
-
-    __slots__ = ()
-    kind: ClassVar[Kind]
-
-    @abc.abstractmethod
-    def join(self, other: Any, ctx: DotContext, other_ctx: DotContext) -> None:
-        """Join ``other`` (same kind) into self; ``other`` is not modified or aliased."""
-
-    def join_bottom(self, other_ctx: DotContext) -> None:  # noqa: B027 - a no-op by default
-        """Join the empty state of a peer whose context is ``other_ctx`` (drops removed dots)."""
-
-    @abc.abstractmethod
-    def value(self) -> Any:
-        """The plain Python value."""
-
-    @abc.abstractmethod
-    def to_wire(self) -> Any:
-        """Payload (without the kind tag) as canonical msgpack-ready data."""
 
 
 @dataclass(slots=True, eq=True)
@@ -181,19 +141,6 @@ class PNCounter(CRDT):
         return cls(GCounter.from_wire_untrusted(obj[0]), GCounter.from_wire_untrusted(obj[1]))
 
 
-def _check_scalar(value: object) -> Scalar:
-    if value is None or isinstance(value, bool | int | str | bytes):
-        big = isinstance(value, int) and not -(2**63) <= value < 2**64
-        if big:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "integer out of msgpack range")
-        if isinstance(value, str) and len(value) > MAX_VALUE_LEN:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"string longer than {MAX_VALUE_LEN}")
-        return value
-    if isinstance(value, float) and not math.isnan(value):
-        return value
-    raise LocalError(ErrorCode.INVALID_ARGUMENT, f"register value must be a scalar: {value!r}")
-
-
 @dataclass(slots=True, eq=True)
 class LWWRegister(CRDT):
     """Last-writer-wins register; the greatest ``(timestamp, replica, value)`` wins.
@@ -224,7 +171,7 @@ class LWWRegister(CRDT):
         ts = max(now, self.timestamp + 1)
         if ts > MAX_COUNTER:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "timestamp overflow")
-        return LWWRegister(ts, rid, _check_scalar(value))
+        return LWWRegister(ts, rid, check_scalar(value))
 
     def to_wire(self) -> list[Any]:
         return [self.timestamp, self.replica, self.val]
@@ -247,17 +194,6 @@ class LWWRegister(CRDT):
         return cls(ts, valid_replica_id_untrusted(obj[1]), val)
 
 
-def _check_element(e: object) -> Element:
-    # The same limits peers enforce, so nothing we produce is rejected downstream.
-    if isinstance(e, bool) or not isinstance(e, int | str | bytes):
-        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"set elements are int/str/bytes: {e!r}")
-    if isinstance(e, int) and not -(2**63) <= e < 2**64:
-        raise LocalError(ErrorCode.INVALID_ARGUMENT, "set element out of msgpack range")
-    if isinstance(e, str | bytes) and len(e) > MAX_KEY_LEN:
-        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"set element longer than {MAX_KEY_LEN}")
-    return e
-
-
 @dataclass(slots=True, eq=True)
 class ORSet(CRDT):
     """Add-wins observed-remove set: element -> the dots of the adds still live."""
@@ -268,7 +204,7 @@ class ORSet(CRDT):
     def join(self, other: ORSet, ctx: DotContext, other_ctx: DotContext) -> None:
         entries, theirs = self.entries, other.entries
         for e, dots_there in theirs.items():
-            dots = _causal_join(entries.get(e, set()), dots_there, ctx, other_ctx)
+            dots = causal_join(entries.get(e, set()), dots_there, ctx, other_ctx)
             if dots:
                 entries[e] = dots
             else:
@@ -303,11 +239,11 @@ class ORSet(CRDT):
 
     def add_delta(self, element: Element, dot: Dot) -> tuple[ORSet, set[Dot]]:
         """Delta adding ``element`` with ``dot``, and the dots it supersedes."""
-        return ORSet({_check_element(element): {dot}}), set(self.entries.get(element, ()))
+        return ORSet({check_element(element): {dot}}), set(self.entries.get(element, ()))
 
     def remove_delta(self, element: Element) -> tuple[ORSet, set[Dot]]:
         """Delta removing the observed adds of ``element``, and those dots."""
-        return ORSet(), set(self.entries.get(_check_element(element), ()))
+        return ORSet(), set(self.entries.get(check_element(element), ()))
 
     def to_wire(self) -> list[Any]:
         items = sorted(self.entries.items(), key=lambda kv: canonical_pack(kv[0]))
@@ -400,7 +336,7 @@ class ORMap(CRDT):
                 dots = {d for d in theirs.dots if d not in ctx}
                 self.entries[k] = MapEntry(dots, _join_value(None, theirs.value, ctx, other_ctx))
             else:
-                mine.dots = _causal_join(mine.dots, theirs.dots, ctx, other_ctx)
+                mine.dots = causal_join(mine.dots, theirs.dots, ctx, other_ctx)
                 mine.value = _join_value(mine.value, theirs.value, ctx, other_ctx)
                 mine.below = None
         explicit = other_ctx.explicit()
@@ -433,7 +369,7 @@ class ORMap(CRDT):
         for item in obj:
             if not isinstance(item, list) or len(item) != 3:
                 raise CRDTError("or-map entry is not [key, dots, value]")
-            key = _valid_str_untrusted(item[0], MAX_KEY_LEN, "map key")
+            key = valid_str_untrusted(item[0], MAX_KEY_LEN, "map key")
             if key in entries:
                 raise CRDTError("repeated map key")
             dots = dots_from_wire_untrusted(item[1])
@@ -594,7 +530,7 @@ def _leaf_delta(cur: CRDT, rid: str, op: Op, fresh: Any, ctx: DotContext) -> CRD
         return cur.add_delta(rid, op.amount)
     if isinstance(op, RegisterSet):
         assert isinstance(cur, LWWRegister)
-        return cur.set_delta(rid, _check_scalar(op.value), op.timestamp)
+        return cur.set_delta(rid, check_scalar(op.value), op.timestamp)
     assert isinstance(cur, ORSet)
     if isinstance(op, SetAdd):
         dset, superseded = cur.add_delta(op.element, fresh())
@@ -613,3 +549,24 @@ def _dots_within(v: CRDT, ctx: DotContext) -> bool:
     if isinstance(v, ORSet):
         return all(d in ctx for ds in v.entries.values() for d in ds)
     return True
+
+
+__all__ = [
+    "CRDT",
+    "MAX_KEY_LEN",
+    "MAX_MAP_DEPTH",
+    "MAX_VALUE_LEN",
+    "DocState",
+    "Element",
+    "GCounter",
+    "Kind",
+    "LWWRegister",
+    "MapEntry",
+    "ORMap",
+    "ORSet",
+    "PNCounter",
+    "Scalar",
+    "op_kind",
+    "value_from_wire_untrusted",
+    "value_to_wire",
+]
