@@ -33,7 +33,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from p2pnode.card import Capability
 from p2pnode.envelope import Envelope, MessageType
@@ -138,6 +138,8 @@ class Agent:
         self._requests: dict[str | None, _Route] = {}
         self._by_type: dict[MessageType, HandlerFunction] = {}
         self._fallback: HandlerFunction | None = None
+        #: The fallback takes the envelope itself (an ``add_agent(id, handler)`` agent).
+        self._fallback_takes_envelope = False
 
     @property
     def capabilities(self) -> tuple[Capability, ...]:
@@ -213,19 +215,27 @@ class Agent:
 
     async def handle(self, envelope: Envelope) -> Reply | None:
         """Run the handler ``envelope`` is for; for a request, the reply to send."""
-        message = Message(envelope)
         if envelope.type is not MessageType.REQUEST:
-            handler = self._by_type.get(envelope.type, self._fallback)
+            # Every notification and stream message passes here: the handler is called
+            # inline (no coroutine of our own), and an add_agent(id, handler) function
+            # gets the envelope with no Message made for it.
+            handler = self._by_type.get(envelope.type)
+            argument: Any
             if handler is not None:
-                try:
-                    # Inline rather than through _call: this runs for every notification
-                    # and stream message, and a coroutine per call costs.
-                    result = handler(message)
-                    if _awaitable(result):
-                        await result
-                except Exception:
-                    logger.exception("%s: %s handler failed", self.id, envelope.type.value)
+                argument = Message(envelope)
+            elif self._fallback is not None:
+                handler = self._fallback
+                argument = envelope if self._fallback_takes_envelope else Message(envelope)
+            else:
+                return None
+            try:
+                result = handler(argument)
+                if _awaitable(result):
+                    await result
+            except Exception:
+                logger.exception("%s: %s handler failed", self.id, envelope.type.value)
             return None
+        message = Message(envelope)
         route = self._requests.get(message.capability)
         if route is None:
             if self._fallback is None:
@@ -237,7 +247,7 @@ class Agent:
                     capability=asked,
                 )
                 return Reply(MessageType.ERROR, error.to_dict())
-            route = _Route(self._fallback, None)
+            route = _Route(self._fallback_for_messages(), None)
         if route.validate is not None:
             problem = route.validate(envelope.payload)
             if problem is not None:
@@ -252,6 +262,13 @@ class Agent:
             failed = f"the handler of agent {self.id!r} failed"
             error = RemoteError(ErrorCode.HANDLER_FAILED, failed)
             return Reply(MessageType.ERROR, error.to_dict())
+
+    def _fallback_for_messages(self) -> HandlerFunction:
+        fallback = self._fallback
+        assert fallback is not None
+        if self._fallback_takes_envelope:
+            return lambda message: fallback(message.envelope)  # type: ignore[arg-type]
+        return fallback
 
 
 async def _call(handler: HandlerFunction, message: Message) -> Any:
@@ -289,7 +306,9 @@ def agent_for_handler(
         description=description,
         version=version,
     )
-    agent.on_message(lambda message: handler(message.envelope))
+    # The one handler takes envelopes, not Messages (see Agent._notify).
+    agent.on_message(cast(HandlerFunction, handler))
+    agent._fallback_takes_envelope = True
     return agent
 
 

@@ -147,13 +147,13 @@ class Refused:
     visible: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Ingress:
+class Ingress(NamedTuple):
     """The local recipients of an authenticated inbound envelope.
 
     ``verdicts`` pairs each recipient with its policy verdict (None: a reply to
     a request this node allowed). ``refusal`` is set when there is no such
-    recipient.
+    recipient. A named tuple rather than a frozen dataclass: one is made per
+    inbound envelope, and a tuple is several times cheaper to build.
     """
 
     verdicts: tuple[tuple[str, Verdict | None], ...] = ()

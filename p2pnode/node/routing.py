@@ -323,7 +323,8 @@ class Routing:
                 ),
             )
         else:
-            found = self.router.known_target(envelope.recipient, self._clock_ms())
+            # The envelope was stamped by this node's clock as it was made: no second read.
+            found = self.router.known_target(envelope.recipient, envelope.timestamp)
             target = found if found is not None else await self._resolve_agent(envelope.recipient)
         verdict = self.router.check(source, target, envelope)
         self._note_verdict(verdict, envelope, None)
