@@ -306,10 +306,43 @@ def agent_for_handler(
         description=description,
         version=version,
     )
-    # The one handler takes envelopes, not Messages (see Agent._notify).
+    # The one handler takes envelopes, not Messages (see Agent.handle).
     agent.on_message(cast(HandlerFunction, handler))
     agent._fallback_takes_envelope = True
     return agent
 
 
-__all__ = ["Agent", "HandlerFunction", "Message", "Reply", "agent_for_handler"]
+def as_agent(
+    agent: Agent | str,
+    handler: Callable[[Envelope], Any] | None = None,
+    *,
+    name: str | None = None,
+    tier: int = 3,
+    capabilities: Iterable[Capability] = (),
+    sandbox: str | None = None,
+    description: str = "",
+    version: str = "1.0.0",
+) -> Agent:
+    """``agent`` itself, or for an agent id the agent of one ``handler`` (see
+    :func:`agent_for_handler`; its name defaults to the id in capitals): what every
+    ``add_agent(agent_or_id, handler, ...)`` of the package accepts.
+
+    Raises LocalError(INVALID_ARGUMENT) for an agent id without a handler.
+    """
+    if isinstance(agent, Agent):
+        return agent
+    if handler is None:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "an agent id needs a handler")
+    return agent_for_handler(
+        agent,
+        handler,
+        name=name or agent.upper(),
+        tier=tier,
+        capabilities=capabilities,
+        sandbox=sandbox,
+        description=description,
+        version=version,
+    )
+
+
+__all__ = ["Agent", "HandlerFunction", "Message", "Reply", "agent_for_handler", "as_agent"]

@@ -66,7 +66,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from p2pnode.agent import Agent, agent_for_handler
+from p2pnode.agent import Agent, agent_for_handler, as_agent
 from p2pnode.aioguest import _GUESTS as _GUESTS  # the loop's guest runs, for inspection
 from p2pnode.aioguest import (
     CANCEL_GRACE,
@@ -353,19 +353,16 @@ class AioNode:
     ) -> AgentCard:
         """Host an agent whose handlers run in the asyncio loop; return its signed card
         (see :meth:`Node.add_agent` for the arguments and what it raises)."""
-        if not isinstance(agent, Agent):
-            if handler is None:
-                raise LocalError(ErrorCode.INVALID_ARGUMENT, "an agent id needs a handler")
-            agent = agent_for_handler(
-                agent,
-                handler,
-                name=name or agent.upper(),
-                tier=tier,
-                capabilities=capabilities,
-                sandbox=sandbox_id,
-                description=description,
-                version=version,
-            )
+        agent = as_agent(
+            agent,
+            handler,
+            name=name,
+            tier=tier,
+            capabilities=capabilities,
+            sandbox=sandbox_id,
+            description=description,
+            version=version,
+        )
         definition = self._in_asyncio(agent)
         return await self._hosted.call(self._add_agent, definition, authority)
 

@@ -191,3 +191,15 @@ def test_run_agent_names_a_bad_reference_in_one_line(spec: str, problem: str) ->
     finally:
         sys.path.remove(str(EXAMPLES))
     assert info.value.code is ErrorCode.CONFIG_ERROR and problem in info.value.message
+
+
+def test_an_agent_id_needs_a_handler() -> None:
+    from p2pnode.agent import as_agent
+
+    with pytest.raises(LocalError) as info:
+        as_agent("lonely")
+    assert info.value.code is ErrorCode.INVALID_ARGUMENT
+    defined = Agent("d")
+    assert as_agent(defined) is defined
+    made = as_agent("made", lambda envelope: None, tier=1)
+    assert (made.id, made.name, made.tier) == ("made", "MADE", 1)

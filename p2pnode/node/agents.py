@@ -88,33 +88,8 @@ class AgentHost:
 
     # -- hosting ----------------------------------------------------------------------------
 
-    async def add_agent(
-        self,
-        agent: Agent | str,
-        handler: Handler | None = None,
-        *,
-        name: str | None = None,
-        tier: int = 3,
-        capabilities: tuple[Capability, ...] = (),
-        sandbox_id: str | None = None,
-        description: str = "",
-        version: str = "1.0.0",
-        authority: Identity | None = None,
-    ) -> AgentCard:
+    async def add_agent(self, agent: Agent, *, authority: Identity | None = None) -> AgentCard:
         """See :meth:`p2pnode.node.node.Node.add_agent`."""
-        if not isinstance(agent, Agent):
-            if handler is None:
-                raise LocalError(ErrorCode.INVALID_ARGUMENT, "an agent id needs a handler")
-            agent = agent_for_handler(
-                agent,
-                handler,
-                name=name or agent.upper(),
-                tier=tier,
-                capabilities=capabilities,
-                sandbox=sandbox_id,
-                description=description,
-                version=version,
-            )
         return await self.add_agent_card(self._new_card(agent), agent, authority=authority)
 
     def _new_card(self, agent: Agent) -> AgentCard:

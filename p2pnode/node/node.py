@@ -42,7 +42,7 @@ from typing import Any
 
 import trio
 
-from p2pnode.agent import Agent
+from p2pnode.agent import Agent, as_agent
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.card import AgentCard, Capability, Origin
 from p2pnode.envelope import (
@@ -253,17 +253,17 @@ class Node(TaskOwner):
         ``authority`` (tests and single-operator swarms) endorses the card's tier
         and sandbox. Raises LocalError(INVALID_CARD) on invalid fields.
         """
-        return await self.hosting.add_agent(
+        definition = as_agent(
             agent,
             handler,
             name=name,
             tier=tier,
             capabilities=capabilities,
-            sandbox_id=sandbox_id,
+            sandbox=sandbox_id,
             description=description,
             version=version,
-            authority=authority,
         )
+        return await self.hosting.add_agent(definition, authority=authority)
 
     async def add_agent_card(
         self, card: AgentCard, agent: Agent | Handler, *, authority: Identity | None = None
