@@ -38,12 +38,15 @@ from typing import Any, TypeVar, cast
 from p2pnode.card import Capability
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.tools import MCP_METHODS, Access, Caller, Catalog, PromptArgument
+from p2pnode.toolschema import Checker, schema_checker
 
 logger = logging.getLogger("p2pnode.agent")
 
 #: A handler: ``handler(message)``, sync or async.
 HandlerFunction = Callable[["Message"], Any]
 F = TypeVar("F", bound=HandlerFunction)
+T = TypeVar("T", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,35 +86,10 @@ class Reply:
     payload: Any
 
 
-def _validator(schema: Any) -> Callable[[Any], str | None] | None:
-    """A function returning the first problem of an instance (None when valid), or
-    None when ``schema`` does not constrain anything."""
-    if schema is None or schema == {} or schema is True:
-        return None
-    import jsonschema  # loaded only by agents that declare schemas
-
-    cls = jsonschema.validators.validator_for(schema)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        problem = f"invalid inputSchema: {exc.message}"
-        raise LocalError(ErrorCode.INVALID_ARGUMENT, problem) from None
-    validator = cls(schema)
-
-    def first_problem(instance: Any) -> str | None:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
-        if error is None:
-            return None
-        path = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-        return f"payload{path}: {error.message}"
-
-    return first_problem
-
-
 @dataclass(frozen=True, slots=True)
 class _Route:
     handler: HandlerFunction
-    validate: Callable[[Any], str | None] | None
+    validate: Checker | None
 
 
 class Agent:
@@ -140,6 +118,8 @@ class Agent:
         self._fallback: HandlerFunction | None = None
         #: The fallback takes the envelope itself (an ``add_agent(id, handler)`` agent).
         self._fallback_takes_envelope = False
+        #: Its tools, resources and prompts (p2pnode.tools).
+        self.catalog = Catalog(id)
 
     @property
     def capabilities(self) -> tuple[Capability, ...]:
@@ -162,6 +142,11 @@ class Agent:
         handler of the same capability or an invalid schema."""
 
         def register(handler: F) -> F:
+            if capability in MCP_METHODS:
+                raise LocalError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"{capability!r} is answered by the agent's tools, resources and prompts",
+                )
             if capability in self._requests:
                 raise LocalError(
                     ErrorCode.INVALID_ARGUMENT, f"{self.id}: two handlers for {capability!r}"
@@ -181,7 +166,12 @@ class Agent:
                     self._capabilities[capability] = declared
                 elif schema is None:
                     schema = declared.input_schema
-            self._requests[capability] = _Route(handler, _validator(schema))
+            try:
+                check = schema_checker(schema)
+            except LocalError as exc:
+                problem = f"inputSchema of {capability!r}: {exc.message}"
+                raise LocalError(exc.code, problem) from None
+            self._requests[capability] = _Route(handler, check)
             return handler
 
         return register
@@ -211,10 +201,100 @@ class Agent:
         self._fallback = handler
         return handler
 
+    # -- tools, resources and prompts (p2pnode.tools) -------------------------------------------
+
+    def tool(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        input_schema: Any = None,
+        output_schema: Any = None,
+        access: Access | None = None,
+    ) -> Callable[[T], T]:
+        """Declare a tool, named ``<agent id>.<name>`` in the swarm (``name`` defaults to
+        the function's). Without ``input_schema`` the function's parameters are its
+        arguments, their schema derived from the type hints; a parameter annotated
+        :class:`~p2pnode.tools.Caller` receives the authenticated caller. ``access``
+        says who may call it (default: anyone policy lets send to this agent).
+
+        Raises LocalError(DUPLICATE_TOOL) for a name taken."""
+
+        def register(function: T) -> T:
+            self.catalog.add_tool(
+                function,
+                name=name,
+                description=description,
+                input_schema=input_schema,
+                output_schema=output_schema,
+                access=access,
+            )
+            return function
+
+        return register
+
+    def resource(
+        self,
+        uri: str,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        mime_type: str = "text/plain",
+        access: Access | None = None,
+    ) -> Callable[[T], T]:
+        """Declare the content loader of resource ``uri``: it returns text, bytes or JSON
+        data (sent as JSON text). Raises LocalError(DUPLICATE_TOOL) for a URI taken."""
+
+        def register(load: T) -> T:
+            self.catalog.add_resource(
+                load, uri, name=name, description=description, mime_type=mime_type, access=access
+            )
+            return load
+
+        return register
+
+    def prompt(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        arguments: Iterable[PromptArgument | str] | None = None,
+        access: Access | None = None,
+    ) -> Callable[[T], T]:
+        """Declare a prompt rendered by the function: its parameters are the prompt's
+        arguments (required unless they have a default); it returns the text, or a list
+        of MCP messages. For a template body use :meth:`add_prompt`."""
+
+        def register(render: T) -> T:
+            self.catalog.add_prompt(
+                render, name=name, description=description, arguments=arguments, access=access
+            )
+            return render
+
+        return register
+
+    def add_prompt(
+        self,
+        name: str,
+        template: str,
+        *,
+        description: str = "",
+        arguments: Iterable[PromptArgument | str] | None = None,
+        access: Access | None = None,
+    ) -> None:
+        """Declare a prompt with a template body: ``{topic}`` placeholders are its
+        arguments (all required unless ``arguments`` declares them otherwise)."""
+        self.catalog.add_prompt(
+            template, name=name, description=description, arguments=arguments, access=access
+        )
+
     # -- dispatch (the node calls this) -------------------------------------------------------
 
-    async def handle(self, envelope: Envelope) -> Reply | None:
-        """Run the handler ``envelope`` is for; for a request, the reply to send."""
+    async def handle(self, envelope: Envelope, caller: Caller | None = None) -> Reply | None:
+        """Run the handler ``envelope`` is for; for a request, the reply to send.
+
+        ``caller`` is who sent it as the hosting node authenticated it: what the access
+        rules of tools, resources and prompts are checked against."""
         if envelope.type is not MessageType.REQUEST:
             # Every notification and stream message passes here: the handler is called
             # inline (no coroutine of our own), and an add_agent(id, handler) function
@@ -236,6 +316,10 @@ class Agent:
                 logger.exception("%s: %s handler failed", self.id, envelope.type.value)
             return None
         message = Message(envelope)
+        if message.capability in MCP_METHODS and (self.catalog or self._fallback is None):
+            # An agent with no catalog but one handler of everything (a bridge, or an
+            # agent being withdrawn) answers MCP methods itself.
+            return await self._serve_catalog(message, caller)
         route = self._requests.get(message.capability)
         if route is None:
             if self._fallback is None:
@@ -262,6 +346,30 @@ class Agent:
             failed = f"the handler of agent {self.id!r} failed"
             error = RemoteError(ErrorCode.HANDLER_FAILED, failed)
             return Reply(MessageType.ERROR, error.to_dict())
+
+    async def _serve_catalog(self, message: Message, caller: Caller | None) -> Reply:
+        method = message.capability
+        assert method is not None
+        try:
+            return Reply(
+                MessageType.RESPONSE, await self.catalog.serve(method, message.payload, caller)
+            )
+        except P2PError as exc:
+            return Reply(MessageType.ERROR, exc.to_dict())
+        except Exception:
+            logger.exception("%s: %s failed", self.id, method)
+            failed = f"the handler of {method} on agent {self.id!r} failed"
+            error = RemoteError(ErrorCode.HANDLER_FAILED, failed, agentId=self.id)
+            return Reply(MessageType.ERROR, error.to_dict())
+
+    def card_offers(self) -> dict[str, tuple[str, ...]]:
+        """What the agent's card lists of its catalog: ``tools``, ``resources`` and
+        ``prompts`` (keyword arguments of :class:`~p2pnode.card.AgentCard`)."""
+        return {
+            "tools": tuple(self.catalog.tools),
+            "resources": tuple(self.catalog.resources),
+            "prompts": tuple(self.catalog.prompts),
+        }
 
     def _fallback_for_messages(self) -> HandlerFunction:
         fallback = self._fallback

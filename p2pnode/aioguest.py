@@ -21,6 +21,7 @@ from p2pnode.agent import Agent, Reply
 from p2pnode.card import Capability
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.tools import Caller
 
 logger = logging.getLogger("p2pnode.aio")
 
@@ -344,10 +345,15 @@ class Guest:
     # -- trio -> asyncio: handlers ----------------------------------------------------------
 
     async def handle_in_asyncio(
-        self, definition: Agent, envelope: Envelope, context: contextvars.Context
+        self,
+        definition: Agent,
+        envelope: Envelope,
+        context: contextvars.Context,
+        caller: Caller | None = None,
     ) -> Reply | None:
-        """Run ``definition.handle(envelope)`` as an asyncio task and await it (trio side)."""
-        task = context.run(self.loop.create_task, definition.handle(envelope))
+        """Run ``definition.handle(envelope, caller)`` as an asyncio task and await it
+        (trio side)."""
+        task = context.run(self.loop.create_task, definition.handle(envelope, caller))
         done = trio.Event()
         try:
             # A quick handler ends within a pass or two of the loop: look at each tick
@@ -402,8 +408,11 @@ class InAsyncio(Agent):
     def capabilities(self) -> tuple[Capability, ...]:
         return self.definition.capabilities
 
-    async def handle(self, envelope: Envelope) -> Reply | None:
-        return await self._guest.handle_in_asyncio(self.definition, envelope, self._context)
+    def card_offers(self) -> dict[str, tuple[str, ...]]:
+        return self.definition.card_offers()
+
+    async def handle(self, envelope: Envelope, caller: Caller | None = None) -> Reply | None:
+        return await self._guest.handle_in_asyncio(self.definition, envelope, self._context, caller)
 
 
 __all__ = [

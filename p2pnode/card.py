@@ -32,30 +32,44 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, PeerId, verify_signature
-from p2pnode.jsonutil import b64decode, b64encode, dumps, is_json_value, loads_untrusted
+from p2pnode.card_rules import (  # the card's limits and checks, re-exported
+    DEFAULT_CARD_TTL_MS,
+    ENDPOINT_TRANSPORTS,
+    MAX_ADDRESSES,
+    MAX_CAPABILITIES,
+    MAX_CARD_BYTES,
+    MAX_LIST_ITEMS,
+    MAX_PROMPTS,
+    MAX_RESOURCES,
+    MAX_ROLES,
+    MAX_TEXT,
+    MAX_TOOLS,
+    MAX_URI_CHARS,
+    NAME_PATTERN,
+    card_problems,
+    is_address,
+)
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.identity import PUBLIC_KEY_BYTES, Identity, PeerId, verify_signature
+from p2pnode.jsonutil import b64decode, b64encode, dumps, loads_untrusted
 from p2pnode.wire import WireLimits, canonical_pack, pack, unpack_untrusted
+
+_CARD_LIMITS = WireLimits(max_size=MAX_CARD_BYTES, max_array_len=1024, max_map_len=1024)
 
 CARD_SIGNING_DOMAIN = b"p2pnode-card-v1\x00"
 ENDORSEMENT_DOMAIN = b"p2pnode-endorse-v1\x00"
-MAX_CARD_BYTES = 64 * 1024
-MAX_CAPABILITIES = 64
-MAX_ADDRESSES = 16
-MAX_LIST_ITEMS = 32
-MAX_TEXT = 4096
-DEFAULT_CARD_TTL_MS = 60 * 60 * 1000
-_CARD_LIMITS = WireLimits(max_size=MAX_CARD_BYTES, max_array_len=1024, max_map_len=1024)
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
-_ADDRESS_PATTERN = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
-ENDPOINT_TRANSPORTS = frozenset({"local", "tcp+noise", "websocket"})
-_ORIGINS = frozenset({"local", "remote"})
 _UNSIGNED_FIELDS = ("signature", "origin", "lastSeenAt", "endorsement")
+#: The pseudo-capability an agent offering tool ``name`` is found by: ``tool:<name>``.
+TOOL_PREFIX = "tool:"
+
+
+def tool_capability(name: str) -> str:
+    """The key agents offering tool ``name`` are found by (docs/protocol/tools.md §2)."""
+    return TOOL_PREFIX + name
 
 
 class Tier(enum.IntEnum):
@@ -107,23 +121,34 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class Endorsement:
-    """The swarm authority's signature vouching for an agent's tier and sandbox."""
+    """The swarm authority's signature vouching for an agent's tier, sandbox and roles."""
 
     authority_key: bytes
     signature: bytes
+    roles: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "authorityKey": b64encode(self.authority_key),
             "signature": b64encode(self.signature),
         }
+        if self.roles:
+            out["roles"] = list(self.roles)
+        return out
 
 
 def endorsement_message(
-    agent_id: str, public_key: bytes, tier: int, sandbox_id: str | None
+    agent_id: str,
+    public_key: bytes,
+    tier: int,
+    sandbox_id: str | None,
+    roles: tuple[str, ...] = (),
 ) -> bytes:
-    """The bytes an authority signs to endorse a tier and sandbox claim."""
-    return ENDORSEMENT_DOMAIN + canonical_pack([agent_id, public_key, int(tier), sandbox_id])
+    """The bytes an authority signs to endorse a tier, sandbox and (when any) roles."""
+    signed: list[Any] = [agent_id, public_key, int(tier), sandbox_id]
+    if roles:
+        signed.append(sorted(roles))
+    return ENDORSEMENT_DOMAIN + canonical_pack(signed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +176,10 @@ class AgentCard:
     peer_id: PeerId = field(default=None)  # type: ignore[assignment]  # derived when omitted
     endorsement: Endorsement | None = None
     signature: bytes = b""
+    #: Names of the agent's tools and prompts, URIs of its resources.
+    tools: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+    prompts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         key = self.public_key
@@ -195,7 +224,12 @@ class AgentCard:
             "expiresAt": self.expires_at,
             "endorsement": self.endorsement.to_dict() if self.endorsement else None,
             "signature": b64encode(self.signature),
-        }
+        } | self._offers()
+
+    def _offers(self) -> dict[str, Any]:
+        # Present only when non-empty, so a card offering none signs as it always did.
+        offers = (("tools", self.tools), ("resources", self.resources), ("prompts", self.prompts))
+        return {key: list(values) for key, values in offers if values}
 
     @classmethod
     def from_dict(cls, data: object) -> AgentCard:
@@ -240,11 +274,18 @@ class AgentCard:
             issued_at=data.get("issuedAt", 0),
             expires_at=data["expiresAt"],
             endorsement=(
-                Endorsement(_b64(endorsement["authorityKey"]), _b64(endorsement["signature"]))
+                Endorsement(
+                    _b64(endorsement["authorityKey"]),
+                    _b64(endorsement["signature"]),
+                    tuple(endorsement.get("roles", ())),
+                )
                 if endorsement
                 else None
             ),
             signature=_b64(data.get("signature", "")),
+            tools=tuple(data.get("tools", ())),
+            resources=tuple(data.get("resources", ())),
+            prompts=tuple(data.get("prompts", ())),
         )
 
     @classmethod
@@ -324,14 +365,23 @@ class AgentCard:
         e = self.endorsement
         if e is None or e.authority_key != authority_key:
             return False
-        message = endorsement_message(self.id, self.public_key, self.tier, self.sandbox_id)
+        message = endorsement_message(self.id, self.public_key, self.tier, self.sandbox_id, e.roles)
         return verify_signature(authority_key, message, e.signature)
 
-    def with_endorsement(self, authority: Identity) -> AgentCard:
-        """This card carrying ``authority``'s endorsement of its tier and sandbox."""
-        message = endorsement_message(self.id, self.public_key, self.tier, self.sandbox_id)
+    def endorsed_roles(self, authority_key: bytes | None) -> frozenset[str]:
+        """The roles ``authority_key`` endorsed for this agent (none without an authority
+        or a valid endorsement by it)."""
+        if authority_key is None or self.endorsement is None:
+            return frozenset()
+        return frozenset(self.endorsement.roles) if self.endorsed_by(authority_key) else frozenset()
+
+    def with_endorsement(self, authority: Identity, roles: tuple[str, ...] = ()) -> AgentCard:
+        """This card carrying ``authority``'s endorsement of its tier, sandbox and ``roles``."""
+        roles = tuple(sorted(set(roles)))
+        message = endorsement_message(self.id, self.public_key, self.tier, self.sandbox_id, roles)
+        signature = authority.sign(message)
         return dataclasses.replace(
-            self, endorsement=Endorsement(authority.public_key, authority.sign(message))
+            self, endorsement=Endorsement(authority.public_key, signature, roles)
         )
 
     # -- queries ----------------------------------------------------------------------------
@@ -339,7 +389,14 @@ class AgentCard:
     def capability_ids(self) -> frozenset[str]:
         return frozenset(c.id for c in self.capabilities)
 
+    def provider_keys(self) -> frozenset[str]:
+        """What the card is found by: its capability ids and ``tool:<name>`` of each tool."""
+        return self.capability_ids() | {tool_capability(t) for t in self.tools}
+
     def has_capability(self, capability_id: str) -> bool:
+        """True for one of its capabilities, or ``tool:<name>`` of one of its tools."""
+        if capability_id.startswith(TOOL_PREFIX):
+            return capability_id[len(TOOL_PREFIX) :] in self.tools
         return any(c.id == capability_id for c in self.capabilities)
 
     def is_expired(self, now_ms: int) -> bool:
@@ -353,198 +410,29 @@ def _b64(text: object) -> bytes:
     return decoded
 
 
-# -- validation ---------------------------------------------------------------------------------
-
-
-def _check_text(
-    problems: list[str], data: Mapping[str, Any], key: str, *, required: bool, allow_empty: bool
-) -> None:
-    if key not in data:
-        if required:
-            problems.append(f"{key}: required")
-        return
-    value = data[key]
-    if not isinstance(value, str):
-        problems.append(f"{key}: must be a string")
-    elif not allow_empty and not value.strip():
-        problems.append(f"{key}: must not be empty")
-    elif len(value) > MAX_TEXT:
-        problems.append(f"{key}: longer than {MAX_TEXT} characters")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_text_in(value: object, allowed: frozenset[str]) -> bool:
-    # A membership test hashes its operand: a peer's list or map must not reach it.
-    return isinstance(value, str) and value in allowed
-
-
-def _check_bytes(
-    problems: list[str], data: Mapping[str, Any], key: str, sizes: tuple[int, ...]
-) -> None:
-    raw = b64decode(data.get(key))
-    if raw is None:
-        problems.append(f"{key}: must be base64")
-    elif len(raw) not in sizes:
-        problems.append(f"{key}: must be {' or '.join(map(str, sizes))} bytes, not {len(raw)}")
-
-
-def _capability_problems(caps: object) -> list[str]:
-    if not isinstance(caps, list):
-        return ["capabilities: must be a list"]
-    if len(caps) > MAX_CAPABILITIES:
-        return [f"capabilities: more than {MAX_CAPABILITIES}"]
-    problems: list[str] = []
-    seen: set[str] = set()
-    for i, cap in enumerate(caps):
-        where = f"capabilities[{i}]"
-        if not isinstance(cap, Mapping):
-            problems.append(f"{where}: must be an object")
-            continue
-        cap_id = cap.get("id")
-        if not isinstance(cap_id, str) or not _ID_PATTERN.fullmatch(cap_id):
-            problems.append(f"{where}.id: must match {_ID_PATTERN.pattern}")
-        elif cap_id in seen:
-            problems.append(f"{where}.id: duplicate {cap_id!r}")
-        else:
-            seen.add(cap_id)
-        for key, required in (("name", True), ("description", False)):
-            sub: list[str] = []
-            _check_text(sub, cap, key, required=required, allow_empty=not required)
-            problems.extend(f"{where}.{p}" for p in sub)
-        for key in ("inputSchema", "outputSchema"):
-            if not is_json_value(cap.get(key)):
-                problems.append(f"{where}.{key}: must be JSON data")
-        unknown = set(cap) - {"id", "name", "description", "inputSchema", "outputSchema"}
-        if unknown:
-            # Peer keys may mix bytes and str, which do not compare: sort their text.
-            problems.append(f"{where}: unknown fields {sorted(map(str, unknown))}")
-    return problems
-
-
-def is_address(text: object) -> bool:
-    """True when ``text`` is ``host:port`` or ``[v6]:port`` with a port of 0-65535: what a
-    node can dial (:func:`p2pnode.node.config.parse_address` accepts every such text)."""
-    return (
-        isinstance(text, str)
-        and _ADDRESS_PATTERN.fullmatch(text) is not None
-        and int(text.rpartition(":")[2]) <= 65535
-    )
-
-
-def _list_problems(
-    data: Mapping[str, Any], key: str, check: Callable[[str], bool] | None, limit: int
-) -> list[str]:
-    value = data.get(key, [])
-    if not isinstance(value, list):
-        return [f"{key}: must be a list"]
-    if len(value) > limit:
-        return [f"{key}: more than {limit} entries"]
-    problems = []
-    for i, item in enumerate(value):
-        if not isinstance(item, str) or len(item) > 256:
-            problems.append(f"{key}[{i}]: must be a string of at most 256 characters")
-        elif check is not None and not check(item):
-            problems.append(f"{key}[{i}]: {item!r} must look like host:port")
-    return problems
-
-
-def _endpoint_problems(value: object) -> list[str]:
-    if not isinstance(value, list) or len(value) > MAX_LIST_ITEMS:
-        return [f"endpoints: must be a list of at most {MAX_LIST_ITEMS}"]
-    problems = []
-    for i, ep in enumerate(value):
-        if not isinstance(ep, Mapping):
-            problems.append(f"endpoints[{i}]: must be an object")
-        elif not _is_text_in(ep.get("transport"), ENDPOINT_TRANSPORTS):
-            problems.append(f"endpoints[{i}].transport: one of {sorted(ENDPOINT_TRANSPORTS)}")
-        elif not (ep.get("address") is None or isinstance(ep.get("address"), str)):
-            problems.append(f"endpoints[{i}].address: must be a string")
-    return problems
-
-
-_KNOWN_FIELDS = frozenset(
-    {
-        "id", "name", "version", "description", "tier", "protocols", "endpoints", "capabilities",
-        "revision", "sandboxId", "origin", "lastSeenAt", "publicKey", "peerId", "addresses",
-        "noiseStaticKey", "issuedAt", "expiresAt", "endorsement", "signature",
-    }
-)  # fmt: skip
-
-
-def card_problems(data: object) -> list[str]:
-    """Every problem with the plain form of a card; empty when it is valid."""
-    if not isinstance(data, Mapping):
-        return ["card: must be an object"]
-    problems: list[str] = []
-    unknown = set(data) - _KNOWN_FIELDS
-    if unknown:
-        problems.append(f"unknown fields {sorted(map(str, unknown))}")
-    agent_id = data.get("id")
-    if "id" not in data:
-        problems.append("id: required")
-    elif not isinstance(agent_id, str) or not _ID_PATTERN.fullmatch(agent_id):
-        problems.append(f"id: must match {_ID_PATTERN.pattern}")
-    _check_text(problems, data, "name", required=True, allow_empty=False)
-    _check_text(problems, data, "version", required=True, allow_empty=False)
-    _check_text(problems, data, "description", required=False, allow_empty=True)
-    if "tier" not in data:
-        problems.append("tier: required")
-    elif not _is_int(data["tier"]) or not 0 <= data["tier"] <= 3:
-        problems.append("tier: must be 0, 1, 2 or 3")
-    if "capabilities" not in data:
-        problems.append("capabilities: required")
-    else:
-        problems.extend(_capability_problems(data["capabilities"]))
-    problems.extend(_list_problems(data, "protocols", None, MAX_LIST_ITEMS))
-    problems.extend(_list_problems(data, "addresses", is_address, MAX_ADDRESSES))
-    problems.extend(_endpoint_problems(data.get("endpoints", [])))
-    for key in ("revision", "lastSeenAt", "issuedAt"):
-        if key in data and (not _is_int(data[key]) or not 0 <= data[key] < 2**63):
-            problems.append(f"{key}: must be a non-negative integer")
-    expires: Any = data.get("expiresAt")
-    issued: Any = data.get("issuedAt", 0)
-    if "expiresAt" not in data:
-        problems.append("expiresAt: required")
-    elif not _is_int(expires) or not 0 <= expires < 2**63:
-        problems.append("expiresAt: must be a non-negative integer")
-    elif _is_int(issued) and expires <= issued:
-        problems.append("expiresAt: must be after issuedAt")
-    sandbox = data.get("sandboxId")
-    if sandbox is not None and (not isinstance(sandbox, str) or not _ID_PATTERN.fullmatch(sandbox)):
-        problems.append(f"sandboxId: must match {_ID_PATTERN.pattern}")
-    if not _is_text_in(data.get("origin", "local"), _ORIGINS):
-        problems.append("origin: must be 'local' or 'remote'")
-    if "publicKey" not in data:
-        problems.append("publicKey: required")
-    else:
-        _check_bytes(problems, data, "publicKey", (PUBLIC_KEY_BYTES,))
-    if data.get("noiseStaticKey") is not None:
-        _check_bytes(problems, data, "noiseStaticKey", (32,))
-    if "signature" in data:
-        _check_bytes(problems, data, "signature", (0, SIGNATURE_BYTES))
-    problems.extend(_peer_id_problems(data))
-    endorsement = data.get("endorsement")
-    if endorsement is not None:
-        if not isinstance(endorsement, Mapping):
-            problems.append("endorsement: must be an object")
-        else:
-            _check_bytes(problems, endorsement, "authorityKey", (PUBLIC_KEY_BYTES,))
-            _check_bytes(problems, endorsement, "signature", (SIGNATURE_BYTES,))
-    return [f"card {agent_id!r}: {p}" if isinstance(agent_id, str) else p for p in problems]
-
-
-def _peer_id_problems(data: Mapping[str, Any]) -> list[str]:
-    text = data.get("peerId")
-    if text is None:
-        return []
-    try:
-        peer_id = PeerId.parse(text)
-    except P2PError:
-        return ["peerId: not a peer id"]
-    key = b64decode(data.get("publicKey"))
-    if key is not None and len(key) == PUBLIC_KEY_BYTES and PeerId.from_public_key(key) != peer_id:
-        return ["peerId: does not match publicKey"]
-    return []
+__all__ = [
+    "DEFAULT_CARD_TTL_MS",
+    "ENDPOINT_TRANSPORTS",
+    "MAX_ADDRESSES",
+    "MAX_CAPABILITIES",
+    "MAX_CARD_BYTES",
+    "MAX_LIST_ITEMS",
+    "MAX_PROMPTS",
+    "MAX_RESOURCES",
+    "MAX_ROLES",
+    "MAX_TEXT",
+    "MAX_TOOLS",
+    "MAX_URI_CHARS",
+    "NAME_PATTERN",
+    "TOOL_PREFIX",
+    "AgentCard",
+    "Capability",
+    "Endorsement",
+    "Endpoint",
+    "Origin",
+    "Tier",
+    "card_problems",
+    "endorsement_message",
+    "is_address",
+    "tool_capability",
+]

@@ -60,6 +60,16 @@ class ErrorCode(enum.StrEnum):
     INVALID_INPUT = "INVALID_INPUT"
     #: The agent went away (its process detached or died) before answering.
     AGENT_UNAVAILABLE = "AGENT_UNAVAILABLE"
+    # Tools, resources and prompts.
+    #: The owner has no tool (or prompt) of that name.
+    TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
+    PROMPT_NOT_FOUND = "PROMPT_NOT_FOUND"
+    #: The owner has no resource of that URI (the details carry ``uri``).
+    RESOURCE_NOT_FOUND = "RESOURCE_NOT_FOUND"
+    #: The entry's access rule does not admit the authenticated caller.
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    #: A tool's result does not match its output schema (the owner's defect).
+    INVALID_OUTPUT = "INVALID_OUTPUT"
     # Generic.
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     INTERNAL = "INTERNAL"

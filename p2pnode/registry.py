@@ -106,7 +106,7 @@ class Registry:
         card = self._cards.pop(agent_id, None)
         if card is None:
             return False
-        for cap in card.capability_ids():
+        for cap in card.provider_keys():
             ids = self._by_capability.get(cap)
             if ids is not None:
                 ids.discard(agent_id)
@@ -126,7 +126,7 @@ class Registry:
     def _put(self, card: AgentCard) -> None:
         self.unregister(card.id)
         self._cards[card.id] = card
-        for cap in card.capability_ids():
+        for cap in card.provider_keys():
             self._by_capability.setdefault(cap, set()).add(card.id)
 
     # -- reads ------------------------------------------------------------------------------

@@ -1,139 +1,578 @@
-"""Tools agents expose to each other (MCP-style), and invocation records.
+"""Tools, resources and prompts an agent offers the swarm (MCP-style), with least privilege.
 
-Tools are named ``<agent id>.<tool name>`` so two agents may both offer a
-``search`` tool (seed R5.6). Registering a fully qualified name twice raises
-``DUPLICATE_TOOL``. Each invocation leaves a :class:`ToolInvocation` record
-whose JSON form round-trips exactly (seed R13.4-13.5, Property 34).
+Theory of operation (the wire form is docs/protocol/tools.md):
+
+* An agent declares them on its :class:`~p2pnode.agent.Agent` (``@agent.tool()``,
+  ``@agent.resource(uri)``, ``@agent.prompt()``, ``agent.add_prompt``); each
+  lands in the agent's :class:`Catalog`. Across the swarm a tool is named
+  ``<agent id>.<tool name>`` (seed R5.6); a second tool or prompt of one name,
+  or a second resource of one URI, is refused with ``DUPLICATE_TOOL`` (R5.5).
+* The agent's card lists the names and URIs only, which keeps a card well
+  under the DHT's value limit; the descriptors (descriptions and schemas) are
+  what the owner answers to ``tools/list``, ``resources/list`` and
+  ``prompts/list``.
+* Callers send requests to the owning agent whose ``metadata.capability`` is
+  one of the MCP method names (:data:`MCP_METHODS`) and whose payload is the
+  MCP ``params``. :meth:`Catalog.serve` answers them on the owner, in this
+  order: parse the params, find the entry, check the caller's access, check
+  the input, run the handler, check the output. Each failure is a typed
+  :class:`~p2pnode.errors.P2PError` whose details name the owning agent.
+* **Least privilege.** Each entry has an :class:`Access` rule, checked
+  against a :class:`Caller` the owner's node built from the caller's
+  *authenticated* card (and, for roles, the swarm authority's endorsement),
+  never from anything the request claims. A list answer holds only what the
+  caller may use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import inspect
+import re
+import string
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.jsonutil import dumps, is_json_value, loads_untrusted
+from p2pnode.card import MAX_TEXT, MAX_URI_CHARS, NAME_PATTERN, AgentCard
+from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.jsonutil import b64encode, dumps, is_json_value
+from p2pnode.toolschema import Conversion, derived_arguments, derived_result, explicit
+from p2pnode.toolwire import (  # the method names, re-exported
+    MCP_METHODS,
+    PROMPTS_GET,
+    PROMPTS_LIST,
+    RESOURCES_LIST,
+    RESOURCES_READ,
+    TOOLS_CALL,
+    TOOLS_LIST,
+    call_params,
+    split_qualified,
+    string_map,
+    text_param,
+)
 
-MAX_RECORD_BYTES = 1024 * 1024
-ToolHandler = Callable[[Mapping[str, Any]], Awaitable[Any]]
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s]{1,250}$")
 
 
 @dataclass(frozen=True, slots=True)
-class Tool:
-    """A tool: its qualified name, description and JSON Schemas."""
+class Caller:
+    """Who is calling, as the owner's node authenticated it: the caller's signed card,
+    and the roles the swarm authority endorsed for it."""
 
     agent_id: str
-    name: str
-    description: str = ""
-    input_schema: Any = None
-    output_schema: Any = None
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.agent_id}.{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolInvocation:
-    """What happened when a tool was called."""
-
-    tool: str
-    agent_id: str
-    arguments: Any
-    result: Any
-    error: str | None
-    duration_ms: float
-    started_at: int
-
-    def to_json(self) -> str:
-        """JSON text. Raises LocalError(INVALID_ARGUMENT) for non-JSON arguments or results."""
-        if not (is_json_value(self.arguments) and is_json_value(self.result)):
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "arguments and result must be JSON data")
-        return dumps(
-            {
-                "tool": self.tool,
-                "agentId": self.agent_id,
-                "arguments": self.arguments,
-                "result": self.result,
-                "error": self.error,
-                "durationMs": self.duration_ms,
-                "startedAt": self.started_at,
-            }
-        )
+    peer_id: str
+    tier: int
+    sandbox: str | None
+    roles: frozenset[str] = frozenset()
 
     @classmethod
-    def from_json_untrusted(cls, text: str | bytes) -> ToolInvocation:
-        """Parse a record. Raises RemoteError(MALFORMED_MESSAGE)."""
-        try:
-            data = loads_untrusted(text, MAX_RECORD_BYTES)
-            if not isinstance(data, dict):
-                raise ValueError("a record is a JSON object")
-            record = cls(
-                tool=data["tool"],
-                agent_id=data["agentId"],
-                arguments=data["arguments"],
-                result=data["result"],
-                error=data["error"],
-                duration_ms=data["durationMs"],
-                started_at=data["startedAt"],
+    def from_card(cls, card: AgentCard, authority_key: bytes | None) -> Caller:
+        return cls(
+            card.id,
+            str(card.peer_id),
+            int(card.tier),
+            card.sandbox_id,
+            card.endorsed_roles(authority_key),
+        )
+
+
+class Access:
+    """Who may use a tool, resource or prompt. Each rule given must hold: the caller's
+    tier is one of ``tiers``, its sandbox one of ``sandboxes``, its id one of
+    ``agents``, its node one of ``peers`` (peer ids), and it holds one of ``roles``
+    (endorsed by the swarm authority; an open swarm has no roles). No rule: anyone
+    the node's policy lets send the owner a request."""
+
+    __slots__ = ("agents", "peers", "roles", "sandboxes", "tiers")
+
+    def __init__(
+        self,
+        *,
+        tiers: Iterable[int] | None = None,
+        sandboxes: Iterable[str] | None = None,
+        agents: Iterable[str] | None = None,
+        peers: Iterable[str] | None = None,
+        roles: Iterable[str] | None = None,
+    ) -> None:
+        self.tiers = frozenset(int(t) for t in tiers) if tiers is not None else None
+        self.sandboxes = frozenset(sandboxes) if sandboxes is not None else None
+        self.agents = frozenset(agents) if agents is not None else None
+        self.peers = frozenset(peers) if peers is not None else None
+        self.roles = frozenset(roles) if roles is not None else None
+
+    def refusal(self, caller: Caller | None) -> str | None:
+        """Why ``caller`` may not use the entry (None: it may)."""
+        if self.is_open():
+            return None
+        if caller is None:
+            return "the caller is not authenticated"
+        if self.tiers is not None and caller.tier not in self.tiers:
+            return f"tier L{caller.tier} is not one of {_listed(f'L{t}' for t in self.tiers)}"
+        if self.sandboxes is not None and caller.sandbox not in self.sandboxes:
+            return f"sandbox {caller.sandbox!r} is not one of {_listed(self.sandboxes)}"
+        if self.agents is not None and caller.agent_id not in self.agents:
+            return f"agent {caller.agent_id!r} is not allowed"
+        if self.peers is not None and caller.peer_id not in self.peers:
+            return f"peer {caller.peer_id} is not allowed"
+        if self.roles is not None and not caller.roles & self.roles:
+            return f"no endorsed role among {_listed(self.roles)}"
+        return None
+
+    def is_open(self) -> bool:
+        rules = (self.tiers, self.sandboxes, self.agents, self.peers, self.roles)
+        return all(rule is None for rule in rules)
+
+    def __repr__(self) -> str:
+        rules = ", ".join(f"{k}={sorted(v)}" for k in self.__slots__ if (v := getattr(self, k)))
+        return f"Access({rules})"
+
+
+def _listed(items: Iterable[str]) -> str:
+    return ", ".join(sorted(items))
+
+
+ANYONE = Access()
+
+
+def _takes_caller(annotation: Any) -> bool:
+    return annotation is Caller or annotation == "Caller"
+
+
+async def _run(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    result = function(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A declared tool: its function, schemas (as conversions) and access rule."""
+
+    name: str
+    description: str
+    function: Callable[..., Any]
+    arguments: Conversion
+    result: Conversion | None
+    access: Access
+    #: The function's parameter that receives the :class:`Caller`, if any.
+    caller_parameter: str | None = None
+    #: The function takes the arguments object itself (a tool with an explicit schema).
+    takes_object: bool = False
+
+    def descriptor(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "description": self.description}
+        out["inputSchema"] = self.arguments.schema or {"type": "object"}
+        if self.result is not None and self.result.schema is not None:
+            out["outputSchema"] = self.result.schema
+        return out
+
+    async def call(self, arguments: Any, caller: Caller | None) -> Any:
+        converted, problem = self.arguments.convert(arguments)
+        if problem is not None:
+            raise RemoteError(ErrorCode.INVALID_INPUT, problem, tool=self.name)
+        extra = {self.caller_parameter: caller} if self.caller_parameter else {}
+        if self.takes_object:
+            value = await _run(self.function, converted, **extra)
+        else:
+            value = await _run(self.function, **converted, **extra)
+        if self.result is None:
+            return value
+        value, problem = self.result.convert(value)
+        if problem is not None:
+            raise RemoteError(ErrorCode.INVALID_OUTPUT, problem, tool=self.name)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSpec:
+    """A declared resource: its URI, name, MIME type and content loader."""
+
+    uri: str
+    name: str
+    description: str
+    mime_type: str
+    load: Callable[..., Any]
+    access: Access
+    caller_parameter: str | None = None
+
+    def descriptor(self) -> dict[str, Any]:
+        return {
+            "uri": self.uri,
+            "name": self.name,
+            "description": self.description,
+            "mimeType": self.mime_type,
+        }
+
+    async def read(self, caller: Caller | None) -> dict[str, Any]:
+        extra = {self.caller_parameter: caller} if self.caller_parameter else {}
+        content = await _run(self.load, **extra)
+        item: dict[str, Any] = {"uri": self.uri, "mimeType": self.mime_type}
+        if isinstance(content, bytes | bytearray):
+            item["blob"] = b64encode(bytes(content))
+        elif isinstance(content, str):
+            item["text"] = content
+        elif is_json_value(content):
+            item["text"] = dumps(content)
+        else:
+            raise RemoteError(
+                ErrorCode.INVALID_OUTPUT,
+                f"the loader of {self.uri} returned {type(content).__name__}, "
+                "not text, bytes or JSON data",
+                uri=self.uri,
             )
-            if set(data) != {"tool", "agentId", "arguments", "result", "error"} | {
-                "durationMs",
-                "startedAt",
-            }:
-                raise ValueError("unexpected fields")
-            checks = (
-                isinstance(record.tool, str),
-                isinstance(record.agent_id, str),
-                record.error is None or isinstance(record.error, str),
-                _is_duration(record.duration_ms),
-                isinstance(record.started_at, int) and not isinstance(record.started_at, bool),
-                # What to_json() would refuse (NaN, infinities, integers past 64 bits) is
-                # refused here, so an accepted record always encodes again.
-                is_json_value(record.arguments),
-                is_json_value(record.result),
+        return {"contents": [item]}
+
+
+@dataclass(frozen=True, slots=True)
+class PromptArgument:
+    """One argument of a prompt."""
+
+    name: str
+    description: str = ""
+    required: bool = True
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "required": self.required}
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSpec:
+    """A declared prompt: a template body (``{name}`` placeholders) or a function
+    returning the text or the messages."""
+
+    name: str
+    description: str
+    arguments: tuple[PromptArgument, ...]
+    render: Callable[..., Any]
+    access: Access
+
+    def descriptor(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "arguments": [a.descriptor() for a in self.arguments],
+        }
+
+    async def get(self, given: Mapping[str, str]) -> dict[str, Any]:
+        declared = {a.name for a in self.arguments}
+        unknown = sorted(set(given) - declared)
+        if unknown:
+            raise RemoteError(
+                ErrorCode.INVALID_INPUT,
+                f"arguments.{unknown[0]}: not an argument",
+                prompt=self.name,
             )
-            if not all(checks):
-                raise ValueError("wrongly typed field")
-        except (KeyError, ValueError, TypeError) as exc:
-            raise RemoteError(ErrorCode.MALFORMED_MESSAGE, f"bad tool invocation: {exc}") from None
-        return record
+        for argument in self.arguments:
+            if argument.required and argument.name not in given:
+                raise RemoteError(
+                    ErrorCode.INVALID_INPUT,
+                    f"arguments.{argument.name}: a required argument is missing",
+                    prompt=self.name,
+                )
+        values = {a.name: given.get(a.name, "") for a in self.arguments}
+        rendered = await _run(self.render, **values)
+        if isinstance(rendered, str):
+            messages = [{"role": "user", "content": {"type": "text", "text": rendered}}]
+        elif isinstance(rendered, list) and is_json_value(rendered):
+            messages = rendered
+        else:
+            raise RemoteError(
+                ErrorCode.INVALID_OUTPUT,
+                f"prompt {self.name} rendered {type(rendered).__name__}, not text or messages",
+                prompt=self.name,
+            )
+        return {"description": self.description, "messages": messages}
 
 
-def _is_duration(value: object) -> bool:
-    # A number JSON and msgpack both carry: finite, and an integer fits 64 bits.
-    return isinstance(value, int | float) and not isinstance(value, bool) and is_json_value(value)
+def template_fields(template: str) -> list[str]:
+    """The placeholders of a template body, in order of first use.
 
-
-class ToolRegistry:
-    """Tools by qualified name, with their handlers."""
-
-    def __init__(self) -> None:
-        self._tools: dict[str, tuple[Tool, ToolHandler]] = {}
-
-    def register(self, tool: Tool, handler: ToolHandler) -> None:
-        """Add a tool. Raises LocalError(DUPLICATE_TOOL) if its qualified name is taken."""
-        if tool.qualified_name in self._tools:
+    Raises LocalError(INVALID_ARGUMENT) for a placeholder that is not a plain name
+    (``{a.b}``, ``{a[0]}``, ``{0}``, a format spec): a template only substitutes.
+    """
+    names: list[str] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"bad template: {exc}") from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
             raise LocalError(
-                ErrorCode.DUPLICATE_TOOL,
-                f"tool {tool.qualified_name!r} is already registered",
-                tool=tool.qualified_name,
+                ErrorCode.INVALID_ARGUMENT, f"bad placeholder {{{name}}}: use {{name}} only"
             )
-        self._tools[tool.qualified_name] = (tool, handler)
+        if name not in names:
+            names.append(name)
+    return names
 
-    def unregister_agent(self, agent_id: str) -> None:
-        for name in [n for n, (t, _) in self._tools.items() if t.agent_id == agent_id]:
-            del self._tools[name]
 
-    def list(self) -> list[Tool]:
-        return [
-            tool for tool, _ in sorted(self._tools.values(), key=lambda th: th[0].qualified_name)
-        ]
+def _template_renderer(template: str) -> Callable[..., str]:
+    def render(**values: str) -> str:
+        return template.format_map(values)
 
-    def handler(self, qualified_name: str) -> ToolHandler:
-        """The handler of a tool. Raises LocalError(CAPABILITY_NOT_FOUND)."""
-        entry = self._tools.get(qualified_name)
-        if entry is None:
-            raise LocalError(ErrorCode.CAPABILITY_NOT_FOUND, f"no tool {qualified_name!r}")
-        return entry[1]
+    return render
+
+
+class Catalog:
+    """An agent's tools, resources and prompts (see the module docstring)."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.tools: dict[str, ToolSpec] = {}
+        self.resources: dict[str, ResourceSpec] = {}
+        self.prompts: dict[str, PromptSpec] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.tools or self.resources or self.prompts)
+
+    # -- declaring ------------------------------------------------------------------------------
+
+    def add_tool(
+        self,
+        function: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        input_schema: Any = None,
+        output_schema: Any = None,
+        access: Access | None = None,
+    ) -> ToolSpec:
+        """Declare ``function`` as a tool. With ``input_schema`` it takes the arguments
+        object as its one parameter; without, its parameters are the arguments and the
+        schema comes from their type hints (and the output schema from the return
+        annotation, unless ``output_schema`` is given). A parameter annotated
+        :class:`Caller` receives the authenticated caller.
+
+        Raises LocalError(DUPLICATE_TOOL) for a name taken, LocalError(INVALID_ARGUMENT)
+        for a bad name or schema.
+        """
+        tool_name = _check_name(name or function.__name__, "tool")
+        if tool_name in self.tools:
+            raise self._duplicate("tool", tool_name)
+        caller_parameter = _caller_parameter(function)
+        if input_schema is not None:
+            arguments = explicit(input_schema, "arguments")
+            takes_object = True
+        else:
+            arguments, _ = derived_arguments(function, skip=_takes_caller)
+            takes_object = False
+        result = (
+            explicit(output_schema, "result")
+            if output_schema is not None
+            else derived_result(function)
+        )
+        spec = ToolSpec(
+            tool_name,
+            _summary(description, function),
+            function,
+            arguments,
+            result,
+            access or ANYONE,
+            caller_parameter,
+            takes_object,
+        )
+        self.tools[tool_name] = spec
+        return spec
+
+    def add_resource(
+        self,
+        load: Callable[..., Any],
+        uri: str,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        mime_type: str = "text/plain",
+        access: Access | None = None,
+    ) -> ResourceSpec:
+        """Declare a resource whose content ``load()`` returns (text, bytes or JSON data).
+
+        Raises LocalError(DUPLICATE_TOOL) for a URI taken, LocalError(INVALID_ARGUMENT)
+        for a bad URI.
+        """
+        if not isinstance(uri, str) or not _URI.fullmatch(uri) or len(uri) > MAX_URI_CHARS:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"bad resource URI {uri!r}")
+        if uri in self.resources:
+            raise self._duplicate("resource", uri)
+        spec = ResourceSpec(
+            uri,
+            name or str(getattr(load, "__name__", uri)),
+            _summary(description, load),
+            mime_type,
+            load,
+            access or ANYONE,
+            _caller_parameter(load),
+        )
+        self.resources[uri] = spec
+        return spec
+
+    def add_prompt(
+        self,
+        body: str | Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        arguments: Iterable[PromptArgument | str] | None = None,
+        access: Access | None = None,
+    ) -> PromptSpec:
+        """Declare a prompt. ``body`` is a template (``{topic}`` placeholders; its
+        arguments are its placeholders unless ``arguments`` says more) or a function of
+        the arguments returning the text or a list of MCP messages (its arguments are
+        its parameters: required unless they have a default).
+
+        Raises LocalError(DUPLICATE_TOOL) for a name taken, LocalError(INVALID_ARGUMENT)
+        for a bad name, a bad placeholder, or a placeholder not among ``arguments``.
+        """
+        if isinstance(body, str):
+            if name is None:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, "a template prompt needs a name")
+            fields = template_fields(body)
+            render: Callable[..., Any] = _template_renderer(body)
+            declared = _prompt_arguments(arguments, fields)
+            missing = set(fields) - {a.name for a in declared}
+            if missing:
+                raise LocalError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"prompt {name}: placeholders {sorted(missing)} are not arguments",
+                )
+            summary = description or ""
+        else:
+            render = body
+            parameters = inspect.signature(body).parameters.values()
+            derived = [PromptArgument(p.name, "", p.default is p.empty) for p in parameters]
+            declared = _prompt_arguments(arguments, []) if arguments is not None else derived
+            summary = _summary(description, body)
+        prompt_name = _check_name(name or str(getattr(body, "__name__", "")), "prompt")
+        if prompt_name in self.prompts:
+            raise self._duplicate("prompt", prompt_name)
+        spec = PromptSpec(prompt_name, summary, tuple(declared), render, access or ANYONE)
+        self.prompts[prompt_name] = spec
+        return spec
+
+    def _duplicate(self, what: str, name: str) -> LocalError:
+        qualified = f"{self.owner}.{name}" if what != "resource" else name
+        return LocalError(
+            ErrorCode.DUPLICATE_TOOL,
+            f"{what} {qualified!r} is already registered",
+            tool=qualified,
+        )
+
+    # -- serving --------------------------------------------------------------------------------
+
+    async def serve(self, method: str, params: Any, caller: Caller | None) -> Any:
+        """The answer to one MCP request from ``caller``. Raises P2PError (its details
+        name this agent: ``agentId``)."""
+        try:
+            return await self._serve(method, params, caller)
+        except P2PError as exc:
+            exc.details.setdefault("agentId", self.owner)
+            raise
+
+    async def _serve(self, method: str, params: Any, caller: Caller | None) -> Any:
+        if method == TOOLS_CALL:
+            name, arguments = call_params(params, "name")
+            tool = self.tools.get(name)
+            if tool is None:
+                raise RemoteError(
+                    ErrorCode.TOOL_NOT_FOUND, f"no tool {self.owner}.{name}", tool=name
+                )
+            self._check_access(tool.access, caller, f"tool {self.owner}.{name}")
+            return {"structuredContent": await tool.call(arguments, caller)}
+        if method == RESOURCES_READ:
+            uri = text_param(params, "uri", MAX_URI_CHARS)
+            resource = self.resources.get(uri)
+            if resource is None:
+                raise RemoteError(ErrorCode.RESOURCE_NOT_FOUND, f"no resource {uri}", uri=uri)
+            self._check_access(resource.access, caller, f"resource {uri}")
+            return await resource.read(caller)
+        if method == PROMPTS_GET:
+            name, arguments = call_params(params, "name")
+            prompt = self.prompts.get(name)
+            if prompt is None:
+                raise RemoteError(
+                    ErrorCode.PROMPT_NOT_FOUND, f"no prompt {self.owner}.{name}", prompt=name
+                )
+            self._check_access(prompt.access, caller, f"prompt {self.owner}.{name}")
+            return await prompt.get(string_map(arguments))
+        listed: Mapping[str, ToolSpec | ResourceSpec | PromptSpec]
+        if method == TOOLS_LIST:
+            key, listed = "tools", self.tools
+        elif method == RESOURCES_LIST:
+            key, listed = "resources", self.resources
+        elif method == PROMPTS_LIST:
+            key, listed = "prompts", self.prompts
+        else:
+            raise RemoteError(ErrorCode.CAPABILITY_NOT_FOUND, f"no method {method!r}")
+        return {key: [e.descriptor() for e in listed.values() if not e.access.refusal(caller)]}
+
+    @staticmethod
+    def _check_access(access: Access, caller: Caller | None, what: str) -> None:
+        refusal = access.refusal(caller)
+        if refusal is not None:
+            who = caller.agent_id if caller is not None else "an unknown caller"
+            raise RemoteError(
+                ErrorCode.PERMISSION_DENIED, f"{who} may not use {what}: {refusal}", caller=who
+            )
+
+
+def _summary(description: str | None, function: Callable[..., Any]) -> str:
+    if description is not None:
+        return description[:MAX_TEXT]
+    return (inspect.getdoc(function) or "").split("\n\n")[0][:MAX_TEXT]
+
+
+def _check_name(name: str, what: str) -> str:
+    if not NAME_PATTERN.fullmatch(name):
+        raise LocalError(
+            ErrorCode.INVALID_ARGUMENT, f"bad {what} name {name!r}: {NAME_PATTERN.pattern}"
+        )
+    return name
+
+
+def _caller_parameter(function: Callable[..., Any]) -> str | None:
+    try:
+        parameters = inspect.signature(function, eval_str=True).parameters.values()
+    except (TypeError, ValueError, NameError):
+        return None
+    for parameter in parameters:
+        if _takes_caller(parameter.annotation):
+            return parameter.name
+    return None
+
+
+def _prompt_arguments(
+    given: Iterable[PromptArgument | str] | None, fields: list[str]
+) -> list[PromptArgument]:
+    if given is None:
+        return [PromptArgument(f) for f in fields]
+    out = [a if isinstance(a, PromptArgument) else PromptArgument(a) for a in given]
+    for argument in out:
+        if not argument.name.isidentifier():
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"bad argument name {argument.name!r}")
+    return out
+
+
+#: What a tool function may be: sync or async, any parameters.
+ToolFunction = Callable[..., Any | Awaitable[Any]]
+
+__all__ = [
+    "ANYONE",
+    "MCP_METHODS",
+    "PROMPTS_GET",
+    "PROMPTS_LIST",
+    "RESOURCES_LIST",
+    "RESOURCES_READ",
+    "TOOLS_CALL",
+    "TOOLS_LIST",
+    "Access",
+    "Caller",
+    "Catalog",
+    "PromptArgument",
+    "PromptSpec",
+    "ResourceSpec",
+    "ToolFunction",
+    "ToolSpec",
+    "split_qualified",
+    "template_fields",
+]

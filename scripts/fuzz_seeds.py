@@ -49,7 +49,7 @@ from p2pnode.node.frames import encode_envelope, encode_envelopes, encode_hello
 from p2pnode.noise import IK, XX, HandshakeState, KeyPair
 from p2pnode.registry import Registry
 from p2pnode.secure import PROLOGUE, SecureIdentity
-from p2pnode.tools import ToolInvocation
+from p2pnode.toolrecord import ToolInvocation
 from p2pnode.wire import pack
 
 #: Unix milliseconds every seed is stamped with (records and cards are valid then).

@@ -89,7 +89,7 @@ from p2pnode.node.config import parse_address
 from p2pnode.node.docops import decode_gossip_payload_untrusted, value_to_json
 from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted
 from p2pnode.registry import Registry
-from p2pnode.tools import ToolInvocation
+from p2pnode.toolrecord import ToolInvocation
 from p2pnode.wire import pack, unpack_untrusted
 
 # --------------------------------------------------------------------------- cards, envelopes

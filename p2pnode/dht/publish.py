@@ -197,7 +197,7 @@ def card_makers(
 
     ck = card_key(card.peer_id, card.id)
     out = [(ck, RecordKind.CARD, maker(RecordKind.CARD, ck, card.to_bytes()))]
-    for cap in [agent_capability(card.id), *sorted(card.capability_ids())]:
+    for cap in [agent_capability(card.id), *sorted(card.provider_keys())]:
         key = capability_key(cap)
         info = ProviderInfo(cap, card.id, addresses).to_bytes()
         out.append((key, RecordKind.PROVIDER, maker(RecordKind.PROVIDER, key, info)))

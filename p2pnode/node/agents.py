@@ -36,8 +36,10 @@ from p2pnode.node.frames import encode_hello
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.routing import Handler, LocalAgent, Routing
+from p2pnode.node.toolaudit import ToolAudit
 from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
+from p2pnode.tools import MCP_METHODS
 
 logger = logging.getLogger("p2pnode.node")
 
@@ -68,8 +70,10 @@ class AgentHost:
         advertised_addresses: Callable[[], list[str]],
         on_removed: Callable[[str], None],
         clock_ms: Callable[[], int],
+        tool_audit: ToolAudit,
     ) -> None:
         self.agents = agents
+        self._tool_audit = tool_audit
         self._owner = owner
         self._secure_identity = secure_identity
         self._identity = secure_identity.identity
@@ -96,7 +100,7 @@ class AgentHost:
         """A first card for ``agent`` on this node (signed when registered)."""
         now = self._clock_ms()
         addresses = tuple(self._advertised_addresses())
-        return AgentCard(
+        card = AgentCard(
             id=agent.id,
             name=agent.name,
             version=agent.version,
@@ -113,6 +117,7 @@ class AgentHost:
             issued_at=now,
             expires_at=now + self._config.card_ttl_seconds * 1000,
         )
+        return _listing_catalog(card, agent)
 
     async def add_agent_card(
         self, card: AgentCard, agent: Agent | Handler, *, authority: Identity | None = None
@@ -122,6 +127,7 @@ class AgentHost:
             raise LocalError(ErrorCode.INVALID_CARD, "the card belongs to another identity")
         if not isinstance(agent, Agent):
             agent = agent_for_handler(card.id, agent)
+        card = _listing_catalog(card, agent)
         if authority is not None:
             # The endorsement covers id, key, tier and sandbox only, so it survives the
             # revision bump and re-signing in register().
@@ -254,9 +260,27 @@ class AgentHost:
             done.set()
 
     async def _run_handler(self, agent: LocalAgent, envelope: Envelope) -> None:
-        reply = await agent.definition.handle(envelope)
-        if reply is not None:
+        meta = envelope.metadata
+        if (
+            meta is not None
+            and meta.capability in MCP_METHODS
+            and envelope.type is MessageType.REQUEST
+        ):
+            reply = await self._tool_audit.serve(agent.definition, envelope, meta.capability)
             await self._routing.reply(agent.card.id, envelope, reply.type, reply.payload)
+            return
+        answer = await agent.definition.handle(envelope)
+        if answer is not None:
+            await self._routing.reply(agent.card.id, envelope, answer.type, answer.payload)
+
+
+def _listing_catalog(card: AgentCard, agent: Agent) -> AgentCard:
+    """``card`` listing what ``agent``'s catalog serves, whatever it listed before."""
+    offers = agent.card_offers()
+    tools, resources, prompts = offers["tools"], offers["resources"], offers["prompts"]
+    if (card.tools, card.resources, card.prompts) == (tools, resources, prompts):
+        return card
+    return dataclasses.replace(card, tools=tools, resources=resources, prompts=prompts)
 
 
 def _withdrawn(agent_id: str) -> Agent:

@@ -70,6 +70,7 @@ from p2pnode.node.attachwire import AGENT_SOCKET_NAME, CardTemplate, error_line
 from p2pnode.node.control import listen_owner_only
 from p2pnode.node.docops import check_doc_name, op_from_json, value_to_json
 from p2pnode.node.service import ServiceHost
+from p2pnode.tools import Caller
 
 logger = logging.getLogger("p2pnode.agents")
 
@@ -192,9 +193,9 @@ class _Forwarder(Agent):
         self.on_request()(_accept)  # a request addressed to the agent itself
         self._connection = connection
 
-    async def handle(self, envelope: Envelope) -> AgentReply | None:
+    async def handle(self, envelope: Envelope, caller: Caller | None = None) -> AgentReply | None:
         if envelope.type is MessageType.REQUEST:
-            checked = await super().handle(envelope)
+            checked = await super().handle(envelope, caller)
             if checked is not None and checked.type is MessageType.ERROR:
                 return checked
         return self._connection.forward(envelope)

@@ -48,6 +48,7 @@ _EVENT_KEYS = tuple(
     for attr in (
         "envelope_id", "sender", "recipient", "message_type", "path", "latency_ms", "outcome",
         "code", "peer", "source_tier", "target_tier", "tool", "duration_ms", "success",
+        "arguments_digest",
     )
 )  # fmt: skip
 
@@ -62,7 +63,8 @@ class Event:
     code: the error code of a failure, rejection or security event.
     peer: the remote peer id (text) involved, if any.
     source_tier, target_tier: the tiers of sender and recipient (audit).
-    tool, duration_ms, success: a tool invocation (sender is the invoking agent).
+    tool, duration_ms, success: a tool invocation (sender is the invoking agent,
+    recipient the owner, arguments_digest a SHA-256 prefix of the arguments).
     detail: free text for humans.
     """
 
@@ -82,6 +84,7 @@ class Event:
     tool: str | None = None
     duration_ms: float | None = None
     success: bool | None = None
+    arguments_digest: str | None = None
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:

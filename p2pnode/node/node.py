@@ -56,6 +56,7 @@ from p2pnode.envelope import (
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity, PeerId
+from p2pnode.jsonutil import is_json_value
 from p2pnode.lifetime import TaskOwner
 from p2pnode.net import Address, Network, StreamListener
 from p2pnode.node.agents import AgentHost
@@ -68,6 +69,8 @@ from p2pnode.node.router import BoundedSet, Interceptor, Router, RoutingResult
 from p2pnode.node.routing import Handler, LocalAgent, PendingRequest, Routing
 from p2pnode.node.service import Service
 from p2pnode.node.shared import SharedConfig, SharedState
+from p2pnode.node.toolaudit import ToolAudit
+from p2pnode.node.toolclient import ToolClient
 from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
 
@@ -112,6 +115,10 @@ class Node(TaskOwner):
             lambda: self.hosting.hello_bytes(),  # the agent host, made below
         )
         self.routing = self._make_routing(discovery)
+        #: Serves and audits the local agents' tools, resources and prompts.
+        self.tool_audit = ToolAudit(
+            self.registry, self.events, lambda: self.policy.config.authority_key
+        )
         #: The local agents: hosting, inbox tasks, card renewal (see p2pnode.node.agents).
         self.hosting = AgentHost(
             self,
@@ -125,7 +132,10 @@ class Node(TaskOwner):
             self.advertised_addresses,
             self._on_agent_removed,
             clock_ms,
+            self.tool_audit,
         )
+        #: The swarm's tools, resources and prompts, used as a local agent.
+        self.tools = ToolClient(self, self.default_agent)
         self._shared: SharedState | None = None
         self._listen_address: Address | None = None
 
@@ -449,8 +459,11 @@ class Node(TaskOwner):
         payload: Any = None,
         *,
         capability: bool = False,
+        metadata: Metadata | None = None,
     ) -> Envelope:
-        """Send a request and wait for its response.
+        """Send a request and wait for its response. ``metadata`` may name the capability
+        of the recipient asked (``metadata.capability``); ``capability=True`` says
+        ``recipient`` is a capability to resolve.
 
         A request to ``*`` is broadcast and answered by the first reply of any agent
         it reached (AGENT_NOT_FOUND when it reached none). Raises RemoteError with
@@ -459,7 +472,9 @@ class Node(TaskOwner):
         (checked every eighth of it, so up to 12.5% later), and what :meth:`send`
         raises.
         """
-        meta = Metadata(routing_hint=ROUTING_HINT_CAPABILITY) if capability else None
+        meta = metadata
+        if capability:
+            meta = dataclasses.replace(meta or Metadata(), routing_hint=ROUTING_HINT_CAPABILITY)
         envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
         pending = self.routing.pending[envelope.id] = PendingRequest()
         try:
@@ -480,9 +495,11 @@ class Node(TaskOwner):
         if reply.type is MessageType.ERROR:
             body = reply.payload if isinstance(reply.payload, dict) else {}
             code = body.get("code", "INTERNAL")
+            details = body.get("details")
             raise RemoteError(
                 ErrorCode(code) if code in ErrorCode.__members__ else ErrorCode.INTERNAL,
                 str(body.get("message", "error response")),
+                **(details if isinstance(details, dict) and is_json_value(details) else {}),
                 responder=reply.sender,
             )
         return reply

@@ -488,17 +488,22 @@ class Observability:
         *,
         code: ErrorCode | None = None,
         detail: str = "",
+        owner: str | None = None,
+        arguments_digest: str | None = None,
     ) -> Event:
-        """An MCP tool call by ``agent`` finished (R12.2, Property 33)."""
+        """An MCP tool call by ``agent`` of ``owner``'s ``tool`` finished: the audit record
+        of one invocation, allowed or refused (R12.2, Property 33)."""
         return self.emit(
             Event(
                 EventKind.TOOL_INVOCATION,
                 self.now_ms(),
                 sender=agent,
+                recipient=owner,
                 tool=tool,
                 duration_ms=duration_ms,
                 success=success,
                 code=code,
+                arguments_digest=arguments_digest,
                 detail=detail,
             )
         )

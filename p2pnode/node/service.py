@@ -114,7 +114,13 @@ class ServiceHost(Protocol):
     async def send(self, envelope: Envelope) -> RoutingResult: ...
 
     async def request(
-        self, sender: str, recipient: str, payload: Any = None, *, capability: bool = False
+        self,
+        sender: str,
+        recipient: str,
+        payload: Any = None,
+        *,
+        capability: bool = False,
+        metadata: Metadata | None = None,
     ) -> Envelope: ...
 
     def intercept_stream(self, marker: str, interceptor: Interceptor | None) -> None: ...

@@ -1,0 +1,175 @@
+"""JSON Schemas for tools: checking values against them, and deriving them from type hints.
+
+Two well-kept libraries do the work; we write neither a validator nor a schema
+generator:
+
+* ``jsonschema`` checks a value against a schema someone wrote (every draft,
+  with the path of the failing part), for capabilities and for tools declared
+  with an explicit schema.
+* ``pydantic`` derives a tool's schemas from its function's type hints, as the
+  MCP SDK's FastMCP does, and validates and converts arguments and results
+  with them (a tool taking a model gets the model; a tool returning one has it
+  turned into plain data).
+
+A checker returns the first problem of a value as text naming its path
+(``arguments.limit: 'x' is not of type 'integer'``), or None when it is valid.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.jsonutil import is_json_value
+
+#: A checker: ``check(value)`` is None when valid, else the first problem.
+Checker = Callable[[Any], str | None]
+
+
+def schema_checker(schema: Any, where: str = "payload") -> Checker | None:
+    """A checker of ``schema`` (None when the schema constrains nothing).
+
+    Raises LocalError(INVALID_ARGUMENT) when ``schema`` is not a valid JSON Schema.
+    """
+    if schema is None or schema == {} or schema is True:
+        return None
+    import jsonschema  # loaded only by agents that declare schemas
+
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"invalid schema: {exc.message}") from None
+    validator = cls(schema)
+
+    def first_problem(instance: Any) -> str | None:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        if error is None:
+            return None
+        return f"{where}{_path(error.absolute_path)}: {error.message}"
+
+    return first_problem
+
+
+def _path(parts: typing.Iterable[Any]) -> str:
+    return "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversion:
+    """How values pass one side of a tool: the schema advertised, and ``convert(value)``
+    returning ``(converted value, None)`` or ``(None, first problem)``."""
+
+    schema: Any
+    convert: Callable[[Any], tuple[Any, str | None]]
+
+
+def _plain(value: Any) -> tuple[Any, str | None]:
+    return value, None
+
+
+def explicit(schema: Any, where: str) -> Conversion:
+    """Values checked against a schema someone wrote, passed on unchanged."""
+    check = schema_checker(schema, where)
+    if check is None:
+        return Conversion(schema, _plain)
+
+    def convert(value: Any) -> tuple[Any, str | None]:
+        problem = check(value)
+        return (None, problem) if problem else (value, None)
+
+    return Conversion(schema, convert)
+
+
+def derived_arguments(
+    function: Callable[..., Any], *, skip: Callable[[Any], bool]
+) -> tuple[Conversion, list[str]]:
+    """The arguments of ``function`` as one JSON object: its schema from the type hints,
+    and a conversion that validates the object and returns the keyword arguments.
+    Parameters whose annotation ``skip`` accepts are left out (the node supplies them);
+    they are returned by name.
+
+    Raises LocalError(INVALID_ARGUMENT) for ``*args`` or ``**kwargs``.
+    """
+    import pydantic
+    import typing_extensions  # pydantic's own dependency; its TypedDict suits pydantic on 3.11
+
+    hints = typing.get_type_hints(function, include_extras=True)
+    fields: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
+    skipped: list[str] = []
+    for name, parameter in inspect.signature(function).parameters.items():
+        annotation = hints.get(name, Any)
+        if skip(annotation):
+            skipped.append(name)
+            continue
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise LocalError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"{function.__qualname__}: a tool's parameters are named (no *args, **kwargs)",
+            )
+        if parameter.default is parameter.empty:
+            fields[name] = annotation
+        else:
+            fields[name] = typing_extensions.NotRequired[annotation]
+            defaults[name] = parameter.default
+    # A TypedDict, not a model: parameter names such as "json" or "schema" would
+    # shadow a model's own attributes.
+    typed: Any = typing_extensions.TypedDict(f"{function.__name__}_arguments", fields)  # type: ignore[misc]
+    adapter = pydantic.TypeAdapter(pydantic.with_config(pydantic.ConfigDict(extra="forbid"))(typed))
+    schema = adapter.json_schema()
+    for name, default in defaults.items():
+        if is_json_value(default):
+            schema["properties"][name]["default"] = default
+
+    def convert(value: Any) -> tuple[Any, str | None]:
+        if value is None:
+            value = {}
+        try:
+            return adapter.validate_python(value), None
+        except pydantic.ValidationError as exc:
+            return None, _first_pydantic_problem(exc, "arguments")
+
+    return Conversion(schema, convert), skipped
+
+
+def derived_result(function: Callable[..., Any]) -> Conversion | None:
+    """The result of ``function`` from its return annotation (None when it has none, or
+    it is ``None`` or ``Any``): validated, then turned into plain JSON data."""
+    import pydantic
+    import pydantic_core
+
+    annotation = typing.get_type_hints(function, include_extras=True).get("return")
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return None
+    adapter = pydantic.TypeAdapter(annotation)
+    schema = adapter.json_schema(mode="serialization")
+
+    def convert(value: Any) -> tuple[Any, str | None]:
+        try:
+            return adapter.dump_python(adapter.validate_python(value), mode="json"), None
+        except pydantic.ValidationError as exc:
+            return None, _first_pydantic_problem(exc, "result")
+        except pydantic_core.PydanticSerializationError as exc:
+            return None, f"result: {exc}"
+
+    return Conversion(schema, convert)
+
+
+def _first_pydantic_problem(exc: Any, where: str) -> str:
+    error = exc.errors(include_url=False)[0]
+    return f"{where}{_path(error['loc'])}: {error['msg']}"
+
+
+__all__ = [
+    "Checker",
+    "Conversion",
+    "derived_arguments",
+    "derived_result",
+    "explicit",
+    "schema_checker",
+]
