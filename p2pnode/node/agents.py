@@ -92,9 +92,12 @@ class AgentHost:
 
     # -- hosting ----------------------------------------------------------------------------
 
-    async def add_agent(self, agent: Agent, *, authority: Identity | None = None) -> AgentCard:
+    async def add_agent(
+        self, agent: Agent, *, authority: Identity | None = None, roles: tuple[str, ...] = ()
+    ) -> AgentCard:
         """See :meth:`p2pnode.node.node.Node.add_agent`."""
-        return await self.add_agent_card(self._new_card(agent), agent, authority=authority)
+        card = self._new_card(agent)
+        return await self.add_agent_card(card, agent, authority=authority, roles=roles)
 
     def _new_card(self, agent: Agent) -> AgentCard:
         """A first card for ``agent`` on this node (signed when registered)."""
@@ -120,7 +123,12 @@ class AgentHost:
         return _listing_catalog(card, agent)
 
     async def add_agent_card(
-        self, card: AgentCard, agent: Agent | Handler, *, authority: Identity | None = None
+        self,
+        card: AgentCard,
+        agent: Agent | Handler,
+        *,
+        authority: Identity | None = None,
+        roles: tuple[str, ...] = (),
     ) -> AgentCard:
         """See :meth:`p2pnode.node.node.Node.add_agent_card`."""
         if card.public_key != self._identity.public_key:
@@ -129,9 +137,11 @@ class AgentHost:
             agent = agent_for_handler(card.id, agent)
         card = _listing_catalog(card, agent)
         if authority is not None:
-            # The endorsement covers id, key, tier and sandbox only, so it survives the
-            # revision bump and re-signing in register().
-            card = card.with_endorsement(authority)
+            # The endorsement covers id, key, tier, sandbox and roles only, so it survives
+            # the revision bump and re-signing in register().
+            card = card.with_endorsement(authority, roles)
+        elif roles:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "roles are endorsed by an authority")
         stored = self._registry.register(card, self._clock_ms())
         existing = self.agents.get(card.id)
         if existing is None:

@@ -253,6 +253,7 @@ class Node(TaskOwner):
         description: str = "",
         version: str = "1.0.0",
         authority: Identity | None = None,
+        roles: tuple[str, ...] = (),
     ) -> AgentCard:
         """Host an agent on this node, publish its signed card, return the card.
 
@@ -261,7 +262,8 @@ class Node(TaskOwner):
         ``authority`` are then not used), or an agent id with one ``handler``
         for every envelope (a request's answer is what it returns).
         ``authority`` (tests and single-operator swarms) endorses the card's tier
-        and sandbox. Raises LocalError(INVALID_CARD) on invalid fields.
+        and sandbox, and ``roles`` (what access rules of tools may ask for).
+        Raises LocalError(INVALID_CARD) on invalid fields.
         """
         definition = as_agent(
             agent,
@@ -273,14 +275,20 @@ class Node(TaskOwner):
             description=description,
             version=version,
         )
-        return await self.hosting.add_agent(definition, authority=authority)
+        return await self.hosting.add_agent(definition, authority=authority, roles=roles)
 
     async def add_agent_card(
-        self, card: AgentCard, agent: Agent | Handler, *, authority: Identity | None = None
+        self,
+        card: AgentCard,
+        agent: Agent | Handler,
+        *,
+        authority: Identity | None = None,
+        roles: tuple[str, ...] = (),
     ) -> AgentCard:
         """Host an agent whose card (owned by this node's identity) is given, with its
-        definition (or one handler for every envelope)."""
-        return await self.hosting.add_agent_card(card, agent, authority=authority)
+        definition (or one handler for every envelope); ``authority`` and ``roles`` as
+        for :meth:`add_agent`."""
+        return await self.hosting.add_agent_card(card, agent, authority=authority, roles=roles)
 
     async def remove_agent(self, agent_id: str) -> None:
         """Stop hosting local agent ``agent_id``. What is already queued for it is answered
