@@ -13,7 +13,7 @@ from p2pnode.envelope import BROADCAST, EnvelopeFactory, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import Identity
 from p2pnode.node.policy import Policy, PolicyConfig
-from p2pnode.node.router import REPLY_TYPES, BoundedSet, Refusal, Router
+from p2pnode.node.router import REPLY_STREAM_TYPES, REPLY_TYPES, BoundedSet, Refusal, Router
 from p2pnode.registry import Registry
 
 NOW = 1_700_000_000_000
@@ -176,7 +176,7 @@ def test_replies_to_allowed_requests_skip_the_policy(
         w.router.note_request(request)
     reply = factory.reply(request, "a0", type_, None)
     verdict = w.router.check(source, target, reply)
-    if type_ in REPLY_TYPES and allowed_before:
+    if (type_ in REPLY_TYPES or type_ in REPLY_STREAM_TYPES) and allowed_before:
         assert verdict is None
     else:
         assert verdict == w.policy.check_envelope(source, target, reply)

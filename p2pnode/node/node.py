@@ -500,6 +500,8 @@ class Node(TaskOwner):
         reply = pending.reply
         if reply is None:
             raise LocalError(ErrorCode.TIMEOUT, f"no response to {envelope.id} from {recipient}")
+        if pending.stream is not None and reply.type is MessageType.RESPONSE:
+            reply = pending.stream.assemble(reply)
         if reply.type is MessageType.ERROR:
             body = reply.payload if isinstance(reply.payload, dict) else {}
             code = body.get("code", "INTERNAL")

@@ -61,6 +61,10 @@ Interceptor = Callable[[AgentCard, str, Envelope], Awaitable[None]]
 REPLY_TYPES = frozenset(
     {MessageType.RESPONSE, MessageType.ERROR, MessageType.TASK_ACCEPT, MessageType.TASK_REJECT}
 )
+#: What may precede a reply: the parts of an answer streamed (p2pnode.node.replystream).
+REPLY_STREAM_TYPES = frozenset(
+    {MessageType.STREAM_START, MessageType.STREAM_DATA, MessageType.STREAM_END}
+)
 
 
 class RegistryView(Protocol):
@@ -237,7 +241,9 @@ class Router:
 
     def check(self, source: AgentCard, target: AgentCard, envelope: Envelope) -> Verdict | None:
         """The policy verdict; None when ``envelope`` replies to a request this node allowed."""
-        if envelope.type in REPLY_TYPES and envelope.correlation_id in self._allowed_requests:
+        if (
+            envelope.type in REPLY_TYPES or envelope.type in REPLY_STREAM_TYPES
+        ) and envelope.correlation_id in self._allowed_requests:
             return None
         return self._policy.check_envelope(source, target, envelope)
 
@@ -333,6 +339,7 @@ def _live(cards: list[AgentCard], now_ms: int | None) -> list[AgentCard]:
 
 
 __all__ = [
+    "REPLY_STREAM_TYPES",
     "REPLY_TYPES",
     "BoundedSet",
     "Fanout",

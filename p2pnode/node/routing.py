@@ -49,6 +49,7 @@ from p2pnode.node.frames import (
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
+from p2pnode.node.replystream import STREAM_TYPES, ReplyStream, stream_parts
 from p2pnode.node.router import (
     BoundedSet,
     Interceptor,
@@ -127,11 +128,13 @@ def _frames(envelopes: list[Envelope]) -> list[bytes]:
 class PendingRequest:
     """A request waiting for its response (or for its deadline, on the trio clock)."""
 
-    __slots__ = ("deadline", "event", "reply", "targets")
+    __slots__ = ("deadline", "event", "reply", "stream", "targets")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.reply: Envelope | None = None
+        #: The parts of an answer streamed before the response (p2pnode.node.replystream).
+        self.stream: ReplyStream | None = None
         # The agents that may answer (several for a broadcast); known once routing
         # resolved the recipient.
         self.targets: tuple[str, ...] | None = None
@@ -219,6 +222,24 @@ class Routing:
             await self.send(reply)
         except P2PError as exc:
             logger.info("reply %s to %s not delivered: %s", reply.id, to.sender, exc)
+
+    async def reply_streamed(
+        self, sender: str, to: Envelope, type: MessageType, payload: Any
+    ) -> None:
+        """Like :meth:`reply`, streaming a response too large for one envelope first
+        (p2pnode.node.replystream); one too large even for that is answered with
+        ``MESSAGE_TOO_LARGE``."""
+        try:
+            streamed = stream_parts(payload) if type is MessageType.RESPONSE else None
+        except P2PError as exc:
+            error = RemoteError(exc.code, exc.message, agentId=sender)
+            return await self.reply(sender, to, MessageType.ERROR, error.to_dict())
+        if streamed is None:
+            return await self.reply(sender, to, type, payload)
+        parts, final = streamed
+        for part_type, part in parts:
+            await self.reply(sender, to, part_type, part)
+        return await self.reply(sender, to, type, final)
 
     async def expire_requests(self, interval: float) -> None:
         """Wake requests whose deadline passed, every ``interval`` seconds, forever."""
@@ -432,6 +453,13 @@ class Routing:
         pending = self.pending.get(envelope.correlation_id)
         if pending is None or pending.reply is not None:
             return False
+        if envelope.type in STREAM_TYPES:
+            if pending.targets is not None and envelope.sender not in pending.targets:
+                return False
+            if pending.stream is None:
+                pending.stream = ReplyStream()
+            pending.stream.take(envelope)
+            return True
         if not Router.answers(envelope, pending.targets):
             return False
         pending.reply = envelope
