@@ -50,6 +50,7 @@ from p2pnode.card_rules import (  # the card's limits and checks, re-exported
     MAX_TOOLS,
     MAX_URI_CHARS,
     NAME_PATTERN,
+    URI_PATTERN,
     card_problems,
     is_address,
 )
@@ -425,6 +426,7 @@ __all__ = [
     "MAX_URI_CHARS",
     "NAME_PATTERN",
     "TOOL_PREFIX",
+    "URI_PATTERN",
     "AgentCard",
     "Capability",
     "Endorsement",

@@ -22,14 +22,15 @@ MAX_TEXT = 4096
 #: What a card may list of its agent's tools, resources and prompts (names and URIs
 #: only: descriptors come from the owner, see docs/protocol/tools.md §2).
 MAX_TOOLS = 64
-MAX_RESOURCES = 32
-MAX_PROMPTS = 32
+MAX_RESOURCES = 16
+MAX_PROMPTS = 16
 MAX_ROLES = 16
-MAX_URI_CHARS = 256
+MAX_URI_CHARS = 128
 #: Tool and prompt names: what MCP clients accept, and no dot (``agent.tool`` splits
 #: on the last one).
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_URI_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s]{1,250}$")
+#: A resource URI: a scheme, a colon, no white space, MAX_URI_CHARS in all.
+URI_PATTERN = re.compile(r"^(?=.{1,128}$)[A-Za-z][A-Za-z0-9+.-]*:\S+$")
 DEFAULT_CARD_TTL_MS = 60 * 60 * 1000
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _ADDRESS_PATTERN = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
@@ -242,7 +243,7 @@ def card_problems(data: object) -> list[str]:
             )
     problems.extend(_names_problems(data, "tools", MAX_TOOLS, NAME_PATTERN))
     problems.extend(_names_problems(data, "prompts", MAX_PROMPTS, NAME_PATTERN))
-    problems.extend(_names_problems(data, "resources", MAX_RESOURCES, _URI_PATTERN))
+    problems.extend(_names_problems(data, "resources", MAX_RESOURCES, URI_PATTERN))
     return [f"card {agent_id!r}: {p}" if isinstance(agent_id, str) else p for p in problems]
 
 

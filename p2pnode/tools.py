@@ -27,13 +27,12 @@ Theory of operation (the wire form is docs/protocol/tools.md):
 from __future__ import annotations
 
 import inspect
-import re
 import string
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from p2pnode.card import MAX_TEXT, MAX_URI_CHARS, NAME_PATTERN, AgentCard
+from p2pnode.card import MAX_TEXT, MAX_URI_CHARS, NAME_PATTERN, URI_PATTERN, AgentCard
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.jsonutil import b64encode, dumps, is_json_value
 from p2pnode.toolschema import Conversion, derived_arguments, derived_result, explicit
@@ -50,8 +49,6 @@ from p2pnode.toolwire import (  # the method names, re-exported
     string_map,
     text_param,
 )
-
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s]{1,250}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +388,7 @@ class Catalog:
         Raises LocalError(DUPLICATE_TOOL) for a URI taken, LocalError(INVALID_ARGUMENT)
         for a bad URI.
         """
-        if not isinstance(uri, str) or not _URI.fullmatch(uri) or len(uri) > MAX_URI_CHARS:
+        if not isinstance(uri, str) or not URI_PATTERN.fullmatch(uri):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"bad resource URI {uri!r}")
         if uri in self.resources:
             raise self._duplicate("resource", uri)
