@@ -15,6 +15,10 @@ Handlers take one :class:`Message` and may be sync or async:
   The return value is sent as the ``response``.
 * ``@agent.on_notification`` and ``@agent.on_message`` (any type not handled
   otherwise) see the other envelope types; what they return is ignored.
+* ``@agent.tool()``, ``@agent.resource(uri)``, ``@agent.prompt()`` and
+  ``agent.add_prompt(name, template)`` declare what the agent offers MCP-style
+  (p2pnode.tools; docs/protocol/tools.md): requests naming an MCP method in
+  ``metadata.capability`` are answered from them.
 
 What a handler raises decides the reply to a request: a
 :class:`~p2pnode.errors.P2PError` is sent as a typed ``error`` envelope with
