@@ -281,6 +281,47 @@ class AgentClient:
         result: dict[str, Any] = await self._call({"op": "doc.read", "doc": doc})
         return result
 
+    # -- the swarm's tools, resources and prompts (docs/protocol/tools.md) -------------------
+
+    async def list_tools(self) -> dict[str, Any]:
+        """Every tool the agent may use in the swarm: ``{"items", "unreachable", "dropped"}``,
+        each item with ``name`` (``agent.tool``), ``agentId``, ``description`` and schemas."""
+        result: dict[str, Any] = await self._call({"op": "tools.list"})
+        return result
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
+        """Call tool ``name`` (``agent.tool``); returns its result. Raises the owner's
+        error (TOOL_NOT_FOUND, PERMISSION_DENIED, INVALID_INPUT, ...)."""
+        op = {"op": "tools.call", "name": name, "arguments": arguments or {}}
+        return (await self._call(op))["result"]
+
+    async def list_resources(self) -> dict[str, Any]:
+        """Every resource the agent may read: ``{"items", "unreachable", "dropped"}``."""
+        result: dict[str, Any] = await self._call({"op": "resources.list"})
+        return result
+
+    async def read_resource(self, uri: str, *, agent: str | None = None) -> dict[str, Any]:
+        """Read resource ``uri`` (from ``agent``, default: the agent whose card lists it):
+        ``{"contents": [{"uri", "mimeType", "text" or "blob"}]}``."""
+        op: dict[str, Any] = {"op": "resources.read", "uri": uri}
+        if agent is not None:
+            op["agent"] = agent
+        result: dict[str, Any] = await self._call(op)
+        return result
+
+    async def list_prompts(self) -> dict[str, Any]:
+        """Every prompt the agent may get: ``{"items", "unreachable", "dropped"}``."""
+        result: dict[str, Any] = await self._call({"op": "prompts.list"})
+        return result
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Prompt ``name`` (``agent.prompt``) rendered: ``{"description", "messages"}``."""
+        op = {"op": "prompts.get", "name": name, "arguments": arguments or {}}
+        result: dict[str, Any] = await self._call(op)
+        return result
+
     async def _call(self, op: dict[str, Any]) -> Any:
         if self._closed.is_set():
             raise self._failure or LocalError(ErrorCode.CHANNEL_CLOSED, "not connected")

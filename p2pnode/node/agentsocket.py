@@ -33,7 +33,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,11 +65,13 @@ from p2pnode.node.attach import (
     Event,
     Request,
     Send,
+    ToolOp,
 )
 from p2pnode.node.attachwire import AGENT_SOCKET_NAME, CardTemplate, error_line
 from p2pnode.node.control import listen_owner_only
 from p2pnode.node.docops import check_doc_name, op_from_json, value_to_json
 from p2pnode.node.service import ServiceHost
+from p2pnode.node.toolclient import Listing
 from p2pnode.tools import Caller
 
 logger = logging.getLogger("p2pnode.agents")
@@ -95,11 +97,34 @@ class Documents(Protocol):
     def peers(self, doc: str) -> tuple[str, ...]: ...
 
 
+class ToolUse(Protocol):
+    """The swarm's tools, resources and prompts as a local agent uses them (node.tools)."""
+
+    async def list_tools(self, caller: str | None = None) -> Listing: ...
+
+    async def list_resources(self, caller: str | None = None) -> Listing: ...
+
+    async def list_prompts(self, caller: str | None = None) -> Listing: ...
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, caller: str | None = None
+    ) -> Any: ...
+
+    async def read_resource(
+        self, uri: str, *, caller: str | None = None, agent: str | None = None
+    ) -> dict[str, Any]: ...
+
+    async def get_prompt(
+        self, name: str, arguments: Mapping[str, str] | None = None, *, caller: str | None = None
+    ) -> dict[str, Any]: ...
+
+
 class AgentSocket:
     """Serves ``agent.sock`` (see the module docstring). Run it with
     ``await node.start_service(AgentSocket(node, data_dir / AGENT_SOCKET_NAME))``.
 
-    ``documents`` (the node's shared state) enables the ``doc.*`` ops;
+    ``documents`` (the node's shared state) enables the ``doc.*`` ops, ``tools``
+    (``node.tools``) the ``tools.*``, ``resources.*`` and ``prompts.*`` ops;
     ``endorser`` endorses attached agents' cards (a swarm with an authority,
     whose key the node's owner holds); ``limits`` bound each connection;
     at most ``max_connections`` processes are connected at once; one that has
@@ -112,6 +137,7 @@ class AgentSocket:
         path: Path,
         *,
         documents: Documents | None = None,
+        tools: ToolUse | None = None,
         endorser: Identity | None = None,
         limits: AttachLimits | None = None,
         max_connections: int = 128,
@@ -120,6 +146,7 @@ class AgentSocket:
         self.host = host
         self.path = path
         self.documents = documents
+        self.tools = tools
         self.endorser = endorser
         self.limits = limits if limits is not None else AttachLimits()
         self.max_connections = max_connections
@@ -231,11 +258,13 @@ class _Connection:
             Send: self._start_op,
             Request: self._start_op,
             DocOp: self._start_op,
+            ToolOp: self._start_op,
         }
         self._ops: dict[type[Event], Callable[[Any], Awaitable[Any]]] = {
             Send: self._send,
             Request: self._request,
             DocOp: self._doc,
+            ToolOp: self._tool,
         }
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -434,11 +463,11 @@ class _Connection:
         except P2PError as exc:
             logger.info("%s to %s not delivered: %s", code, request.sender, exc)
 
-    async def _start_op(self, event: Send | Request | DocOp) -> None:
+    async def _start_op(self, event: Send | Request | DocOp | ToolOp) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self._run_op, event)
 
-    async def _run_op(self, event: Send | Request | DocOp) -> None:
+    async def _run_op(self, event: Send | Request | DocOp | ToolOp) -> None:
         """One op's failure boundary: whatever it raises becomes its error reply."""
         try:
             result = await self._ops[type(event)](event)
@@ -499,5 +528,32 @@ class _Connection:
             "peers": list(documents.peers(doc)),
         }
 
+    async def _tool(self, event: ToolOp) -> Any:
+        tools = self._service.tools
+        if tools is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "this node offers no tool ops")
+        op, params, caller = event.ref.op, event.params, self._agent
+        if op == "tools.call":
+            result = await tools.call_tool(params["name"], params["arguments"], caller=caller)
+            return {"result": result}
+        if op == "resources.read":
+            owner = params.get("agent")
+            return await tools.read_resource(params["uri"], caller=caller, agent=owner)
+        if op == "prompts.get":
+            return await tools.get_prompt(params["name"], params["arguments"], caller=caller)
+        listing = {
+            "tools.list": tools.list_tools,
+            "resources.list": tools.list_resources,
+            "prompts.list": tools.list_prompts,
+        }[op or ""]
+        return (await listing(caller)).to_dict()
 
-__all__ = ["AGENT_SOCKET_NAME", "FLUSH_TIMEOUT", "WITHDRAW_TIMEOUT", "AgentSocket", "Documents"]
+
+__all__ = [
+    "AGENT_SOCKET_NAME",
+    "FLUSH_TIMEOUT",
+    "WITHDRAW_TIMEOUT",
+    "AgentSocket",
+    "Documents",
+    "ToolUse",
+]

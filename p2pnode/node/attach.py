@@ -40,12 +40,22 @@ from typing import Any, Final
 
 from p2pnode.envelope import MAX_ID_LENGTH, Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError
+from p2pnode.node.attachevents import (
+    Answer,
+    Attach,
+    Closed,
+    Detach,
+    DocOp,
+    Event,
+    Request,
+    Send,
+    ToolOp,
+)
 from p2pnode.node.attachwire import (
     MAX_LINE,
     PROTOCOL_VERSION,
     TYPES,
     AttachError,
-    CardTemplate,
     LineBuffer,
     Ref,
     encode_line,
@@ -108,79 +118,6 @@ class AttachLimits:
             raise LocalError(ErrorCode.CONFIG_ERROR, "request_timeout must be positive")
 
 
-# -- events: what the process asked for ------------------------------------------------------
-
-
-class Event:
-    """Base of what :meth:`AgentSession.next_event` returns."""
-
-    __slots__ = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Attach(Event):
-    """Host an agent with this card (answer with ``attach_succeeded`` / ``attach_failed``)."""
-
-    ref: Ref
-    card: CardTemplate
-
-
-@dataclass(frozen=True, slots=True)
-class Send(Event):
-    """Send an envelope from the agent; the result is ``{"envelope","path","targets"}``."""
-
-    ref: Ref
-    to: str
-    type: MessageType
-    payload: Any
-    capability: bool
-    correlation_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Request(Event):
-    """Send a request from the agent and wait for its reply (the result: its envelope)."""
-
-    ref: Ref
-    to: str
-    payload: Any
-    capability: bool
-    timeout: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class Answer(Event):
-    """Answer ``request`` (forwarded to the process) with a ``response`` or ``error``."""
-
-    ref: Ref
-    request: Envelope
-    type: MessageType
-    payload: Any
-
-
-@dataclass(frozen=True, slots=True)
-class DocOp(Event):
-    """``doc.subscribe``, ``doc.update`` (``update`` is the operation's JSON) or ``doc.read``."""
-
-    ref: Ref
-    doc: str
-    update: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class Detach(Event):
-    """Withdraw the agent, answer, close (the session is CLOSED already)."""
-
-    ref: Ref
-
-
-@dataclass(frozen=True, slots=True)
-class Closed(Event):
-    """The session is over: ``reason`` is ``disconnected``, ``detached`` or ``error``."""
-
-    reason: str
-
-
 class _Sentinel(enum.Enum):
     NEED_DATA = "need-data"
     PAUSED = "paused"
@@ -193,7 +130,12 @@ NEED_DATA: Final = _Sentinel.NEED_DATA
 PAUSED: Final = _Sentinel.PAUSED
 
 #: Ops that run as the node's tasks, counted against ``max_ops``.
-RUNNING_OPS: Final = frozenset({"send", "request", "doc.subscribe", "doc.update", "doc.read"})
+TOOL_OPS: Final = frozenset(
+    {"tools.list", "tools.call", "resources.list", "resources.read", "prompts.list", "prompts.get"}
+)
+RUNNING_OPS: Final = (
+    frozenset({"send", "request", "doc.subscribe", "doc.update", "doc.read"}) | TOOL_OPS
+)
 
 
 class Delivery(enum.Enum):
@@ -408,6 +350,21 @@ class AgentSession:
         self._running += 1
         return DocOp(ref, doc, obj.get("update"))
 
+    def _tool(self, obj: dict[str, Any], ref: Ref) -> Event:
+        keys = _TOOL_KEYS[ref.op or ""]
+        only_keys(obj, _COMMON | keys)
+        params: dict[str, Any] = {}
+        for key in ("name", "uri", "agent"):
+            if key in keys and (key != "agent" or obj.get(key) is not None):
+                params[key] = text(obj, key, None, MAX_ID_LENGTH)
+        if "arguments" in keys:
+            arguments = obj.get("arguments", {})
+            if not isinstance(arguments, dict):
+                raise invalid("arguments: must be an object")
+            params["arguments"] = arguments
+        self._running += 1
+        return ToolOp(ref, params)
+
     def _detach(self, obj: dict[str, Any], ref: Ref) -> Event:
         only_keys(obj, _COMMON)
         self._close("detached")
@@ -556,6 +513,15 @@ class AgentSession:
 
 
 _Parser = Callable[[AgentSession, dict[str, Any], Ref], Event]
+#: The keys each tool op takes besides the common ones.
+_TOOL_KEYS: Final[dict[str, frozenset[str]]] = {
+    "tools.list": frozenset(),
+    "resources.list": frozenset(),
+    "prompts.list": frozenset(),
+    "tools.call": frozenset({"name", "arguments"}),
+    "prompts.get": frozenset({"name", "arguments"}),
+    "resources.read": frozenset({"uri", "agent"}),
+}
 _ATTACHED = frozenset({SessionState.ATTACHED})
 #: op -> (parser, states that allow it)
 _OPS: Final[dict[str, tuple[_Parser, frozenset[SessionState]]]] = {
@@ -567,6 +533,7 @@ _OPS: Final[dict[str, tuple[_Parser, frozenset[SessionState]]]] = {
     "doc.subscribe": (AgentSession._doc, _ATTACHED),
     "doc.update": (AgentSession._doc, _ATTACHED),
     "doc.read": (AgentSession._doc, _ATTACHED),
+    **dict.fromkeys(TOOL_OPS, (AgentSession._tool, _ATTACHED)),
 }
 
 __all__ = [
@@ -575,6 +542,7 @@ __all__ = [
     "PAUSED",
     "REFUSALS",
     "RUNNING_OPS",
+    "TOOL_OPS",
     "TRANSITIONS",
     "AgentSession",
     "Answer",
@@ -588,4 +556,5 @@ __all__ = [
     "Request",
     "Send",
     "SessionState",
+    "ToolOp",
 ]
