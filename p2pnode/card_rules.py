@@ -133,7 +133,7 @@ def _list_problems(
     return problems
 
 
-def _names_problems(
+def names_problems(
     data: Mapping[str, Any], key: str, limit: int, pattern: re.Pattern[str]
 ) -> list[str]:
     """Problems of an optional list of distinct names, each matching ``pattern``."""
@@ -239,11 +239,11 @@ def card_problems(data: object) -> list[str]:
             _check_bytes(problems, endorsement, "signature", (SIGNATURE_BYTES,))
             problems.extend(
                 f"endorsement.{p}"
-                for p in _names_problems(endorsement, "roles", MAX_ROLES, _ID_PATTERN)
+                for p in names_problems(endorsement, "roles", MAX_ROLES, _ID_PATTERN)
             )
-    problems.extend(_names_problems(data, "tools", MAX_TOOLS, NAME_PATTERN))
-    problems.extend(_names_problems(data, "prompts", MAX_PROMPTS, NAME_PATTERN))
-    problems.extend(_names_problems(data, "resources", MAX_RESOURCES, URI_PATTERN))
+    problems.extend(names_problems(data, "tools", MAX_TOOLS, NAME_PATTERN))
+    problems.extend(names_problems(data, "prompts", MAX_PROMPTS, NAME_PATTERN))
+    problems.extend(names_problems(data, "resources", MAX_RESOURCES, URI_PATTERN))
     return [f"card {agent_id!r}: {p}" if isinstance(agent_id, str) else p for p in problems]
 
 

@@ -62,9 +62,11 @@ from p2pnode.node.attachwire import (
     PROTOCOL_VERSION,
     AttachError,
     LineBuffer,
+    caller_from_plain,
     encode_line,
     object_untrusted,
 )
+from p2pnode.tools import Caller
 
 logger = logging.getLogger("p2pnode.client")
 
@@ -79,6 +81,10 @@ def socket_path(data_dir: Path | str | None = None) -> Path:
     return base / AGENT_SOCKET_NAME
 
 
+#: An envelope for the agent, and the caller the node authenticated for an MCP request.
+_Delivered = tuple[Envelope, Caller | None]
+
+
 def card_template(agent: Agent) -> dict[str, Any]:
     """The ``card`` of an ``attach`` for ``agent`` (docs/protocol/agents.md)."""
     return {
@@ -89,6 +95,7 @@ def card_template(agent: Agent) -> dict[str, Any]:
         "tier": int(agent.tier),
         "sandboxId": agent.sandbox,
         "capabilities": [c.to_dict() for c in agent.capabilities],
+        **{key: list(names) for key, names in agent.card_offers().items() if names},
     }
 
 
@@ -145,7 +152,7 @@ class AgentClient:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._closed = anyio.Event()
         self._failure: P2PError | None = None
-        self._inbox_send: MemoryObjectSendStream[Envelope] | None = None
+        self._inbox_send: MemoryObjectSendStream[_Delivered] | None = None
 
     @property
     def agent_id(self) -> str:
@@ -164,7 +171,7 @@ class AgentClient:
                 ErrorCode.CONFIG_ERROR,
                 f"no node answers on {self.path} ({exc}); is `p2pnode run` running?",
             ) from exc
-        send, receive = anyio.create_memory_object_stream[Envelope](self._queue_size)
+        send, receive = anyio.create_memory_object_stream[_Delivered](self._queue_size)
         self._inbox_send = send
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
@@ -381,7 +388,7 @@ class AgentClient:
         obj = object_untrusted(line)
         event = obj.get("event")
         if event == "envelope":
-            await self._on_envelope(obj.get("envelope"))
+            await self._on_envelope(obj.get("envelope"), caller_from_plain(obj.get("caller")))
         elif event == "overflow":
             logger.warning("%s: the node dropped %s envelopes", self.agent_id, obj.get("dropped"))
         elif "ok" in obj:
@@ -399,7 +406,7 @@ class AgentClient:
         elif error is not None:  # a reply line the node could not deliver, say
             logger.warning("%s: %s failed: %s", self.agent_id, reply.get("op"), error)
 
-    async def _on_envelope(self, plain: object) -> None:
+    async def _on_envelope(self, plain: object, caller: Caller | None) -> None:
         try:
             envelope = Envelope.from_dict_untrusted(plain)
         except EnvelopeError as exc:
@@ -407,17 +414,17 @@ class AgentClient:
             return
         assert self._inbox_send is not None
         try:
-            self._inbox_send.send_nowait(envelope)
+            self._inbox_send.send_nowait((envelope, caller))
         except anyio.WouldBlock:
             logger.warning("%s: %d envelopes wait: dropping", self.agent_id, self._queue_size)
             if envelope.type is MessageType.REQUEST:
                 busy = RemoteError(ErrorCode.BUSY, f"agent {self.agent_id!r} is not keeping up")
                 await self._reply(envelope, MessageType.ERROR, busy.to_dict())
 
-    async def _handle_loop(self, inbox: MemoryObjectReceiveStream[Envelope]) -> None:
+    async def _handle_loop(self, inbox: MemoryObjectReceiveStream[_Delivered]) -> None:
         async with inbox:
-            async for envelope in inbox:
-                reply = await self.agent.handle(envelope)
+            async for envelope, caller in inbox:
+                reply = await self.agent.handle(envelope, caller)
                 if reply is not None:
                     await self._reply(envelope, reply.type, reply.payload)
 

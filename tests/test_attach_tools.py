@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -15,7 +16,7 @@ from p2pnode.client import AgentClient
 from p2pnode.errors import ErrorCode, P2PError
 from p2pnode.node.agentsocket import AgentSocket
 from p2pnode.node.attachwire import AGENT_SOCKET_NAME
-from p2pnode.tools import Access
+from p2pnode.tools import Access, Caller
 from tests.sim import connect_all, open_swarm, wait_until
 
 
@@ -39,7 +40,7 @@ def toolbox() -> Agent:
     return owner
 
 
-async def _raw_lines(path: Path, lines: list[dict[str, object]]) -> list[dict[str, object]]:
+async def _raw_lines(path: Path, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     stream = await trio.open_unix_socket(str(path))
     async with stream:
         await stream.send_all(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
@@ -95,7 +96,7 @@ async def test_tool_ops_check_their_keys_and_need_the_node_to_offer_them(tmp_pat
             with_tools, without = tmp_path / "a.sock", tmp_path / "b.sock"
             await host.start_service(AgentSocket(host, with_tools, tools=host.tools))
             await host.start_service(AgentSocket(host, without))
-            attach = {"op": "attach", "v": 1, "card": {"id": "raw"}}
+            attach: dict[str, Any] = {"op": "attach", "v": 1, "card": {"id": "raw"}}
             bad = [
                 {"op": "tools.call", "id": 1, "name": "a.b", "arguments": [1]},
                 {"op": "tools.call", "id": 2},
@@ -110,3 +111,55 @@ async def test_tool_ops_check_their_keys_and_need_the_node_to_offer_them(tmp_pat
             replies = await _raw_lines(without, [attach, {"op": "tools.list", "id": 1}])
             assert replies[1]["error"]["code"] == "INVALID_ARGUMENT"
             assert "no tool ops" in replies[1]["error"]["message"]
+
+
+@pytest.mark.slow
+async def test_an_attached_process_offers_tools_checked_and_audited_by_its_node(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(30):
+        async with open_swarm(2) as sw:
+            host, caller_node = sw.nodes
+            await caller_node.add_agent(Agent("asker", tier=2))
+            await caller_node.add_agent(Agent("stranger", tier=3))
+            await connect_all([host, caller_node])
+            path = tmp_path / AGENT_SOCKET_NAME
+            await host.start_service(
+                AgentSocket(host, path, tools=host.tools, audit=host.tool_audit)
+            )
+            proc = toolbox()
+            proc.catalog.tools.pop("secret")
+
+            @proc.tool(access=Access(tiers=[2]))
+            def whoami(caller: Caller) -> str:
+                return f"{caller.agent_id}@{caller.peer_id}"
+
+            async with AgentClient(proc, path=path):
+                await wait_until(
+                    lambda: (
+                        (c := caller_node.registry.find("toolbox")) is not None
+                        and "whoami" in c.tools
+                    )
+                )
+                card = caller_node.registry.find("toolbox")
+                assert card is not None and card.resources == ("memo://today",)
+                tools = caller_node.tools
+                assert await tools.call_tool("toolbox.add", {"a": 1}, caller="asker") == 3
+                me = await tools.call_tool("toolbox.whoami", caller="asker")
+                assert me == f"asker@{caller_node.peer_id}"  # the node's authentication
+                with pytest.raises(P2PError) as info:
+                    await tools.call_tool("toolbox.whoami", caller="stranger")
+                assert info.value.code is ErrorCode.PERMISSION_DENIED
+                listing = await tools.list_tools(caller="stranger")
+                assert [t["name"] for t in listing.items] == ["toolbox.add"]
+                read = await tools.read_resource("memo://today", caller="asker")
+                assert read["contents"][0]["mimeType"] == "application/json"
+            records = host.tool_audit.invocations()
+            assert [(r.tool, r.agent_id, r.error) for r in records] == [
+                ("toolbox.add", "asker", None),
+                ("toolbox.whoami", "asker", None),
+                ("toolbox.whoami", "stranger", "PERMISSION_DENIED"),
+                ("resource:memo://today", "asker", None),
+            ]
+            security = host.status()["metrics"]["securityByCode"]
+            assert security.get("PERMISSION_DENIED") == 1

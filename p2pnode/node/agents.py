@@ -277,7 +277,10 @@ class AgentHost:
             and envelope.type is MessageType.REQUEST
         ):
             reply = await self._tool_audit.serve(agent.definition, envelope, meta.capability)
-            await self._routing.reply_streamed(agent.card.id, envelope, reply.type, reply.payload)
+            if reply is not None:  # None: forwarded to the agent's process, which answers
+                await self._routing.reply_streamed(
+                    agent.card.id, envelope, reply.type, reply.payload
+                )
             return
         answer = await agent.definition.handle(envelope)
         if answer is not None:

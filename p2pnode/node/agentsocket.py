@@ -67,12 +67,12 @@ from p2pnode.node.attach import (
     Send,
     ToolOp,
 )
-from p2pnode.node.attachwire import AGENT_SOCKET_NAME, CardTemplate, error_line
+from p2pnode.node.attachwire import AGENT_SOCKET_NAME, CardTemplate, caller_to_plain, error_line
 from p2pnode.node.control import listen_owner_only
 from p2pnode.node.docops import check_doc_name, op_from_json, value_to_json
 from p2pnode.node.service import ServiceHost
 from p2pnode.node.toolclient import Listing
-from p2pnode.tools import Caller
+from p2pnode.tools import MCP_METHODS, Caller
 
 logger = logging.getLogger("p2pnode.agents")
 
@@ -119,12 +119,19 @@ class ToolUse(Protocol):
     ) -> dict[str, Any]: ...
 
 
+class ForwardedAudit(Protocol):
+    """Records a use of an attached agent's tool when the process answers it."""
+
+    def answered(self, request: Envelope, type: MessageType, payload: Any) -> None: ...
+
+
 class AgentSocket:
     """Serves ``agent.sock`` (see the module docstring). Run it with
     ``await node.start_service(AgentSocket(node, data_dir / AGENT_SOCKET_NAME))``.
 
     ``documents`` (the node's shared state) enables the ``doc.*`` ops, ``tools``
     (``node.tools``) the ``tools.*``, ``resources.*`` and ``prompts.*`` ops;
+    ``audit`` (``node.tool_audit``) records the uses of attached agents' tools;
     ``endorser`` endorses attached agents' cards (a swarm with an authority,
     whose key the node's owner holds); ``limits`` bound each connection;
     at most ``max_connections`` processes are connected at once; one that has
@@ -138,6 +145,7 @@ class AgentSocket:
         *,
         documents: Documents | None = None,
         tools: ToolUse | None = None,
+        audit: ForwardedAudit | None = None,
         endorser: Identity | None = None,
         limits: AttachLimits | None = None,
         max_connections: int = 128,
@@ -147,6 +155,7 @@ class AgentSocket:
         self.path = path
         self.documents = documents
         self.tools = tools
+        self.audit = audit
         self.endorser = endorser
         self.limits = limits if limits is not None else AttachLimits()
         self.max_connections = max_connections
@@ -219,8 +228,22 @@ class _Forwarder(Agent):
             self.on_request(capability.id)(_accept)
         self.on_request()(_accept)  # a request addressed to the agent itself
         self._connection = connection
+        self._template = template
+
+    def card_offers(self) -> dict[str, tuple[str, ...]]:
+        return self._template.offers()
 
     async def handle(self, envelope: Envelope, caller: Caller | None = None) -> AgentReply | None:
+        meta = envelope.metadata
+        if (
+            meta is not None
+            and meta.capability in MCP_METHODS
+            and envelope.type is MessageType.REQUEST
+            and any(self._template.offers().values())
+        ):
+            # The process's own catalog answers, with the caller the node authenticated.
+            plain = caller_to_plain(caller) if caller is not None else None
+            return self._connection.forward(envelope, plain)
         if envelope.type is MessageType.REQUEST:
             checked = await super().handle(envelope, caller)
             if checked is not None and checked.type is MessageType.ERROR:
@@ -405,9 +428,12 @@ class _Connection:
 
     # -- envelopes to the process (called by the node's agent task) -------------------------
 
-    def forward(self, envelope: Envelope) -> AgentReply | None:
-        """Queue ``envelope`` for the process; a refused request's error reply."""
-        outcome = self.session.deliver(envelope, trio.current_time())
+    def forward(
+        self, envelope: Envelope, caller: dict[str, Any] | None = None
+    ) -> AgentReply | None:
+        """Queue ``envelope`` (with an MCP request's ``caller``) for the process; a refused
+        request's error reply."""
+        outcome = self.session.deliver(envelope, trio.current_time(), caller)
         if outcome is Delivery.QUEUED:
             self._kick()
             return None
@@ -446,6 +472,9 @@ class _Connection:
         try:
             reply = self._reply_envelope(request, event.type, event.payload)
             await self._host.send(reply)
+            audit = self._service.audit
+            if audit is not None:
+                audit.answered(request, event.type, event.payload)
         except P2PError as exc:
             self.session.op_failed(event.ref, exc, to=request.id)
 

@@ -432,8 +432,11 @@ class AgentSession:
 
     # -- envelopes to the process -----------------------------------------------------------
 
-    def deliver(self, envelope: Envelope, now: float) -> Delivery:
-        """Queue ``envelope`` (addressed to the agent) as an ``envelope`` event."""
+    def deliver(
+        self, envelope: Envelope, now: float, caller: dict[str, Any] | None = None
+    ) -> Delivery:
+        """Queue ``envelope`` (addressed to the agent) as an ``envelope`` event; ``caller``
+        (an MCP request's authenticated caller) goes with it."""
         if self._state is not SessionState.ATTACHED:
             return Delivery.UNAVAILABLE
         is_request = envelope.type is MessageType.REQUEST
@@ -445,7 +448,10 @@ class AgentSession:
         ):
             return self._drop(Delivery.BUSY)
         try:
-            line = encode_line({"event": "envelope", "envelope": envelope.to_dict()})
+            event = {"event": "envelope", "envelope": envelope.to_dict()}
+            if caller is not None:
+                event["caller"] = caller
+            line = encode_line(event)
         except (TypeError, ValueError):
             return self._drop(Delivery.NOT_JSON)
         if len(line) > MAX_LINE + 1:

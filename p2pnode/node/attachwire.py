@@ -14,10 +14,20 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from p2pnode.card import MAX_CAPABILITIES, Capability
+from p2pnode.card import (
+    MAX_CAPABILITIES,
+    MAX_PROMPTS,
+    MAX_RESOURCES,
+    MAX_TOOLS,
+    NAME_PATTERN,
+    URI_PATTERN,
+    Capability,
+)
+from p2pnode.card_rules import names_problems
 from p2pnode.envelope import MAX_ID_LENGTH, MessageType
 from p2pnode.errors import ErrorCode, P2PError, RemoteError
 from p2pnode.jsonutil import is_json_value, loads_untrusted
+from p2pnode.tools import Caller
 
 PROTOCOL_VERSION: Final = 1
 AGENT_SOCKET_NAME: Final = "agent.sock"
@@ -52,6 +62,14 @@ class CardTemplate:
     tier: int
     sandbox_id: str | None
     capabilities: tuple[Capability, ...]
+    #: What the process's agent offers (docs/protocol/tools.md); its MCP requests are
+    #: forwarded to the process when any is listed.
+    tools: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+    prompts: tuple[str, ...] = ()
+
+    def offers(self) -> dict[str, tuple[str, ...]]:
+        return {"tools": self.tools, "resources": self.resources, "prompts": self.prompts}
 
 
 class LineBuffer:
@@ -150,6 +168,7 @@ def only_keys(obj: dict[str, Any], allowed: frozenset[str]) -> None:
 
 _CARD_KEYS = frozenset(
     {"id", "name", "description", "version", "tier", "sandboxId", "capabilities"}
+    | {"tools", "resources", "prompts"}
 )
 _CAPABILITY_KEYS = frozenset({"id", "name", "description", "inputSchema", "outputSchema"})
 
@@ -182,6 +201,8 @@ def parse_card_template_untrusted(card: object) -> CardTemplate:
         problems.append("card.sandboxId: must be null or a short string")
         sandbox = None
     capabilities = _capabilities(card.get("capabilities", []), problems)
+    for key, limit, pattern in _OFFERS:
+        problems.extend(f"card.{p}" for p in names_problems(card, key, limit, pattern))
     if problems:
         raise invalid("; ".join(problems), ErrorCode.INVALID_CARD, problems=problems)
     return CardTemplate(
@@ -192,7 +213,41 @@ def parse_card_template_untrusted(card: object) -> CardTemplate:
         tier,
         sandbox,
         capabilities,
+        *(tuple(card.get(key, ())) for key, _, _ in _OFFERS),
     )
+
+
+def caller_to_plain(caller: Caller) -> dict[str, Any]:
+    """The ``caller`` of an ``envelope`` event carrying an MCP request."""
+    return {
+        "agentId": caller.agent_id,
+        "peerId": caller.peer_id,
+        "tier": caller.tier,
+        "sandboxId": caller.sandbox,
+        "roles": sorted(caller.roles),
+    }
+
+
+def caller_from_plain(data: object) -> Caller | None:
+    """The caller of an ``envelope`` event, or None when there is none or it is malformed."""
+    if not isinstance(data, dict):
+        return None
+    agent_id, peer_id, tier = data.get("agentId"), data.get("peerId"), data.get("tier")
+    sandbox, roles = data.get("sandboxId"), data.get("roles", [])
+    if not (isinstance(agent_id, str) and isinstance(peer_id, str) and type(tier) is int):
+        return None
+    if not (sandbox is None or isinstance(sandbox, str)) or not isinstance(roles, list):
+        return None
+    return Caller(
+        agent_id, peer_id, tier, sandbox, frozenset(r for r in roles if isinstance(r, str))
+    )
+
+
+_OFFERS = (
+    ("tools", MAX_TOOLS, NAME_PATTERN),
+    ("resources", MAX_RESOURCES, URI_PATTERN),
+    ("prompts", MAX_PROMPTS, NAME_PATTERN),
+)
 
 
 def _capabilities(value: object, problems: list[str]) -> tuple[Capability, ...]:

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from p2pnode.agent import Agent, Reply
+from p2pnode.card import AgentCard
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode
 from p2pnode.node.observability import Observability
@@ -35,6 +37,8 @@ from p2pnode.wire import canonical_pack, pack
 
 #: Invocation records kept (the most recent).
 HISTORY_SIZE = 256
+#: Uses forwarded to attached processes and not yet answered, remembered for the audit.
+MAX_FORWARDED = 1024
 #: Arguments or results larger than this (msgpack bytes) are recorded as a digest.
 RECORDED_VALUE_BYTES = 4096
 _USES = frozenset({TOOLS_CALL, RESOURCES_READ, PROMPTS_GET})
@@ -84,32 +88,54 @@ class ToolAudit:
         self._events = events
         self._authority_key = authority_key
         self._history: deque[ToolInvocation] = deque(maxlen=history_size)
+        #: Uses handed to an attached agent process, until it answers (the oldest forgotten).
+        self._forwarded: OrderedDict[str, _Started] = OrderedDict()
 
     def invocations(self) -> list[ToolInvocation]:
         """The most recent uses of this node's tools, resources and prompts, oldest first."""
         return list(self._history)
 
-    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply:
-        """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited."""
+    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
+        """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited;
+        None when the agent forwarded it to its process (audited by :meth:`answered`)."""
         card = self._registry.find(envelope.sender)
         caller = Caller.from_card(card, self._authority_key()) if card is not None else None
         if method not in _USES:
-            reply = await agent.handle(envelope, caller)
-            assert reply is not None  # a request always gets a reply
-            return reply
-        started_at = self._events.now_ms()
-        start = time.perf_counter()
+            return await agent.handle(envelope, caller)
+        started = _Started(time.perf_counter(), self._events.now_ms(), card)
         reply = await agent.handle(envelope, caller)
-        assert reply is not None
-        duration_ms = (time.perf_counter() - start) * 1000
+        if reply is None:
+            self._forwarded[envelope.id] = started
+            while len(self._forwarded) > MAX_FORWARDED:
+                self._forwarded.popitem(last=False)
+            return None
+        self._record(agent.id, envelope, method, reply.type, reply.payload, started)
+        return reply
+
+    def answered(self, request: Envelope, type: MessageType, payload: Any) -> None:
+        """An attached process answered the forwarded use ``request``."""
+        started = self._forwarded.pop(request.id, None)
+        meta = request.metadata
+        if started is not None and meta is not None and meta.capability is not None:
+            self._record(request.recipient, request, meta.capability, type, payload, started)
+
+    def _record(
+        self,
+        owner: str,
+        envelope: Envelope,
+        method: str,
+        type: MessageType,
+        payload: Any,
+        started: _Started,
+    ) -> None:
+        duration_ms = (time.perf_counter() - started.perf) * 1000
         params = envelope.payload
-        name = used_name(agent.id, method, params)
+        name = used_name(owner, method, params)
         arguments = params.get("arguments") if isinstance(params, dict) else None
-        digest = arguments_digest(arguments)
         code: ErrorCode | None = None
         detail = ""
-        if reply.type is MessageType.ERROR:
-            body = reply.payload if isinstance(reply.payload, dict) else {}
+        if type is MessageType.ERROR:
+            body = payload if isinstance(payload, dict) else {}
             raw = str(body.get("code"))
             code = ErrorCode(raw) if raw in ErrorCode.__members__ else ErrorCode.INTERNAL
             detail = str(body.get("message", ""))
@@ -120,10 +146,11 @@ class ToolAudit:
             code is None,
             code=code,
             detail=detail,
-            owner=agent.id,
-            arguments_digest=digest,
+            owner=owner,
+            arguments_digest=arguments_digest(arguments),
         )
         if code is ErrorCode.PERMISSION_DENIED:
+            card = started.card
             peer = str(card.peer_id) if card is not None else None
             self._events.security(code, detail, peer, envelope)
         self._history.append(
@@ -131,13 +158,19 @@ class ToolAudit:
                 tool=name,
                 agent_id=envelope.sender,
                 arguments=_recorded(arguments),
-                result=_recorded(reply.payload) if code is None else None,
+                result=_recorded(payload) if code is None else None,
                 error=None if code is None else str(code),
                 duration_ms=round(duration_ms, 3),
-                started_at=started_at,
+                started_at=started.at_ms,
             )
         )
-        return reply
+
+
+@dataclass(frozen=True, slots=True)
+class _Started:
+    perf: float
+    at_ms: int
+    card: AgentCard | None
 
 
 __all__ = ["HISTORY_SIZE", "ToolAudit", "arguments_digest", "used_name"]
