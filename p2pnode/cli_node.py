@@ -1,4 +1,5 @@
-"""``p2pnode run | status | find | send | doc``: the daemon and its control clients."""
+"""``p2pnode run | status | find | send | doc``: the daemon and its control clients
+(``tools``, ``resources`` and ``prompts`` are in p2pnode.cli_tools)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from p2pnode.cardfile import (
     read_card_file,
     starter_template,
 )
+from p2pnode.cli_tools import add_tool_commands, tool_ops
 from p2pnode.datalock import hold_data_dir
 from p2pnode.demo import add_demo_command
 from p2pnode.envelope import Envelope, wall_clock_ms
@@ -37,6 +39,7 @@ from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.control import (
     CONTROL_SOCKET_NAME,
     ControlServer,
+    Op,
     check_payload,
     control_call,
     parse_message_type,
@@ -104,8 +107,9 @@ def _node_ops(node: Node) -> dict[str, Any]:
         result = await node.send(envelope)
         return {"id": result.envelope_id, "path": result.path, "targets": list(result.targets)}
 
-    ops = {"status": status, "find": find, "send": send}
+    ops: dict[str, Op] = {"status": status, "find": find, "send": send}
     ops.update(_doc_ops(node))
+    ops.update(tool_ops(node))
     return ops
 
 
@@ -283,6 +287,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         policy=PolicyConfig(authority_key=_authority_key(args)),
     )
     endorser = load_identity(Path(args.endorse_with)) if args.endorse_with else None
+    roles = tuple(args.role or ())
     async with open_node(identity, _DaemonNetwork(), config) as node:
         for template in templates:
             now = wall_clock_ms()
@@ -295,16 +300,18 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
                 noise_static_key=node.secure_identity.static_public,
                 addresses=tuple(node.advertised_addresses()),
             )
-            await node.add_agent_card(card, echo_handler, authority=endorser)
+            await node.add_agent_card(card, echo_handler, authority=endorser, roles=roles)
         for agent in agents:
-            await node.add_agent(agent, authority=endorser)
+            await node.add_agent(agent, authority=endorser, roles=roles)
         await node.open_shared()
         # The control socket answers before joining, which can take a while (bootstrap
         # peers down or slow): `status` shows what the node is doing meanwhile.
         server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
         await node.nursery.start(server.serve)
         await node.join()
+        # Attached processes use the swarm's tools and offer their own (audited here).
         agents_socket = AgentSocket(node, data_dir / AGENT_SOCKET_NAME, documents=node.shared,
+                                    tools=node.tools, audit=node.tool_audit,
                                     endorser=endorser)  # fmt: skip
         await node.start_service(agents_socket)
         print(
@@ -321,6 +328,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon. Whatever ends it, the user sees at most one line: a P2PError
     is raised on to the command line's handler; anything else becomes
     P2PError(INTERNAL) naming the exception, its traceback logged at DEBUG."""
+    if args.role and not args.endorse_with:
+        raise LocalError(
+            ErrorCode.INVALID_ARGUMENT,
+            "--role needs --endorse-with: roles count only as the swarm authority endorses them",
+        )
     configure_logging(args.log_level, json_lines=args.log_json, stream=sys.stderr)
     try:
         return trio.run(run_daemon, args)
@@ -399,6 +411,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"messages   sent {metrics['totalMessagesSent']}  "
           f"received {metrics['totalMessagesReceived']}  errors {metrics['errorCount']}  "
           f"security events {metrics['securityEvents']}")  # fmt: skip
+    print(f"tools      invocations {metrics['totalToolInvocations']}  "
+          f"errors {metrics['toolErrorCount']}  "
+          f"average {metrics['averageToolDurationMs']:.2f} ms")  # fmt: skip
     return 0
 
 
@@ -487,7 +502,8 @@ def _add_doc_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``run``, ``status``, ``find``, ``send``, ``doc`` and ``demo``."""
+    """Register ``run``, ``status``, ``find``, ``send``, ``doc``, ``tools``, ``resources``,
+    ``prompts`` and ``demo``."""
     run = sub.add_parser("run", help="run a node until SIGINT or SIGTERM (one per data directory)")
     run.add_argument("--listen", default="127.0.0.1:0", help="TCP and UDP address (host:port)")
     run.add_argument("--advertise-host", help="host to publish in cards (for 0.0.0.0 listeners)")
@@ -502,6 +518,12 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument("--card", action="append", help="card file (repeatable; default card.json)")
     run.add_argument("--authority-key", help="base64 Ed25519 key of the swarm authority")
     run.add_argument("--endorse-with", help="authority key file to endorse this node's cards")
+    run.add_argument(
+        "--role",
+        action="append",
+        help="a role to endorse this node's agents with (repeatable; needs --endorse-with): "
+        "what access rules of tools may ask for",
+    )
     run.add_argument("--log-level", default="INFO")
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
     run.set_defaults(handler=cmd_run)
@@ -527,4 +549,5 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     send.set_defaults(handler=cmd_send)
 
     _add_doc_command(sub)
+    add_tool_commands(sub, _control)
     add_demo_command(sub)

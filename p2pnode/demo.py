@@ -6,8 +6,10 @@ first one, then shows discovery by capability, a request/response across
 processes, a broadcast, a cross-tier message refused by policy, a shared
 CRDT document every node writes to and that converges by gossip, and one
 more process hosting an agent written with the Agent API
-(:mod:`p2pnode.demo_agent`, ``run --agent``) whose input schema is enforced. It exits
-0 when all of that worked, and always stops every process it started.
+(:mod:`p2pnode.demo_agent`, ``run --agent``) whose input schema is enforced and
+whose tool the orchestrator calls from another process while the tool's access
+rule refuses an L3 agent. It exits 0 when all of that worked, and always stops
+every process it started.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ ROSTER: list[tuple[str, int, str]] = [
 ]
 DISCOVERY_TIMEOUT = 30.0
 ORACLE = "p2pnode.demo_agent:agent"
+#: The oracle's tool (p2pnode.demo_agent.estimate), open to L0 agents only.
+TOOL = "oracle.estimate"
 
 
 def roster(n: int) -> list[tuple[str, int, str]]:
@@ -144,7 +148,9 @@ class Demo:
         )
         await self._refused_cross_tier()
         await self._shared_document()
-        await self._agent_api(asker)
+        # The oracle is L3: L1 and L2 agents may not send to it (the default tier rules).
+        await self._agent_api(next(n for n in reversed(self.nodes) if n.tier in (0, 3)))
+        await self._tool()
 
     async def _shared_document(self) -> None:
         doc = "demo.board"
@@ -203,6 +209,35 @@ class Demo:
             reply["sender"] == "oracle" and refused == ErrorCode.INVALID_INPUT,
             f"{asker.agent} -> oracle ({ORACLE}, own process): "
             f"{json.dumps(reply['payload'])}; a number as the question: {refused}",
+        )
+
+    async def _tool(self) -> None:
+        first = self.nodes[0]  # sun, L0: what the tool's access rule admits
+        arguments = {"tasks": 6, "agents": 2}
+        call = {"op": "tools.call", "name": TOOL, "arguments": arguments}
+        try:
+            answer = await first.call({**call, "agent": first.agent})
+            result = json.dumps(answer["result"])
+        except P2PError as exc:
+            result = str(exc)
+        self.check(
+            "tool called across processes",
+            result == json.dumps({"hours": 4.5}),
+            f"{first.agent} (L{first.tier}) -> {TOOL} {json.dumps(arguments)}: {result}",
+        )
+        l3 = next((n for n in self.nodes if n.tier == 3), None)
+        if l3 is None:
+            self.check("tool refused by its access rule", True, "skipped: needs an L3 agent")
+            return
+        try:
+            await l3.call({**call, "agent": l3.agent})
+            code, refused = None, "accepted"
+        except P2PError as exc:
+            code, refused = exc.code, str(exc)
+        self.check(
+            "tool refused by its access rule",
+            code is ErrorCode.PERMISSION_DENIED,
+            f"{l3.agent} (L3) -> {TOOL}: {refused}",
         )
 
     async def stop(self) -> None:

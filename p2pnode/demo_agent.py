@@ -6,8 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from p2pnode.agent import Agent, Message
+from p2pnode.tools import Access
 
 agent = Agent("oracle", description="Answers questions about the swarm", tier=3)
+
+#: Hours one task takes, as the oracle estimates plans.
+HOURS_PER_TASK = 1.5
 
 
 @agent.on_request(
@@ -22,3 +26,10 @@ def answer(message: Message) -> dict[str, Any]:
     """Answer a question."""
     question = message.payload["question"]
     return {"question": question, "answer": len(question), "asked by": message.sender}
+
+
+# Estimates commit the swarm's time: only the orchestrator (L0) may ask for them.
+@agent.tool(access=Access(tiers=[0]))
+def estimate(tasks: int, agents: int = 1) -> dict[str, float]:
+    """Estimate the hours a plan of tasks takes with agents working in parallel."""
+    return {"hours": tasks * HOURS_PER_TASK / max(agents, 1)}
