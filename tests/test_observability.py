@@ -330,7 +330,8 @@ def test_json_lines_output_parses_and_carries_the_event(p2p_logger: logging.Logg
     obs = Observability(Clock())
     obs.message_sent(envelope(MessageType.STREAM_DATA), RoutingPath.BROADCAST)
     [sent] = obs.recent()
-    tool = obs.tool_invocation("search\nnewline", "venus", 12.5, True)
+    obs.tool_invocation("search\nnewline", "venus", 12.5, True)
+    tool = obs.recent()[-1]
     logging.getLogger("p2pnode.other").log(5, "not shown at DEBUG")
     lines = out.getvalue().splitlines()
     assert len(lines) == 2

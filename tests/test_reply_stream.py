@@ -36,7 +36,7 @@ def received(parts: list[tuple[MessageType, Any]], final: Any) -> Any:
 @settings(max_examples=15, deadline=None)
 @given(
     st.integers(INLINE_LIMIT + 1, 3 * CHUNK_BYTES + 7),
-    st.dictionaries(st.text(max_size=5), st.integers(), max_size=4),
+    st.dictionaries(st.text(max_size=5), st.integers(-(2**63), 2**63 - 1), max_size=4),
 )
 def test_parts_round_trip(size: int, extra: dict[str, int]) -> None:
     payload = {"text": "x" * size, "extra": extra}

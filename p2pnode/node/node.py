@@ -454,6 +454,8 @@ class Node(TaskOwner):
         card = agent.card
         if metadata is None:
             meta = agent.metadata
+        elif metadata.tier == card.tier and metadata.sandbox_id == card.sandbox_id:
+            meta = metadata  # the claims are the card's already
         else:
             meta = dataclasses.replace(metadata, tier=int(card.tier), sandbox_id=card.sandbox_id)
         return self._factory.create(

@@ -179,11 +179,14 @@ class _Counters:
             self.latencies.append(latency_ms)
 
     def _tool(self, e: Event) -> None:
-        self.tools[e.tool or "?"] += 1
-        if e.duration_ms is not None:
-            self.tool_duration_sum += e.duration_ms
+        self.tool(e.tool, e.duration_ms, e.success)
+
+    def tool(self, name: str | None, duration_ms: float | None, success: bool | None) -> None:
+        self.tools[name or "?"] += 1
+        if duration_ms is not None:
+            self.tool_duration_sum += duration_ms
             self.tool_duration_count += 1
-        if e.success is False:
+        if success is False:
             self.tool_errors += 1
 
     def _error(self, e: Event) -> None:
@@ -490,23 +493,18 @@ class Observability:
         detail: str = "",
         owner: str | None = None,
         arguments_digest: str | None = None,
-    ) -> Event:
+    ) -> None:
         """An MCP tool call by ``agent`` of ``owner``'s ``tool`` finished: the audit record
         of one invocation, allowed or refused (R12.2, Property 33)."""
-        return self.emit(
-            Event(
-                EventKind.TOOL_INVOCATION,
-                self.now_ms(),
-                sender=agent,
-                recipient=owner,
-                tool=tool,
-                duration_ms=duration_ms,
-                success=success,
-                code=code,
-                arguments_digest=arguments_digest,
-                detail=detail,
-            )
-        )
+        fields = (
+            EventKind.TOOL_INVOCATION, self._clock_ms(), None, agent, owner, None, None, None,
+            None, code, None, None, None, tool, duration_ms, success, arguments_digest, detail,
+        )  # fmt: skip
+        if self._is_quiet(logging.DEBUG if success else logging.INFO):
+            self._recent.append(fields)
+            self._counters.tool(tool, duration_ms, success)
+        else:
+            self.emit(Event(*fields))
 
 
 def _with_envelope(event: Event, envelope: Envelope | None) -> Event:

@@ -28,7 +28,7 @@ from typing import Any
 from p2pnode.agent import Agent, Reply
 from p2pnode.card import AgentCard
 from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode
+from p2pnode.errors import ErrorCode, P2PError
 from p2pnode.node.observability import Observability
 from p2pnode.registry import Registry
 from p2pnode.toolrecord import ToolInvocation
@@ -44,19 +44,39 @@ RECORDED_VALUE_BYTES = 4096
 _USES = frozenset({TOOLS_CALL, RESOURCES_READ, PROMPTS_GET})
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _canonical_bytes(value: Any) -> bytes:
+    if type(value) is dict and all(
+        type(k) is str and isinstance(v, _SCALARS) for k, v in value.items()
+    ):
+        # The common case, a flat map of scalars, packed once: msgpack orders str keys
+        # by (encoded length, bytes), which is canonical_pack's order for them.
+        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+        return pack({k: value[k] for k in keys})
+    return canonical_pack(value)
+
+
 def arguments_digest(value: Any) -> str:
     """The first 16 hex digits of SHA-256 over the canonical msgpack of ``value``."""
     try:
-        data = canonical_pack(value)
-    except (TypeError, ValueError, OverflowError):
+        data = _canonical_bytes(value)
+    except (TypeError, ValueError, OverflowError, P2PError):
         data = repr(value).encode()
     return hashlib.sha256(data).hexdigest()[:16]
 
 
 def _recorded(value: Any) -> Any:
+    if isinstance(value, _SCALARS):
+        return (
+            value
+            if not isinstance(value, str) or len(value) <= RECORDED_VALUE_BYTES
+            else {"omitted": f"{len(value)} characters", "sha256": arguments_digest(value)}
+        )
     try:
         size = len(pack(value))
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, P2PError):
         return {"omitted": "not msgpack data"}
     if size <= RECORDED_VALUE_BYTES:
         return value
@@ -87,19 +107,22 @@ class ToolAudit:
         self._registry = registry
         self._events = events
         self._authority_key = authority_key
-        self._history: deque[ToolInvocation] = deque(maxlen=history_size)
+        # The fields of each ToolInvocation, built when read.
+        self._history: deque[tuple[Any, ...]] = deque(maxlen=history_size)
+        #: A caller per card object (cards are immutable), bounded.
+        self._callers: dict[int, tuple[AgentCard, Caller]] = {}
         #: Uses handed to an attached agent process, until it answers (the oldest forgotten).
         self._forwarded: OrderedDict[str, _Started] = OrderedDict()
 
     def invocations(self) -> list[ToolInvocation]:
         """The most recent uses of this node's tools, resources and prompts, oldest first."""
-        return list(self._history)
+        return [ToolInvocation(*fields) for fields in self._history]
 
     async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
         """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited;
         None when the agent forwarded it to its process (audited by :meth:`answered`)."""
         card = self._registry.find(envelope.sender)
-        caller = Caller.from_card(card, self._authority_key()) if card is not None else None
+        caller = self._caller(card) if card is not None else None
         if method not in _USES:
             return await agent.handle(envelope, caller)
         started = _Started(time.perf_counter(), self._events.now_ms(), card)
@@ -111,6 +134,16 @@ class ToolAudit:
             return None
         self._record(agent.id, envelope, method, reply.type, reply.payload, started)
         return reply
+
+    def _caller(self, card: AgentCard) -> Caller:
+        cached = self._callers.get(id(card))
+        if cached is not None and cached[0] is card:
+            return cached[1]
+        if len(self._callers) >= MAX_FORWARDED:
+            self._callers.clear()
+        caller = Caller.from_card(card, self._authority_key())
+        self._callers[id(card)] = (card, caller)
+        return caller
 
     def answered(self, request: Envelope, type: MessageType, payload: Any) -> None:
         """An attached process answered the forwarded use ``request``."""
@@ -154,14 +187,14 @@ class ToolAudit:
             peer = str(card.peer_id) if card is not None else None
             self._events.security(code, detail, peer, envelope)
         self._history.append(
-            ToolInvocation(
-                tool=name,
-                agent_id=envelope.sender,
-                arguments=_recorded(arguments),
-                result=_recorded(payload) if code is None else None,
-                error=None if code is None else str(code),
-                duration_ms=round(duration_ms, 3),
-                started_at=started.at_ms,
+            (
+                name,
+                envelope.sender,
+                _recorded(arguments),
+                _recorded(payload) if code is None else None,
+                None if code is None else str(code),
+                round(duration_ms, 3),
+                started.at_ms,
             )
         )
 

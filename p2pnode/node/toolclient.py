@@ -72,6 +72,8 @@ class ToolClient:
     def __init__(self, host: ServiceHost, default_caller: Any) -> None:
         self._host = host
         self._default_caller = default_caller
+        #: The metadata of each (caller, method): the card's claims and the method.
+        self._metadata: dict[tuple[str, str], tuple[AgentCard, Metadata]] = {}
 
     # -- listing --------------------------------------------------------------------------------
 
@@ -175,14 +177,22 @@ class ToolClient:
         return answer if isinstance(answer, dict) else {"messages": []}
 
     async def _ask(self, sender: str, owner: str, method: str, params: Any) -> Any:
-        reply = await self._host.request(
-            sender, owner, params, metadata=Metadata(capability=method)
-        )
+        card = self._host.local_agent(sender)
+        key = (sender, method)
+        cached = self._metadata.get(key)
+        if cached is None or cached[0] is not card:
+            if len(self._metadata) >= 1024:
+                self._metadata.clear()
+            claims = Metadata(int(card.tier), card.sandbox_id, capability=method)
+            cached = self._metadata[key] = (card, claims)
+        reply = await self._host.request(sender, owner, params, metadata=cached[1])
         return reply.payload
 
 
 def _json_object(arguments: Mapping[str, Any] | None) -> dict[str, Any]:
-    value = dict(arguments) if arguments is not None else {}
+    if arguments is None:
+        return {}
+    value = arguments if type(arguments) is dict else dict(arguments)
     if not is_json_value(value):
         raise LocalError(ErrorCode.INVALID_ARGUMENT, "arguments must be JSON data")
     return value
