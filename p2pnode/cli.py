@@ -30,6 +30,7 @@ from p2pnode.cardfile import (
     read_card_file,
     starter_template,
 )
+from p2pnode.cli_mcp import add_mcp_commands
 from p2pnode.cli_node import add_node_commands
 from p2pnode.datalock import hold_data_dir
 from p2pnode.envelope import wall_clock_ms
@@ -296,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(handler=cmd_card_export)
     add_node_commands(sub)
+    add_mcp_commands(sub)
     _accept_global_options_anywhere(parser)
     return parser
 

@@ -26,6 +26,7 @@ from p2pnode.cardfile import (
     read_card_file,
     starter_template,
 )
+from p2pnode.cli_mcp import add_run_options, start_mcp_servers
 from p2pnode.cli_tools import add_tool_commands, tool_ops
 from p2pnode.datalock import hold_data_dir
 from p2pnode.demo import add_demo_command
@@ -314,6 +315,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
                                     tools=node.tools, audit=node.tool_audit,
                                     endorser=endorser)  # fmt: skip
         await node.start_service(agents_socket)
+        await start_mcp_servers(node, args, authority=endorser, roles=roles)  # --mcp-server
         print(
             json.dumps({"event": "ready", "peerId": str(node.peer_id),
                         "addresses": node.advertised_addresses(),
@@ -524,6 +526,7 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="a role to endorse this node's agents with (repeatable; needs --endorse-with): "
         "what access rules of tools may ask for",
     )
+    add_run_options(run)
     run.add_argument("--log-level", default="INFO")
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
     run.set_defaults(handler=cmd_run)
