@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import inspect
 import string
+import types
+import typing
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +135,18 @@ ANYONE = Access()
 
 
 def _takes_caller(annotation: Any) -> bool:
-    return annotation is Caller or annotation == "Caller"
+    """A parameter so annotated receives the authenticated caller: ``Caller`` or
+    ``Caller | None`` (None: the node could not authenticate it), ``Annotated`` or not.
+    Anything else is an argument the peer sends, so ``Caller | None`` must be caught
+    here: as an argument, a peer would fill in the Caller of its choice."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if annotation is Caller or annotation == "Caller":
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = set(typing.get_args(annotation))
+        return Caller in members and members <= {Caller, type(None)}
+    return False
 
 
 async def _run(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -165,7 +179,9 @@ class ToolSpec:
         return out
 
     async def call(self, arguments: Any, caller: Caller | None) -> Any:
-        converted, problem = self.arguments.convert(arguments)
+        # MCP's tools/call may leave out "arguments": none is the empty object, whichever
+        # way the tool's schema came (derived ones read it so already).
+        converted, problem = self.arguments.convert({} if arguments is None else arguments)
         if problem is not None:
             raise RemoteError(ErrorCode.INVALID_INPUT, problem, tool=self.name)
         extra = {self.caller_parameter: caller} if self.caller_parameter else {}
@@ -173,11 +189,19 @@ class ToolSpec:
             value = await _run(self.function, converted, **extra)
         else:
             value = await _run(self.function, **converted, **extra)
-        if self.result is None:
-            return value
-        value, problem = self.result.convert(value)
-        if problem is not None:
-            raise RemoteError(ErrorCode.INVALID_OUTPUT, problem, tool=self.name)
+        if self.result is not None:
+            value, problem = self.result.convert(value)
+            if problem is not None:
+                raise RemoteError(ErrorCode.INVALID_OUTPUT, problem, tool=self.name)
+        if not is_json_value(value):
+            # Checked here, whatever the schemas say: a result the reply cannot carry
+            # would otherwise fail on the owner's node, and the caller would wait for
+            # nothing until its request timed out.
+            raise RemoteError(
+                ErrorCode.INVALID_OUTPUT,
+                f"result: {type(value).__name__} is not JSON data",
+                tool=self.name,
+            )
         return value
 
 
@@ -267,7 +291,9 @@ class PromptSpec:
                     f"arguments.{argument.name}: a required argument is missing",
                     prompt=self.name,
                 )
-        values = {a.name: given.get(a.name, "") for a in self.arguments}
+        # An optional argument left out is not passed: a function's default applies (a
+        # template renders it as nothing).
+        values = {a.name: given[a.name] for a in self.arguments if a.name in given}
         rendered = await _run(self.render, **values)
         if isinstance(rendered, str):
             messages = [{"role": "user", "content": {"type": "text", "text": rendered}}]
@@ -307,7 +333,7 @@ def template_fields(template: str) -> list[str]:
 
 def _template_renderer(template: str) -> Callable[..., str]:
     def render(**values: str) -> str:
-        return template.format_map(values)
+        return template.format_map(defaultdict(str, values))
 
     return render
 
@@ -464,6 +490,13 @@ class Catalog:
             return await self._serve(method, params, caller)
         except P2PError as exc:
             exc.details.setdefault("agentId", self.owner)
+            if not is_json_value(exc.details):
+                # A handler's error travels to the caller: what is not JSON data in its
+                # details is described, not sent (the reply could not carry it).
+                exc.details = {
+                    key: value if is_json_value(value) else repr(value)[:MAX_TEXT]
+                    for key, value in exc.details.items()
+                }
             raise
 
     async def _serve(self, method: str, params: Any, caller: Caller | None) -> Any:

@@ -35,19 +35,42 @@ def schema_checker(schema: Any, where: str = "payload") -> Checker | None:
 
     Raises LocalError(INVALID_ARGUMENT) when ``schema`` is not a valid JSON Schema.
     """
-    if schema is None or schema == {} or schema is True:
+    if schema is None or schema is True or (isinstance(schema, dict) and not schema):
         return None
     import jsonschema  # loaded only by agents that declare schemas
+    import referencing.exceptions  # jsonschema's own dependency
 
-    cls = jsonschema.validators.validator_for(schema)
+    if not isinstance(schema, dict | bool):
+        raise LocalError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"invalid schema: a {type(schema).__name__}, not an object or a boolean",
+        )
+    declared = schema.get("$schema") if isinstance(schema, dict) else None
+    if declared is not None and not isinstance(declared, str):
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "invalid schema: $schema is not a URI")
+    latest = jsonschema.Draft202012Validator
+    cls = jsonschema.validators.validator_for(schema, default=latest)
+    draft = str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id")))
+    if declared is not None and draft.rstrip("#") != declared.rstrip("#"):
+        # An unknown draft is refused, not validated as the latest one with a warning.
+        raise LocalError(
+            ErrorCode.INVALID_ARGUMENT, f"invalid schema: unknown $schema {declared[:100]!r}"
+        )
     try:
-        cls.check_schema(schema)
+        cls.check_schema(schema)  # type: ignore[arg-type]  # the stubs forget boolean schemas
     except jsonschema.SchemaError as exc:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, f"invalid schema: {exc.message}") from None
     validator = cls(schema)
 
     def first_problem(instance: Any) -> str | None:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        try:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        except RecursionError:
+            # A $ref cycle that checks nothing between its steps: the value cannot be
+            # checked, so it is refused (the schema's defect, told to whoever sent it).
+            return f"{where}: cannot be checked: the schema's $refs loop"
+        except referencing.exceptions.Unresolvable as exc:
+            return f"{where}: cannot be checked: the schema has an unresolvable $ref ({exc})"
         if error is None:
             return None
         return f"{where}{_path(error.absolute_path)}: {error.message}"
