@@ -191,12 +191,19 @@ class ToolAudit:
                 name,
                 envelope.sender,
                 _recorded(arguments),
-                _recorded(payload) if code is None else None,
+                _recorded(_result_of(method, payload)) if code is None else None,
                 None if code is None else str(code),
                 round(duration_ms, 3),
                 started.at_ms,
             )
         )
+
+
+def _result_of(method: str, payload: Any) -> Any:
+    """What a record keeps as the result: a tool's value, else the whole answer."""
+    if method == TOOLS_CALL and isinstance(payload, dict) and "structuredContent" in payload:
+        return payload["structuredContent"]
+    return payload
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,8 @@ from typing import Any
 import trio
 
 from p2pnode.card import MAX_PROMPTS, MAX_RESOURCES, MAX_TEXT, MAX_TOOLS, NAME_PATTERN, AgentCard
-from p2pnode.envelope import Metadata
-from p2pnode.errors import ErrorCode, LocalError, P2PError
+from p2pnode.envelope import MessageType, Metadata
+from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.jsonutil import is_json_value
 from p2pnode.node.service import ServiceHost
 from p2pnode.tools import (
@@ -124,9 +124,16 @@ class ToolClient:
         return listing
 
     def _owners(self, viewer: AgentCard) -> list[AgentCard]:
+        """The agents ``viewer`` may discover and send a request to (sandboxes, tiers)."""
         now = self._host.events.now_ms()
+        policy = self._host.policy
         live = [card for card in self._host.registry if not card.is_expired(now)]
-        return self._host.policy.filter_discoverable(viewer, live)
+        return [
+            card
+            for card in policy.filter_discoverable(viewer, live)
+            if card.id == viewer.id
+            or policy.check_message(viewer, card, MessageType.REQUEST, None).allowed
+        ]
 
     # -- using ----------------------------------------------------------------------------------
 
@@ -164,7 +171,7 @@ class ToolClient:
                 )
             owner = listing[0].id
         answer = await self._ask(sender, owner, RESOURCES_READ, {"uri": uri})
-        return answer if isinstance(answer, dict) else {"contents": []}
+        return _checked(answer, "contents", _is_content, owner)
 
     async def get_prompt(
         self, name: str, arguments: Mapping[str, str] | None = None, *, caller: str | None = None
@@ -174,7 +181,7 @@ class ToolClient:
         owner, prompt = split_qualified(name)
         params = {"name": prompt, "arguments": _json_object(arguments)}
         answer = await self._ask(caller or self._default_caller(), owner, PROMPTS_GET, params)
-        return answer if isinstance(answer, dict) else {"messages": []}
+        return _checked(answer, "messages", _is_message, owner)
 
     async def _ask(self, sender: str, owner: str, method: str, params: Any) -> Any:
         card = self._host.local_agent(sender)
@@ -187,6 +194,36 @@ class ToolClient:
             cached = self._metadata[key] = (card, claims)
         reply = await self._host.request(sender, owner, params, metadata=cached[1])
         return reply.payload
+
+
+def _is_content(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and isinstance(item.get("uri"), str)
+        and isinstance(item.get("mimeType", ""), str)
+        and (isinstance(item.get("text"), str) or isinstance(item.get("blob"), str))
+    )
+
+
+def _is_message(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and isinstance(item.get("role"), str)
+        and isinstance(item.get("content"), dict)
+    )
+
+
+def _checked(answer: Any, key: str, is_item: Any, owner: str) -> dict[str, Any]:
+    """An owner's ``resources/read`` or ``prompts/get`` answer, its ``key`` a list of
+    well-formed items. Raises RemoteError(MALFORMED_MESSAGE) naming the owner."""
+    items = answer.get(key) if isinstance(answer, dict) else None
+    if not isinstance(items, list) or not all(is_item(item) for item in items):
+        raise RemoteError(
+            ErrorCode.MALFORMED_MESSAGE,
+            f"the answer of {owner} has no well-formed {key!r}",
+            agentId=owner,
+        )
+    return dict(answer)
 
 
 def _json_object(arguments: Mapping[str, Any] | None) -> dict[str, Any]:
