@@ -238,7 +238,9 @@ def owner_agent(agent_id: str, names: list[str]) -> Agent:
 @given(
     st.dictionaries(agent_ids, st.lists(tool_names, min_size=1, max_size=3, unique=True),
                     min_size=1, max_size=3),
-    st.dictionaries(st.from_regex(r"[a-z]{1,4}", fullmatch=True), st.integers(), max_size=2),
+    st.dictionaries(
+        st.from_regex(r"[a-z]{1,4}", fullmatch=True), st.integers(-(2**53), 2**53), max_size=2
+    ),
 )  # fmt: skip
 def test_p19_through_nodes_each_call_reaches_its_owner(
     declared: dict[str, list[str]], arguments: dict[str, int]
