@@ -159,18 +159,6 @@ async def test_arguments_near_the_limit_are_answered_or_refused_within_the_timeo
         await still_serving(nodes)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "p2pnode/node/toolclient.py _json_object checks only is_json_value, and the "
-        "envelope's egress only the 4 MiB frame size: arguments the owner's decoder must "
-        "refuse (a string over WireLimits.max_str_len, an array over max_array_len, "
-        "nesting past max_depth counted from the frame) are sent anyway; the owner drops "
-        "the frame with a MALFORMED_MESSAGE security event against the honest caller, "
-        "and the call waits out request_timeout for TIMEOUT"
-    ),
-)
 @pytest.mark.parametrize(
     "argument",
     [

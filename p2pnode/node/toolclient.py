@@ -40,9 +40,13 @@ from p2pnode.tools import (
     TOOLS_LIST,
     split_qualified,
 )
+from p2pnode.wire import DEFAULT_LIMITS
 
 #: Owners asked at once while listing.
 LIST_CONCURRENCY = 16
+#: How deep tool arguments may nest (the arguments object is 1): what a frame carries
+#: below its own levels of envelope and payload, with a margin.
+MAX_ARGUMENT_DEPTH = 24
 #: Entries a listing keeps in all (the rest are counted in ``dropped``).
 MAX_LISTED = 4096
 _KINDS = {
@@ -227,12 +231,37 @@ def _checked(answer: Any, key: str, is_item: Any, owner: str) -> dict[str, Any]:
 
 
 def _json_object(arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``arguments`` as a dict a peer can decode. Raises LocalError(INVALID_ARGUMENT) for
+    what is not JSON data, LocalError(MESSAGE_TOO_LARGE) past the frame limits."""
     if arguments is None:
         return {}
     value = arguments if type(arguments) is dict else dict(arguments)
     if not is_json_value(value):
         raise LocalError(ErrorCode.INVALID_ARGUMENT, "arguments must be JSON data")
+    problem = _past_frame_limits(value)
+    if problem is not None:
+        raise LocalError(ErrorCode.MESSAGE_TOO_LARGE, f"arguments: {problem}")
     return value
+
+
+def _past_frame_limits(value: Any) -> str | None:
+    """What in ``value`` a peer's frame decoder refuses (docs/protocol/tools.md §5), or
+    None. Iterative, so a deep value cannot exhaust the stack."""
+    limits = DEFAULT_LIMITS
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if len(item) > limits.max_str_len // 4 and len(item.encode()) > limits.max_str_len:
+                return f"a string over {limits.max_str_len} bytes"
+        elif isinstance(item, dict | list):
+            if depth > MAX_ARGUMENT_DEPTH:
+                return f"nested deeper than {MAX_ARGUMENT_DEPTH}"
+            if len(item) > limits.max_array_len:
+                return f"more than {limits.max_array_len} items in one array or map"
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 def _entry_checker(kind: str, owner: str) -> Any:
@@ -270,4 +299,4 @@ def _entry_checker(kind: str, owner: str) -> Any:
     return check
 
 
-__all__ = ["LIST_CONCURRENCY", "MAX_LISTED", "Listing", "ToolClient"]
+__all__ = ["LIST_CONCURRENCY", "MAX_ARGUMENT_DEPTH", "MAX_LISTED", "Listing", "ToolClient"]
