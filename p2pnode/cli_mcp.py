@@ -3,9 +3,9 @@ commands (p2pnode.mcpbridge; docs/protocol/mcp.md).
 
 Registering the commands needs no MCP SDK; running one does, and without it
 the command fails with one line naming the extra (``pip install
-'p2pnode[mcp]'``). Both commands run on asyncio (the SDK's own backend; the
-node they talk to runs trio in its own process), ``run --mcp-server`` in the
-daemon's trio run (the SDK is written on anyio).
+'p2pnode[mcp]'``). The SDK is written on anyio: ``mcp serve`` runs on trio
+(on asyncio with ``--http``, for uvicorn), ``mcp publish`` on asyncio and
+``run --mcp-server`` in the daemon's trio run.
 
 * ``mcp serve`` is launched by an MCP client and speaks MCP on stdio (or
   streamable HTTP on the loopback with ``--http``), as agent ``--agent-id``
@@ -95,11 +95,11 @@ def parse_server_option(value: str) -> tuple[str, tuple[str, ...]]:
     return _check_agent_id(agent_id), argv
 
 
-def _run_async(main: Callable[[], Awaitable[int]]) -> int:
-    """Run ``main`` on asyncio; what ends it badly becomes one P2PError (the command
+def _run_async(main: Callable[[], Awaitable[int]], backend: str = "asyncio") -> int:
+    """Run ``main`` on ``backend``; what ends it badly becomes one P2PError (the command
     line's handler prints it as one line)."""
     try:
-        return anyio.run(main, backend="asyncio")
+        return anyio.run(main, backend=backend)
     except BaseExceptionGroup as group:
         leaves = list(_leaves(group))
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
@@ -181,7 +181,8 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
             raise LocalError(ErrorCode.CHANNEL_CLOSED, "the node closed the connection")
         return 0
 
-    return _run_async(main)
+    # stdio on trio (its pipes polled, not read by threads); HTTP on asyncio (uvicorn).
+    return _run_async(main, "asyncio" if http is not None else "trio")
 
 
 #: Where ``mcp serve --http`` writes the bearer token its clients must send.

@@ -40,7 +40,6 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
-from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
     ListenHandler,
@@ -65,6 +64,7 @@ from p2pnode.mcpbridge.names import (
     error_text,
     jsonrpc_code,
 )
+from p2pnode.mcpbridge.stdio import pipe_stdio
 
 logger = logging.getLogger("p2pnode.mcp")
 
@@ -391,8 +391,9 @@ def _tool(name: str, item: dict[str, Any]) -> types.Tool | None:
 
 
 async def serve_stdio(server: SwarmServer) -> None:
-    """Serve MCP on this process's stdin and stdout until the client closes stdin."""
-    async with stdio_server() as (read_stream, write_stream):
+    """Serve MCP on this process's stdin and stdout until the client closes stdin (on
+    trio, without a thread per line when they are pipes: :mod:`p2pnode.mcpbridge.stdio`)."""
+    async with pipe_stdio() as (read_stream, write_stream):
         await server.run(read_stream, write_stream)
 
 
