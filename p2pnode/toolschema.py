@@ -171,8 +171,13 @@ def derived_result(function: Callable[..., Any]) -> Conversion | None:
         return None
     adapter = pydantic.TypeAdapter(annotation)
     schema = adapter.json_schema(mode="serialization")
+    # A result of exactly a plain JSON type it is declared as needs neither validation
+    # nor conversion (bool is not taken for int here: type() is exact).
+    plain = annotation if annotation in (int, str, float, bool) else None
 
     def convert(value: Any) -> tuple[Any, str | None]:
+        if plain is not None and type(value) is plain:
+            return value, None
         try:
             return adapter.dump_python(adapter.validate_python(value), mode="json"), None
         except pydantic.ValidationError as exc:
