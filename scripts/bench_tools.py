@@ -17,7 +17,11 @@ one call at a time, and is measured in the same run:
     is the same through in-memory streams (mcp 1's
     ``create_connected_server_and_client_session``, mcp 2's ``Client(mode="legacy")``);
 (d) the SDK's ``ClientSession`` over ``stdio_client`` to the SDK's server in a
-    subprocess.
+    subprocess;
+(e) the same client over ``stdio_client`` to ``p2pnode mcp serve`` (the MCP bridge),
+    calling ``owner.add``: the bridge attaches to a ``p2pnode run`` daemon joined to
+    the owner's node, so the call crosses stdio, agent.sock and the node-to-node
+    channel (4 processes), where (d) crosses stdio only.
 
 (a) and (b) alternate call by call, so machine noise falls on both alike; the SDK rows
 run on asyncio, where the SDK is commonly used. The SDK is not a dependency of
@@ -25,7 +29,8 @@ p2pnode: install it in the benchmark's environment (``pip install mcp``).
 
 Targets, each computed within one run, then the median of the runs:
 (b) - (a) p50 <= 40 us (what validation and audit add); (b) p50 <= the SDK's fastest
-in-process p50; (b) p50 <= 0.3x the SDK's stdio p50.
+in-process p50; (b) p50 <= 0.3x the SDK's stdio p50; the swarm hop adds at most 1.5x
+the local stdio call: (e) - (d) p50 <= 1.5x (d) p50 (so (e) <= 2.5x (d)).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -59,6 +65,10 @@ WARMUP = 200
 TARGET_ADDED_US = 40.0
 TARGET_IN_PROCESS_RATIO = 1.0
 TARGET_STDIO_RATIO = 0.3
+#: What the MCP bridge's swarm hop may add to the local stdio call, as a multiple of it.
+TARGET_BRIDGE_ADDED = 1.5
+#: The tool as the bridge names it (the owner's agent id, a dot, the tool).
+BRIDGED_TOOL = "owner.add"
 #: The SDK's server logs each request at INFO in mcp 1; a benchmark measures the calls.
 SDK_LOG_LEVEL = "WARNING"
 
@@ -169,18 +179,20 @@ def sdk_has_direct() -> bool:
 
 
 @asynccontextmanager
-async def sdk_session(transport: str) -> AsyncIterator[Any]:
+async def sdk_session(transport: str, data_dir: str = "") -> AsyncIterator[Any]:
     """An initialized SDK ``ClientSession`` to a server offering ``add``, over ``transport``:
-    "direct", "memory" (both in this process) or "stdio" (the server in a subprocess)."""
+    "direct", "memory" (both in this process), "stdio" (the server in a subprocess) or
+    "bridge" (``p2pnode mcp serve`` attached to the daemon of ``data_dir``)."""
     sdk = importlib.import_module("mcp")
-    if transport == "stdio":
+    if transport in ("stdio", "bridge"):
         stdio = importlib.import_module("mcp.client.stdio")
         # The SDK passes the server a short list of variables; PYTHONPATH is kept so that
         # the server imports the same SDK as this process.
         keep = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-        params = sdk.StdioServerParameters(
-            command=sys.executable, args=[__file__, "--serve-mcp"], env=keep
-        )
+        argv = [__file__, "--serve-mcp"]
+        if transport == "bridge":
+            argv = ["-m", "p2pnode", "--data-dir", data_dir, "mcp", "serve", "--agent-id", "bench"]
+        params = sdk.StdioServerParameters(command=sys.executable, args=argv, env=keep)
         async with (
             stdio.stdio_client(params) as (read, write),
             sdk.ClientSession(read, write) as session,
@@ -198,13 +210,19 @@ async def sdk_session(transport: str) -> AsyncIterator[Any]:
             yield session
 
 
-async def sdk_round_trips(transport: str, calls: int) -> list[float]:
-    async with sdk_session(transport) as session:
+async def sdk_round_trips(transport: str, calls: int, data_dir: str = "") -> list[float]:
+    async with sdk_session(transport, data_dir) as session:
+        name = BRIDGED_TOOL if transport == "bridge" else "add"
 
         async def call() -> Any:
-            return await session.call_tool("add", ARGUMENTS)
+            return await session.call_tool(name, ARGUMENTS)
 
         result = await call()
+        for _ in range(100):  # the bridge's node may still be meeting the owner's
+            if not getattr(result, "is_error", False):
+                break
+            await asyncio.sleep(0.05)
+            result = await call()
         if getattr(result, "is_error", getattr(result, "isError", True)) or (
             result.content[0].text != str(ANSWER)
         ):
@@ -214,6 +232,34 @@ async def sdk_round_trips(transport: str, calls: int) -> list[float]:
 
 def serve_mcp() -> None:
     sdk_server().run()  # stdio
+
+
+def bridge_round_trips(calls: int) -> list[float]:
+    """(e): the owner's node as for (a) and (b), a ``p2pnode run`` daemon joined to it,
+    and the SDK's client calling ``owner.add`` through ``p2pnode mcp serve``."""
+    owner = subprocess.Popen(
+        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
+    )
+    with tempfile.TemporaryDirectory() as data_dir:
+        daemon = None
+        try:
+            assert owner.stdout is not None
+            port = int(owner.stdout.readline())
+            daemon = subprocess.Popen(
+                [sys.executable, "-m", "p2pnode", "--data-dir", data_dir, "run",
+                 "--bootstrap", f"{HOST}:{port}", "--log-level", "WARNING"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            assert daemon.stdout is not None
+            if '"ready"' not in daemon.stdout.readline():
+                raise SystemExit("the bridge's daemon did not start")
+            return asyncio.run(sdk_round_trips("bridge", calls, data_dir))
+        finally:
+            for process in (daemon, owner):
+                if process is not None:
+                    process.kill()
+                    process.wait()
 
 
 # -- one run, and the report ------------------------------------------------------------------
@@ -230,11 +276,12 @@ TOOL = Row("tool", "(b) tool call, node to node, 2 processes")
 DIRECT = Row("direct", "(c) MCP SDK in-process, direct")
 MEMORY = Row("memory", "(c') MCP SDK in-process, memory streams")
 STDIO = Row("stdio", "(d) MCP SDK over stdio, 2 processes")
+BRIDGE = Row("bridge", "(e) MCP SDK over stdio, mcp serve, node to node")
 
 
 def rows() -> list[Row]:
     in_process = [DIRECT, MEMORY] if sdk_has_direct() else [MEMORY]
-    return [REQUEST, TOOL, *in_process, STDIO]
+    return [REQUEST, TOOL, *in_process, STDIO, BRIDGE]
 
 
 #: One run: each row's (p50, p99) in us.
@@ -244,8 +291,9 @@ Run = dict[str, tuple[float, float]]
 def one_run(calls: int) -> Run:
     requests, tools = in_two_processes(calls)
     run = {REQUEST.key: quantiles(requests), TOOL.key: quantiles(tools)}
-    for row in rows()[2:]:
+    for row in rows()[2:-1]:
         run[row.key] = quantiles(asyncio.run(sdk_round_trips(row.key, calls)))
+    run[BRIDGE.key] = quantiles(bridge_round_trips(calls))
     return run
 
 
@@ -294,6 +342,15 @@ def print_summary(results: list[Run]) -> None:
     print(
         f"  tool call vs the SDK over stdio p50: {stdio:.2f}x <= {TARGET_STDIO_RATIO:.2f}x: "
         f"{verdict(stdio <= TARGET_STDIO_RATIO)}"
+    )
+    bridged = statistics.median(run[BRIDGE.key][0] / run[STDIO.key][0] for run in results)
+    hop = statistics.median(
+        (run[BRIDGE.key][0] - run[STDIO.key][0]) / run[STDIO.key][0] for run in results
+    )
+    print(
+        f"  MCP client to a swarm tool through mcp serve vs the SDK over stdio p50: "
+        f"{bridged:.2f}x; the swarm hop adds {hop:.2f}x the local stdio call <= "
+        f"{TARGET_BRIDGE_ADDED:.2f}x: {verdict(hop <= TARGET_BRIDGE_ADDED)}"
     )
 
 
