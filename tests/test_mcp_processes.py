@@ -6,6 +6,7 @@ another node with ``p2pnode tools call``."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -21,8 +22,10 @@ import trio
 
 pytest.importorskip("mcp")
 
+import httpx2
 import mcp_types as types
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 from p2pnode import Agent, cli
 from p2pnode.client import AgentClient
@@ -193,6 +196,54 @@ def pinger() -> Agent:
 
 def changed(messages: list[Any]) -> bool:
     return any(isinstance(m, types.ToolListChangedNotification) for m in messages)
+
+
+@pytest.mark.slow
+async def test_mcp_serve_over_streamable_http_wants_its_token(tmp_path: Path) -> None:
+    async with two_nodes(tmp_path, ["--agent", "toolbox:agent"]) as (_owner, caller):
+        argv = [sys.executable, "-m", "p2pnode", "--data-dir", str(caller.data_dir), "mcp",
+                "serve", "--agent-id", "web", "--http", "127.0.0.1:0"]  # fmt: skip
+        serve = await trio.lowlevel.open_process(argv, stdout=-1, env=env_for(tmp_path))
+        try:
+            assert serve.stdout is not None
+            with trio.fail_after(SEEN_TIMEOUT):
+                line = await serve.stdout.receive_some(65536)
+            ready = json.loads(line)
+            assert ready["event"] == "ready" and ready["url"].startswith("http://127.0.0.1:")
+            token_file = trio.Path(ready["tokenFile"])
+            token = (await token_file.read_text()).strip()
+            assert (await token_file.stat()).st_mode & 0o077 == 0
+            # The SDK's HTTP client on asyncio (its event streams are asyncio-clean), in a
+            # thread of this test.
+            refused, estimate = await trio.to_thread.run_sync(
+                asyncio.run, http_client(ready["url"], token)
+            )
+            assert refused == 401
+            assert estimate == {"hours": 3.0}
+        finally:
+            serve.terminate()
+            with trio.fail_after(10):
+                await serve.wait()
+
+
+async def http_client(url: str, token: str) -> tuple[int, Any]:
+    """The status of a request without the token, and toolbox.estimate's result with it."""
+    async with httpx2.AsyncClient() as anonymous:
+        refused = (await anonymous.post(url, json={})).status_code
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        for _ in range(200):  # until the caller node knows the owner
+            names = [t.name for t in (await session.list_tools()).tools]
+            if "toolbox.estimate" in names:
+                break
+            await asyncio.sleep(0.1)
+        called = await session.call_tool("toolbox.estimate", {"tasks": 2})
+        return refused, called.structured_content
 
 
 @pytest.mark.slow
