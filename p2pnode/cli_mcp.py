@@ -34,8 +34,9 @@ import anyio
 from p2pnode.agent import Agent
 from p2pnode.cardfile import read_card_file
 from p2pnode.errors import ErrorCode, LocalError, P2PError
-from p2pnode.identity import default_data_dir
+from p2pnode.identity import Identity, default_data_dir
 from p2pnode.mcpbridge import require_sdk
+from p2pnode.node.node import Node
 from p2pnode.tools import Access
 
 logger = logging.getLogger("p2pnode.mcp")
@@ -289,11 +290,15 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
 
 
 async def start_mcp_servers(
-    node: Any, args: argparse.Namespace, *, authority: Any = None, roles: tuple[str, ...] = ()
+    node: Node,
+    args: argparse.Namespace,
+    *,
+    authority: Identity | None = None,
+    roles: tuple[str, ...] = (),
 ) -> None:
-    """Start the daemon's ``--mcp-server`` children in the node's nursery and wait until
-    each has published its agent. Raises LocalError(CONFIG_ERROR) when one cannot start
-    (in the node's nursery: the daemon stops with that error)."""
+    """Start the daemon's ``--mcp-server`` children as a service of ``node``; returns once
+    each has published its agent. Raises LocalError(CONFIG_ERROR) when one cannot start,
+    LocalError(INVALID_ARGUMENT) for a bad option."""
     specs = [parse_server_option(v) for v in args.mcp_server or ()]
     if not specs:
         return
@@ -303,19 +308,11 @@ async def start_mcp_servers(
         rules.append((kind, value))
     access = access_rule(rules)
     require_sdk()
-    from p2pnode.mcpbridge.supervise import ChildServer, ServerSpec, host_in_node
+    from p2pnode.mcpbridge.supervise import ChildServer, ChildServers, ServerSpec, host_in_node
 
-    children = [
-        ChildServer(
-            ServerSpec(agent_id, argv, access=access),
-            host_in_node(node, authority=authority, roles=roles),
-        )
-        for agent_id, argv in specs
-    ]
-    for child in children:
-        node.nursery.start_soon(child.run)
-    for child in children:
-        await child.wait_published()
+    host = host_in_node(node, authority=authority, roles=roles)
+    children = [ChildServer(ServerSpec(i, argv, access=access), host) for i, argv in specs]
+    await node.start_service(ChildServers(children))
 
 
 # -- the parser ---------------------------------------------------------------------------------

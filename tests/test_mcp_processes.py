@@ -309,3 +309,28 @@ async def test_the_daemon_hosts_an_mcp_server_with_mcp_server(tmp_path: Path) ->
         assert [r["uri"] for r in listed["items"]] == ["notes://today"]
         history = await owner.call({"op": "tools.history"})
         assert history["invocations"][-1]["agentId"] == "caller-agent"
+
+
+@pytest.mark.slow
+async def test_what_cannot_run_is_one_error_line(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    missing = str(tmp_path / "no-such-server")
+    node = NodeProcess(tmp_path / "node", env)
+    node.prepare("node-agent", 3)
+    data_dir = str(node.data_dir)
+    failures = [
+        ("--data-dir", data_dir, "mcp", "serve"),  # no node runs there
+        ("--data-dir", data_dir, "mcp", "publish", "--agent-id", "x", "--", missing),
+        ("--data-dir", data_dir, "run", "--mcp-server", f"x={missing}"),
+        ("--data-dir", data_dir, "run", "--mcp-server", "x", "--mcp-allow", "colour=red"),
+    ]
+    for argv in failures:
+        code, _, err = await p2pnode(env, *argv)
+        lines = err.splitlines()
+        assert code == 1 and "Traceback" not in err, (argv, err)
+        assert lines[-1].startswith("p2pnode: error: "), (argv, err)
+    code, _, err = await p2pnode(env, *failures[0])
+    assert "CONFIG_ERROR: no node answers on" in err
+    code, _, err = await p2pnode(env, *failures[2])
+    assert "CONFIG_ERROR: MCP server x" in err
+    assert "ended before it listed what it offers: FileNotFoundError" in err

@@ -34,8 +34,7 @@ import enum
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +42,7 @@ from typing import Any, Self, TextIO
 
 import anyio
 import mcp_types as types
+from anyio.abc import TaskStatus
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.message import SessionMessage
@@ -51,7 +51,9 @@ from p2pnode import __version__
 from p2pnode.agent import Agent
 from p2pnode.boundary import describe
 from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.identity import Identity
 from p2pnode.mcpbridge.mirror import CALL_TIMEOUT, mirror_agent
+from p2pnode.node.service import ServiceHost
 from p2pnode.tools import Access
 
 logger = logging.getLogger("p2pnode.mcp")
@@ -193,18 +195,18 @@ class ChildServer:
                 started = anyio.current_time()
                 try:
                     await self._run_once()
-                    reason = "exited"
+                    reason = "it exited"
                 except Exception as exc:  # whatever ended the child: restarted below
                     leaf = _leaf(exc)
                     if isinstance(leaf, _HostFailed):
                         raise leaf.error from None
-                    reason = f"failed: {describe(leaf)}"
+                    reason = describe(leaf)
                     logger.debug("MCP server %s failed", self.spec.agent_id, exc_info=exc)
                 if not self._published.is_set():
                     raise LocalError(
                         ErrorCode.CONFIG_ERROR,
-                        f"MCP server {self.spec.agent_id} ({self.spec.command[0]}) {reason}"
-                        " before it listed what it offers",
+                        f"MCP server {self.spec.agent_id} ({self.spec.command[0]}) ended "
+                        f"before it listed what it offers: {reason}",
                     )
                 if anyio.current_time() - started >= self.spec.healthy_after:
                     delay = self.spec.backoff
@@ -212,12 +214,12 @@ class ChildServer:
                 if limit is not None and self.starts > limit:
                     raise LocalError(
                         ErrorCode.AGENT_UNAVAILABLE,
-                        f"MCP server {self.spec.agent_id} {reason}; given up after "
+                        f"MCP server {self.spec.agent_id} ended ({reason}); given up after "
                         f"{limit} restarts",
                     )
                 self.state = ChildState.BACKING_OFF
                 logger.warning(
-                    "MCP server %s %s; withdrawn, starting it again in %.1f s",
+                    "MCP server %s ended (%s); withdrawn, starting it again in %.1f s",
                     self.spec.agent_id,
                     reason,
                     delay,
@@ -309,9 +311,11 @@ class _Life:
         self._withdraw.set()
 
 
-def host_in_node(node: Any, *, authority: Any = None, roles: tuple[str, ...] = ()) -> Host:
-    """A host that publishes the agent in ``node`` (a :class:`~p2pnode.node.node.Node`
-    of this process), endorsed by ``authority`` with ``roles`` as ``add_agent`` does."""
+def host_in_node(
+    node: ServiceHost, *, authority: Identity | None = None, roles: tuple[str, ...] = ()
+) -> Host:
+    """A host that publishes the agent in ``node`` (a node of this process, through its
+    service interface), endorsed by ``authority`` with ``roles`` as ``add_agent`` does."""
 
     async def host(agent: Agent, gone: anyio.Event) -> None:
         await node.add_agent(agent, authority=authority, roles=roles)
@@ -322,6 +326,24 @@ def host_in_node(node: Any, *, authority: Any = None, roles: tuple[str, ...] = (
                 await node.remove_agent(agent.id)
 
     return host
+
+
+class ChildServers:
+    """The daemon's ``--mcp-server`` children as a node service (``node.start_service``):
+    its ``run`` starts each child in its own task group and reports readiness once every
+    one has published its agent; it raises what a child's ``run`` raises (a first start
+    that failed: LocalError(CONFIG_ERROR))."""
+
+    def __init__(self, children: list[ChildServer]) -> None:
+        self.children = children
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tasks:
+            for child in self.children:
+                tasks.start_soon(child.run)
+            for child in self.children:
+                await child.wait_published()
+            task_status.started()
 
 
 def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None = None) -> Host:
@@ -351,24 +373,13 @@ def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None
     return host
 
 
-@asynccontextmanager
-async def running(server: ChildServer) -> AsyncIterator[ChildServer]:
-    """``async with running(child):`` runs it in a task of its own until the block ends."""
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(server.run)
-        try:
-            yield server
-        finally:
-            tasks.cancel_scope.cancel()
-
-
 __all__ = [
     "START_TIMEOUT",
     "ChildServer",
+    "ChildServers",
     "ChildState",
     "Host",
     "ServerSpec",
     "host_attached",
     "host_in_node",
-    "running",
 ]
