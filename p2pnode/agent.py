@@ -19,6 +19,9 @@ Handlers take one :class:`Message` and may be sync or async:
   ``agent.add_prompt(name, template)`` declare what the agent offers MCP-style
   (p2pnode.tools; docs/protocol/tools.md): requests naming an MCP method in
   ``metadata.capability`` are answered from them.
+* ``@agent.on_proposal`` decides on task proposals and ``@agent.on_task``
+  does the tasks awarded (p2pnode.task; docs/protocol/tasks.md);
+  ``await agent.propose(target, task)`` proposes one, once a node hosts it.
 
 What a handler raises decides the reply to a request: a
 :class:`~p2pnode.errors.P2PError` is sent as a typed ``error`` envelope with
@@ -42,6 +45,8 @@ from typing import Any, TypeVar, cast
 from p2pnode.card import Capability
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.task import Selection, Task
+from p2pnode.taskwork import TaskHandlers, TaskThread
 from p2pnode.tools import MCP_METHODS, Access, Caller, Catalog, PromptArgument
 from p2pnode.toolschema import Checker, schema_checker
 
@@ -124,6 +129,8 @@ class Agent:
         self._fallback_takes_envelope = False
         #: Its tools, resources and prompts (p2pnode.tools).
         self.catalog = Catalog(id)
+        #: Its task handlers, and how it proposes once hosted (p2pnode.task).
+        self.tasks = TaskHandlers(id)
 
     @property
     def capabilities(self) -> tuple[Capability, ...]:
@@ -204,6 +211,54 @@ class Agent:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"{self.id}: on_message is declared")
         self._fallback = handler
         return handler
+
+    # -- tasks (p2pnode.task) -------------------------------------------------------------------
+
+    def on_proposal(self, handler: T) -> T:
+        """Declare what decides on task proposals: ``handler(proposal)`` returns an
+        :class:`~p2pnode.task.Accept` or :class:`~p2pnode.task.Reject` (or a bool).
+        Without it an agent with ``on_task`` accepts what it offers the capabilities for
+        while it has room."""
+        self.tasks.set_proposal(handler)
+        return handler
+
+    def on_task(self, handler: T | None = None, *, capacity: int = 1) -> Any:
+        """Declare what does the tasks awarded to the agent: ``handler(work)`` gets a
+        :class:`~p2pnode.task.Work` and returns the result (JSON data). ``capacity``:
+        tasks it runs at once. Use as ``@agent.on_task`` or ``@agent.on_task(capacity=4)``."""
+
+        def register(function: T) -> T:
+            self.tasks.set_work(function, capacity)
+            return function
+
+        return register if handler is None else register(handler)
+
+    async def propose(
+        self,
+        target: str | Iterable[str],
+        task: Task,
+        *,
+        deadline: float | None = None,
+        capability: bool = False,
+        selection: Selection = Selection.FIRST_ACCEPT,
+        justification: str | None = None,
+    ) -> TaskThread:
+        """Propose ``task`` to an agent, to several (a call for proposals), or with
+        ``capability`` to the agents offering one; returns the task once awarded (see
+        ``TaskService.propose`` for what it raises). Raises LocalError(INVALID_ARGUMENT)
+        when no node hosts the agent."""
+        proposer = self.tasks.proposer
+        if proposer is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"agent {self.id!r} is not hosted")
+        return await proposer.propose(
+            self.id,
+            target,
+            task,
+            deadline=deadline,
+            capability=capability,
+            selection=selection,
+            justification=justification,
+        )
 
     # -- tools, resources and prompts (p2pnode.tools) -------------------------------------------
 

@@ -60,6 +60,11 @@ class ErrorCode(enum.StrEnum):
     INVALID_INPUT = "INVALID_INPUT"
     #: The agent went away (its process detached or died) before answering.
     AGENT_UNAVAILABLE = "AGENT_UNAVAILABLE"
+    # Tasks and swarms.
+    #: Every agent a task was proposed to rejected it (the details carry the reasons).
+    TASK_REJECTED = "TASK_REJECTED"
+    #: The task was canceled by its proposer.
+    TASK_CANCELED = "TASK_CANCELED"
     # Tools, resources and prompts.
     #: The owner has no tool (or prompt) of that name.
     TOOL_NOT_FOUND = "TOOL_NOT_FOUND"

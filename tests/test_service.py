@@ -57,12 +57,12 @@ async def test_a_service_intercepts_by_type_and_answers_through_the_host(
 
 async def test_interceptors_are_claimed_once(autojump_clock: Any) -> None:
     async with swarm(1) as (_, (a,)):
-        a.intercept_types([MessageType.TASK_PROPOSAL], Pinger(a)._on_note)
+        a.intercept_types([MessageType.STREAM_END], Pinger(a)._on_note)
         with pytest.raises(LocalError) as info:
-            a.intercept_types([MessageType.NOTIFICATION, MessageType.TASK_PROPOSAL], _noop)
+            a.intercept_types([MessageType.NOTIFICATION, MessageType.STREAM_END], _noop)
         assert info.value.code is ErrorCode.INVALID_ARGUMENT
-        a.intercept_types([MessageType.TASK_PROPOSAL], None)
-        a.intercept_types([MessageType.TASK_PROPOSAL], _noop)  # free again
+        a.intercept_types([MessageType.STREAM_END], None)
+        a.intercept_types([MessageType.STREAM_END], _noop)  # free again
 
 
 async def _noop(source: AgentCard, agent: str, envelope: Envelope) -> None:

@@ -9,6 +9,7 @@ from p2pnode.channel import ChannelConfig
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.net import Address
 from p2pnode.node.channels import RetryPolicy
+from p2pnode.node.negotiation import TaskConfig
 from p2pnode.node.policy import PolicyConfig
 
 
@@ -42,6 +43,8 @@ class NodeConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     channel: ChannelConfig = field(default_factory=ChannelConfig)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: Task negotiation timers and bounds (p2pnode.node.tasks).
+    tasks: TaskConfig = field(default_factory=TaskConfig)
     request_timeout: float = 10.0
     card_ttl_seconds: int = 3600
     inbox_size: int = 256

@@ -69,6 +69,7 @@ from p2pnode.node.router import BoundedSet, Interceptor, Router, RoutingResult
 from p2pnode.node.routing import Handler, LocalAgent, PendingRequest, Routing
 from p2pnode.node.service import Service
 from p2pnode.node.shared import SharedConfig, SharedState
+from p2pnode.node.tasks import TaskService
 from p2pnode.node.toolaudit import ToolAudit
 from p2pnode.node.toolclient import ToolClient
 from p2pnode.registry import Registry
@@ -136,6 +137,8 @@ class Node(TaskOwner):
         )
         #: The swarm's tools, resources and prompts, used as a local agent.
         self.tools = ToolClient(self, self.default_agent)
+        #: Task negotiation between agents (p2pnode.node.tasks), run with the node.
+        self.tasks = TaskService(self, self.config.tasks)
         self._shared: SharedState | None = None
         self._listen_address: Address | None = None
 
@@ -165,6 +168,7 @@ class Node(TaskOwner):
         listener = await self.network.listen_stream(self.config.listen)
         self._listen_address = listener.local_address
         await nursery.start(self._run_links, listener)
+        await nursery.start(self.tasks.run)
         nursery.start_soon(self.routing.expire_requests, self.config.request_timeout / 8)
         nursery.start_soon(self.hosting.keep_cards)
 
@@ -275,7 +279,9 @@ class Node(TaskOwner):
             description=description,
             version=version,
         )
-        return await self.hosting.add_agent(definition, authority=authority, roles=roles)
+        card = await self.hosting.add_agent(definition, authority=authority, roles=roles)
+        self.tasks.bind(definition)
+        return card
 
     async def add_agent_card(
         self,
@@ -288,7 +294,10 @@ class Node(TaskOwner):
         """Host an agent whose card (owned by this node's identity) is given, with its
         definition (or one handler for every envelope); ``authority`` and ``roles`` as
         for :meth:`add_agent`."""
-        return await self.hosting.add_agent_card(card, agent, authority=authority, roles=roles)
+        stored = await self.hosting.add_agent_card(card, agent, authority=authority, roles=roles)
+        if isinstance(agent, Agent):
+            self.tasks.bind(agent)
+        return stored
 
     async def remove_agent(self, agent_id: str) -> None:
         """Stop hosting local agent ``agent_id``. What is already queued for it is answered
@@ -302,6 +311,7 @@ class Node(TaskOwner):
         await self.hosting.remove_agent(agent_id)
 
     def _on_agent_removed(self, agent_id: str) -> None:
+        self.tasks.unbind(agent_id)
         if self._shared is not None:
             self._shared.remove_member(agent_id)
 
@@ -318,8 +328,8 @@ class Node(TaskOwner):
         """Send inbound ``stream-data`` envelopes whose payload is a map holding the key
         ``marker`` to ``interceptor`` instead of the recipient's handler (``None``
         removes it). It runs after sender authentication and ingress policy, once per
-        allowed local recipient, on the channel's reader task: it must not block.
-        Envelopes between two agents of this node are not intercepted.
+        allowed local recipient, on the channel's reader task (for an envelope between
+        two agents of this node, in the sender's task): it must not block.
 
         Raises LocalError(INVALID_ARGUMENT) when ``marker`` is already intercepted.
         """
@@ -428,6 +438,14 @@ class Node(TaskOwner):
         for agent in self._agents.values():
             return agent.card
         return None
+
+    async def deliver(self, agent_id: str, envelope: Envelope) -> None:
+        """Queue an inbound ``envelope`` that a service intercepted and declined for local
+        agent ``agent_id``'s handler. Raises LocalError(AGENT_NOT_FOUND)."""
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
+        await agent.deliver(envelope)
 
     def local_agent(self, agent_id: str) -> AgentCard:
         agent = self._agents.get(agent_id)
@@ -557,6 +575,7 @@ class Node(TaskOwner):
             "documents": self._shared.subscriptions() if self._shared is not None else {},
             "documentWarnings": self._shared.warnings() if self._shared is not None else {},
             "discovery": self.discovery.statistics(),
+            "tasks": self.tasks.statistics(),
             "metrics": metrics.to_dict(),
         }
 

@@ -61,6 +61,8 @@ Interceptor = Callable[[AgentCard, str, Envelope], Awaitable[None]]
 REPLY_TYPES = frozenset(
     {MessageType.RESPONSE, MessageType.ERROR, MessageType.TASK_ACCEPT, MessageType.TASK_REJECT}
 )
+#: What replies answer: a request, or a task proposal (whose thread carries its reports).
+ANSWERED_TYPES = frozenset({MessageType.REQUEST, MessageType.TASK_PROPOSAL})
 #: What may precede a reply: the parts of an answer streamed (p2pnode.node.replystream).
 REPLY_STREAM_TYPES = frozenset(
     {MessageType.STREAM_START, MessageType.STREAM_DATA, MessageType.STREAM_END}
@@ -264,7 +266,8 @@ class Router:
         return Fanout(tuple(local), {p: tuple(ids) for p, ids in peers.items()})
 
     def note_request(self, envelope: Envelope) -> None:
-        """Remember that this node let request ``envelope`` through, so its replies pass."""
+        """Remember that this node let request (or task proposal) ``envelope`` through, so
+        its replies pass."""
         self._allowed_requests.add(envelope.correlation_id or envelope.id)
 
     # -- ingress --------------------------------------------------------------------------------
@@ -339,6 +342,7 @@ def _live(cards: list[AgentCard], now_ms: int | None) -> list[AgentCard]:
 
 
 __all__ = [
+    "ANSWERED_TYPES",
     "REPLY_STREAM_TYPES",
     "REPLY_TYPES",
     "BoundedSet",

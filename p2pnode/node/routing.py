@@ -51,6 +51,7 @@ from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
 from p2pnode.node.replystream import STREAM_TYPES, ReplyStream, stream_parts
 from p2pnode.node.router import (
+    ANSWERED_TYPES,
     BoundedSet,
     Interceptor,
     Refusal,
@@ -352,6 +353,8 @@ class Routing:
         if verdict is not None and not verdict.allowed:
             raise verdict.to_local_error()
         if target.origin is not Origin.LOCAL:
+            if envelope.type is MessageType.TASK_PROPOSAL:  # its answers pass ingress policy
+                self.router.note_request(envelope)
             return _Route(envelope, target, start)
         await self._deliver_local(envelope, [target.id])
         self._events.message_sent(envelope, RoutingPath.LOCAL, str(target.peer_id))
@@ -437,15 +440,19 @@ class Routing:
             self._events.error(exc.code, f"broadcast to {peer_id} ({agent_ids}): {exc.message}")
 
     async def _deliver_local(self, envelope: Envelope, agent_ids: Sequence[str]) -> None:
+        interceptor = self._interceptor_for(envelope)  # services see local envelopes too
         for agent_id in agent_ids:
             agent = self._agents.get(agent_id)
             if agent is None:
                 continue
-            if envelope.type is MessageType.REQUEST:
+            if envelope.type in ANSWERED_TYPES:
                 self.router.note_request(envelope)
             if self._resolve_pending(envelope):
                 continue
-            await agent.deliver(envelope)
+            if interceptor is not None:
+                await interceptor(self.router.source(envelope.sender), agent_id, envelope)
+            else:
+                await agent.deliver(envelope)
 
     def _resolve_pending(self, envelope: Envelope) -> bool:
         if envelope.correlation_id is None:
@@ -571,13 +578,13 @@ class Routing:
                 allowed.append(self._agents[agent_id])
             elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
                 await self._refuse(peer_id, envelope, agent_id, verdict.to_remote_error())
+        if allowed and envelope.type in ANSWERED_TYPES:
+            self.router.note_request(envelope)
         interceptor = self._interceptor_for(envelope)
         if interceptor is not None:
             for agent in allowed:
                 await interceptor(source, agent.card.id, envelope)
             return
-        if allowed and envelope.type is MessageType.REQUEST:
-            self.router.note_request(envelope)
         for agent in allowed:
             await agent.deliver(envelope)
 

@@ -14,6 +14,8 @@ a service may use of the node that runs it, and nothing else.
 * Host an agent definition as a local agent, and stop hosting one (its card
   withdrawn, what was queued for it answered ``AGENT_UNAVAILABLE``).
 * Find agents by capability (registry, refreshed through discovery).
+* Hand an inbound envelope it intercepted but does not take to the local
+  agent's handler after all (its inbox).
 
 A service's lifetime is its :meth:`Service.run`: the node starts it in its
 own nursery (``await node.start_service(service)``); ``run`` opens the
@@ -138,6 +140,8 @@ class ServiceHost(Protocol):
     async def remove_agent(self, agent_id: str) -> None: ...
 
     async def find(self, capability: str) -> list[AgentCard]: ...
+
+    async def deliver(self, agent_id: str, envelope: Envelope) -> None: ...
 
 
 class Service(Protocol):

@@ -1,0 +1,383 @@
+"""Contract Net negotiation, sans-IO: one task's thread on the proposer's side and on the
+executor's side.
+
+Theory of operation (docs/protocol/tasks.md §3; FIPA SC00029H, "Contract Net
+Interaction Protocol"):
+
+* :class:`ProposerThread` is one task as its proposer holds it. It is
+  created ``submitted`` with its targets, a response deadline and a
+  :class:`~p2pnode.task.Selection`. Answers come in as
+  :meth:`~ProposerThread.on_accept` / :meth:`~ProposerThread.on_reject`;
+  each returns a :class:`Decision`: whom to award the task to, whom to
+  release. ``first-accept`` awards the first acceptor at once; the other
+  policies wait until every target answered or the deadline passed, then
+  award the best acceptor (earliest estimated completion, or lowest load per
+  capacity; ties go to the earlier answer). With no acceptor the thread ends
+  ``rejected`` when every target rejected, else ``timed-out`` at the deadline
+  (R7.4). An acceptor arriving after the award is released.
+* Once awarded the thread is ``working``. The executor's updates move it
+  (``working``, ``input-required``, then ``completed``, ``failed`` or
+  ``canceled``); only the assignee's updates count. An executor reports at
+  least every ``keepalive`` seconds; after ``silence_limit`` such periods
+  without a word the thread fails with ``TIMEOUT`` (its node is presumed dead).
+* :class:`ExecutorThread` is the same task on the executor: ``considering``
+  (its proposal handler runs), ``reserved`` (it accepted and waits up to
+  ``award_timeout`` for the award or a release), ``working`` /
+  ``input-required``, then ``done``.
+* Both are state machines with explicit transition tables: an illegal
+  transition raises LocalError(ILLEGAL_TRANSITION) and changes nothing.
+  Time is the caller's ``now`` (seconds on any monotonic clock);
+  ``next_deadline()`` and ``handle_timer(now)`` are the timers.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.task import (
+    TERMINAL_STATES,
+    Accepted,
+    Rejected,
+    Selection,
+    TaskState,
+    Update,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskConfig:
+    """Timers and bounds of the task service. Raises LocalError(CONFIG_ERROR)."""
+
+    #: Seconds a proposal waits for answers unless the proposer says otherwise.
+    deadline: float = 10.0
+    #: Seconds an executor that accepted waits for the award before forgetting it.
+    award_timeout: float = 10.0
+    #: Seconds between an executor's reports on a task it is working on.
+    keepalive: float = 10.0
+    #: Keepalive periods of silence after which the proposer fails the task.
+    silence_limit: int = 3
+    #: Agents one call for proposals reaches at most.
+    max_targets: int = 16
+    #: Open threads (proposed and executing) at most; new ones beyond are refused.
+    max_threads: int = 10_000
+
+    def __post_init__(self) -> None:
+        if min(self.deadline, self.award_timeout, self.keepalive) <= 0:
+            raise LocalError(ErrorCode.CONFIG_ERROR, "task timers must be positive")
+        if self.silence_limit < 1 or self.max_targets < 1 or self.max_threads < 1:
+            raise LocalError(ErrorCode.CONFIG_ERROR, "task bounds must be positive")
+
+
+class Decision(NamedTuple):
+    """What the proposer must send after an event: an award, and releases."""
+
+    award: str | None = None
+    release: tuple[str, ...] = ()
+
+
+_PROPOSER_MOVES: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.SUBMITTED: frozenset(
+        {TaskState.WORKING, TaskState.REJECTED, TaskState.TIMED_OUT, TaskState.CANCELED}
+    ),
+    TaskState.WORKING: frozenset(
+        {
+            TaskState.WORKING,
+            TaskState.INPUT_REQUIRED,
+            TaskState.COMPLETED,
+            TaskState.FAILED,
+            TaskState.CANCELED,
+        }
+    ),
+}
+_PROPOSER_MOVES[TaskState.INPUT_REQUIRED] = _PROPOSER_MOVES[TaskState.WORKING]
+
+
+def _illegal(what: str, state: enum.Enum, new: enum.Enum) -> LocalError:
+    return LocalError(ErrorCode.ILLEGAL_TRANSITION, f"{what}: {state.value} -> {new.value}")
+
+
+@dataclass(slots=True)
+class ProposerThread:
+    """One task on the proposer's side (see the module docstring)."""
+
+    task_id: str
+    targets: tuple[str, ...]
+    deadline: float
+    selection: Selection = Selection.FIRST_ACCEPT
+    config: TaskConfig = field(default_factory=TaskConfig)
+    state: TaskState = TaskState.SUBMITTED
+    assignee: str | None = None
+    accepts: dict[str, Accepted] = field(default_factory=dict)
+    rejects: dict[str, Rejected] = field(default_factory=dict)
+    #: Agents that answered, in the order they did.
+    answered: list[str] = field(default_factory=list)
+    progress: float | None = None
+    message: str = ""
+    result: Any = None
+    error: dict[str, str] | None = None
+    last_heard: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.targets or len(set(self.targets)) != len(self.targets):
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "targets must be distinct and present")
+
+    @property
+    def settled(self) -> bool:
+        """Past negotiation: awarded, or ended without an award."""
+        return self.state is not TaskState.SUBMITTED
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def _move(self, new: TaskState) -> None:
+        if new not in _PROPOSER_MOVES.get(self.state, frozenset()):
+            raise _illegal(f"task {self.task_id}", self.state, new)
+        self.state = new
+
+    # -- answers --------------------------------------------------------------------------
+
+    def on_accept(self, accept: Accepted, now: float) -> Decision:
+        """A target accepted. Answers from non-targets and second answers are ignored."""
+        agent = accept.agent
+        if agent not in self.targets or agent in self.answered:
+            return Decision()
+        self.answered.append(agent)
+        self.accepts[agent] = accept
+        if self.settled:
+            return Decision(release=(agent,))
+        if self.selection is Selection.FIRST_ACCEPT:
+            return self._award(agent, now)
+        if len(self.answered) == len(self.targets):
+            return self._choose(now)
+        return Decision()
+
+    def on_reject(self, reject: Rejected, now: float) -> Decision:
+        """A target rejected (also how a proposal that could not be sent is recorded)."""
+        agent = reject.agent
+        if agent not in self.targets or agent in self.answered:
+            return Decision()
+        self.answered.append(agent)
+        self.rejects[agent] = reject
+        if not self.settled and len(self.answered) == len(self.targets):
+            return self._choose(now)
+        return Decision()
+
+    def _choose(self, now: float) -> Decision:
+        if not self.accepts:
+            everyone = len(self.rejects) == len(self.targets)
+            self._move(TaskState.REJECTED if everyone else TaskState.TIMED_OUT)
+            return Decision()
+        order = {a: i for i, a in enumerate(self.answered)}
+        if self.selection is Selection.LOWEST_LOAD:
+            best = min(self.accepts.values(), key=lambda a: (a.load / a.capacity, order[a.agent]))
+        else:
+            best = min(
+                self.accepts.values(), key=lambda a: (a.estimated_completion_ms, order[a.agent])
+            )
+        return self._award(best.agent, now)
+
+    def _award(self, agent: str, now: float) -> Decision:
+        self._move(TaskState.WORKING)
+        self.assignee = agent
+        self.last_heard = now
+        return Decision(agent, tuple(a for a in self.accepts if a != agent))
+
+    # -- the executor's reports -----------------------------------------------------------
+
+    def on_update(self, sender: str, update: Update, now: float) -> bool:
+        """The assignee reported; False (nothing changed) for anyone else, or for a state
+        the thread cannot move to (a report after the end)."""
+        if sender != self.assignee or self.state not in _PROPOSER_MOVES or not self.settled:
+            return False
+        if update.state not in _PROPOSER_MOVES[self.state]:
+            return False
+        self._move(update.state)
+        self.last_heard = now
+        if update.progress is not None:
+            self.progress = update.progress
+        self.message = update.message or self.message
+        if update.state is TaskState.COMPLETED:
+            self.result = update.result
+            self.progress = 1.0
+        elif update.state is TaskState.FAILED:
+            self.error = update.error or {"code": ErrorCode.INTERNAL, "message": "failed"}
+        return True
+
+    def input_sent(self, now: float) -> None:
+        """The proposer answered an ``input-required``."""
+        if self.state is not TaskState.INPUT_REQUIRED:
+            raise _illegal(f"task {self.task_id}", self.state, TaskState.WORKING)
+        self._move(TaskState.WORKING)
+        self.last_heard = now
+
+    def cancel(self) -> tuple[str, ...]:
+        """Cancel: the agents to tell (the assignee, or every acceptor while
+        negotiating). Raises LocalError(ILLEGAL_TRANSITION) once the task ended."""
+        was_settled = self.settled
+        self._move(TaskState.CANCELED)
+        if was_settled:
+            return (self.assignee,) if self.assignee is not None else ()
+        return tuple(self.accepts)
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def next_deadline(self) -> float:
+        if self.state is TaskState.SUBMITTED:
+            return self.deadline
+        if self.done:
+            return math.inf
+        return self.last_heard + self.config.keepalive * self.config.silence_limit
+
+    def handle_timer(self, now: float) -> Decision:
+        """The response deadline (award the best acceptor, else time out) or the
+        assignee's silence (fail with TIMEOUT)."""
+        if now < self.next_deadline():
+            return Decision()
+        if self.state is TaskState.SUBMITTED:
+            if self.accepts:
+                return self._choose(now)
+            self._move(TaskState.TIMED_OUT)
+            return Decision()
+        self._move(TaskState.FAILED)
+        self.error = {
+            "code": ErrorCode.TIMEOUT,
+            "message": f"{self.assignee} sent nothing for "
+            f"{self.config.keepalive * self.config.silence_limit:g} s",
+        }
+        return Decision()
+
+
+class ExecState(enum.StrEnum):
+    """One task on its executor's side."""
+
+    CONSIDERING = "considering"
+    RESERVED = "reserved"
+    WORKING = "working"
+    INPUT_REQUIRED = "input-required"
+    DONE = "done"
+
+
+_EXECUTOR_MOVES: dict[ExecState, frozenset[ExecState]] = {
+    ExecState.CONSIDERING: frozenset({ExecState.RESERVED, ExecState.DONE}),
+    ExecState.RESERVED: frozenset({ExecState.WORKING, ExecState.DONE}),
+    ExecState.WORKING: frozenset({ExecState.INPUT_REQUIRED, ExecState.DONE}),
+    ExecState.INPUT_REQUIRED: frozenset({ExecState.WORKING, ExecState.DONE}),
+}
+
+
+class ExecTimer(enum.Enum):
+    """What :meth:`ExecutorThread.handle_timer` asks the driver to do."""
+
+    NOTHING = enum.auto()
+    #: The award never came: forget the reservation.
+    EXPIRED = enum.auto()
+    #: Report ``working`` (a keepalive).
+    KEEPALIVE = enum.auto()
+
+
+@dataclass(slots=True)
+class ExecutorThread:
+    """One task on the executor's side (see the module docstring). ``answer_by`` is the
+    proposal's response deadline on the executor's clock."""
+
+    task_id: str
+    proposer: str
+    answer_by: float
+    config: TaskConfig = field(default_factory=TaskConfig)
+    state: ExecState = ExecState.CONSIDERING
+    #: When the state last changed, or a report was last sent.
+    since: float = 0.0
+
+    def _move(self, new: ExecState, now: float) -> None:
+        if new not in _EXECUTOR_MOVES.get(self.state, frozenset()):
+            raise _illegal(f"task {self.task_id}", self.state, new)
+        self.state = new
+        self.since = now
+
+    def decided(self, accept: bool, now: float) -> bool:
+        """The proposal handler answered; False when the answer comes too late to count
+        (the thread is then done: the proposer has moved on)."""
+        in_time = now <= self.answer_by
+        self._move(ExecState.RESERVED if accept and in_time else ExecState.DONE, now)
+        return in_time
+
+    def award(self, now: float) -> None:
+        self._move(ExecState.WORKING, now)
+
+    def release(self, now: float) -> None:
+        self._move(ExecState.DONE, now)
+
+    def asked(self, now: float) -> None:
+        self._move(ExecState.INPUT_REQUIRED, now)
+
+    def answered(self, now: float) -> None:
+        self._move(ExecState.WORKING, now)
+
+    def reported(self, now: float) -> None:
+        """A report went to the proposer: the keepalive timer restarts."""
+        self.since = now
+
+    def finish(self, now: float) -> None:
+        """Done (completed, failed, canceled or released); idempotent."""
+        if self.state is not ExecState.DONE:
+            self._move(ExecState.DONE, now)
+
+    def next_deadline(self) -> float:
+        if self.state is ExecState.RESERVED:
+            return self.since + self.config.award_timeout
+        if self.state in (ExecState.WORKING, ExecState.INPUT_REQUIRED):
+            return self.since + self.config.keepalive
+        return math.inf
+
+    def handle_timer(self, now: float) -> ExecTimer:
+        if now < self.next_deadline():
+            return ExecTimer.NOTHING
+        if self.state is ExecState.RESERVED:
+            self._move(ExecState.DONE, now)
+            return ExecTimer.EXPIRED
+        self.since = now
+        return ExecTimer.KEEPALIVE
+
+
+@dataclass(slots=True)
+class TaskStats:
+    """Counters of one node's task service (``status`` shows them)."""
+
+    proposals_sent: int = 0
+    proposals_accepted: int = 0
+    proposals_rejected: int = 0
+    proposals_timed_out: int = 0
+    proposals_received: int = 0
+    tasks_completed: int = 0
+    tasks_failed: int = 0
+    tasks_canceled: int = 0
+    bad_messages: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "proposalsSent": self.proposals_sent,
+            "proposalsAccepted": self.proposals_accepted,
+            "proposalsRejected": self.proposals_rejected,
+            "proposalsTimedOut": self.proposals_timed_out,
+            "proposalsReceived": self.proposals_received,
+            "tasksCompleted": self.tasks_completed,
+            "tasksFailed": self.tasks_failed,
+            "tasksCanceled": self.tasks_canceled,
+            "badMessages": self.bad_messages,
+        }
+
+
+__all__ = [
+    "Decision",
+    "ExecState",
+    "ExecTimer",
+    "ExecutorThread",
+    "ProposerThread",
+    "TaskConfig",
+    "TaskStats",
+]
