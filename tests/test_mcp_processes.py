@@ -43,7 +43,7 @@ SEEN_TIMEOUT = 20.0
 NOTES_SERVER = '''
 import os
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("notes", instructions="Notes kept by a FastMCP server")
 
@@ -58,6 +58,18 @@ def shout(text: str) -> str:
 def pid() -> int:
     """The server's process id."""
     return os.getpid()
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Offer one more tool, and say so."""
+
+    def extra() -> str:
+        return "new"
+
+    server.add_tool(extra)
+    await ctx.request_context.session.send_tool_list_changed()
+    return "grown"
 
 
 @server.resource("notes://today", mime_type="text/markdown")
@@ -270,7 +282,7 @@ async def test_a_fastmcp_server_published_on_one_node_is_called_from_another(
             await wait_until(lambda: lines, SEEN_TIMEOUT)
             published = json.loads(lines[0])
             assert published["event"] == "published"
-            assert published["tools"] == ["pid", "shout"]
+            assert published["tools"] == ["grow", "pid", "shout"]
             assert published["resources"] == ["notes://today"]
             await call_until(caller, "notes.shout", {"text": "x"})
             code, out, err = await p2pnode(
@@ -309,6 +321,9 @@ async def test_the_daemon_hosts_an_mcp_server_with_mcp_server(tmp_path: Path) ->
         assert [r["uri"] for r in listed["items"]] == ["notes://today"]
         history = await owner.call({"op": "tools.history"})
         assert history["invocations"][-1]["agentId"] == "caller-agent"
+        # The server offers a new tool and says so: the agent is published again with it.
+        assert (await call_until(caller, "notes.grow", {})) == {"result": "grown"}
+        assert (await call_until(caller, "notes.extra", {})) == {"result": "new"}
 
 
 @pytest.mark.slow

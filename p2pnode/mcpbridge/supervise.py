@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -50,7 +51,7 @@ from mcp.shared.message import SessionMessage
 from p2pnode import __version__
 from p2pnode.agent import Agent
 from p2pnode.boundary import describe
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import Identity
 from p2pnode.mcpbridge.mirror import CALL_TIMEOUT, mirror_agent
 from p2pnode.node.service import ServiceHost
@@ -64,6 +65,8 @@ Host = Callable[[Agent, anyio.Event], Awaitable[None]]
 
 #: Seconds the child gets to start and list what it offers.
 START_TIMEOUT = 30.0
+#: Seconds withdrawing an agent from a node may take.
+WITHDRAW_TIMEOUT = 5.0
 
 
 class ChildState(enum.Enum):
@@ -254,6 +257,9 @@ class ChildServer:
                 with anyio.fail_after(START_TIMEOUT):
                     await session.initialize()
                 while not life.gone:
+                    # Before listing: a change announced while listing withdraws this
+                    # publication at once, and the next one lists again.
+                    withdraw = life.next_publication()
                     with anyio.fail_after(START_TIMEOUT):
                         agent = await mirror_agent(
                             session,
@@ -263,7 +269,6 @@ class ChildServer:
                             access=spec.access,
                             call_timeout=spec.call_timeout,
                         )
-                    withdraw = life.next_publication()
                     self.agent = agent
                     self.state = ChildState.PUBLISHED
                     logger.info(
@@ -322,7 +327,9 @@ def host_in_node(
         try:
             await gone.wait()
         finally:
-            with anyio.CancelScope(shield=True):
+            # Also when cancelled (the node is stopping); bounded, and an agent the node
+            # no longer hosts is withdrawn already.
+            with anyio.move_on_after(WITHDRAW_TIMEOUT, shield=True), suppress(P2PError):
                 await node.remove_agent(agent.id)
 
     return host
@@ -375,6 +382,7 @@ def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None
 
 __all__ = [
     "START_TIMEOUT",
+    "WITHDRAW_TIMEOUT",
     "ChildServer",
     "ChildServers",
     "ChildState",
