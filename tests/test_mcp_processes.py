@@ -239,7 +239,8 @@ async def test_mcp_serve_over_streamable_http_wants_its_token(tmp_path: Path) ->
 
 
 async def http_client(url: str, token: str) -> tuple[int, Any]:
-    """The status of a request without the token, and toolbox.estimate's result with it."""
+    """The status of a request without the token, and toolbox.estimate's result with it
+    (after checking the server announces that its tool list changes)."""
     async with httpx2.AsyncClient() as anonymous:
         refused = (await anonymous.post(url, json={})).status_code
     headers = {"Authorization": f"Bearer {token}"}
@@ -248,7 +249,8 @@ async def http_client(url: str, token: str) -> tuple[int, Any]:
         streamable_http_client(url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
-        await session.initialize()
+        init = await session.initialize()
+        assert init.capabilities.tools is not None and init.capabilities.tools.list_changed
         for _ in range(200):  # until the caller node knows the owner
             names = [t.name for t in (await session.list_tools()).tools]
             if "toolbox.estimate" in names:

@@ -92,6 +92,23 @@ class SwarmTools(Protocol):
 Context = ServerRequestContext[Any]
 
 
+class _ListsChange(Server[Any]):
+    """The SDK's low-level server announcing ``listChanged`` for tools, resources and
+    prompts on every transport (the streamable HTTP session manager asks for the
+    options with no arguments)."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        changes = notification_options or NotificationOptions(
+            prompts_changed=True, resources_changed=True, tools_changed=True
+        )
+        return super().create_initialization_options(changes, experimental_capabilities, extensions)
+
+
 class SwarmServer:
     """One MCP server over the swarm's tools, resources and prompts, as the agent that
     ``tools`` uses them as (see the module docstring)."""
@@ -111,7 +128,7 @@ class SwarmServer:
         self._wrapped: set[str] = set()
         self._bus = InMemorySubscriptionBus()
         self._sessions: dict[int, ServerSession] = {}
-        self.server: Server[Any] = Server(
+        self.server: Server[Any] = _ListsChange(
             name,
             version=__version__,
             description="The tools, resources and prompts of a p2pnode swarm",
@@ -129,10 +146,7 @@ class SwarmServer:
 
     def initialization_options(self) -> InitializationOptions:
         """What the server announces: every list may change."""
-        changes = NotificationOptions(
-            prompts_changed=True, resources_changed=True, tools_changed=True
-        )
-        return self.server.create_initialization_options(changes)
+        return self.server.create_initialization_options()
 
     async def run(
         self,
