@@ -135,6 +135,7 @@ async def session_of(
 
 def test_swarm_names_become_mcp_names_and_back() -> None:
     assert mcp_name("toolbox.add") == "toolbox.add"
+    assert mcp_name("node:eu/west.search") == "node_eu_west.search-fa87424c"  # mcp.md §2.3
     odd = mcp_name("node:eu/west.search")
     assert odd.startswith("node_eu_west.search-") and len(odd) == len("node_eu_west.search") + 9
     assert mcp_name("node:eu/west.search") == odd  # stable
