@@ -10,6 +10,8 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -351,3 +353,26 @@ async def test_what_cannot_run_is_one_error_line(tmp_path: Path) -> None:
     code, _, err = await p2pnode(env, *failures[2])
     assert "CONFIG_ERROR: MCP server x" in err
     assert "ended before it listed what it offers: FileNotFoundError" in err
+
+
+def readme_section() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return text.split("## Use it from an MCP client", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readmes_mcp_commands_parse() -> None:
+    section = readme_section()
+    config = json.loads(re.findall(r"```json\n(.*?)```", section, re.DOTALL)[0])
+    server = config["mcpServers"]["p2pnode"]
+    assert server["command"] == "p2pnode"
+    commands = [server["args"]]
+    [block] = re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+    for line in block.splitlines():
+        if line.strip() and not line.startswith("#"):
+            argv = shlex.split(line)
+            assert argv[0] == "p2pnode"
+            commands.append(argv[1:])
+    parser = cli.build_parser()
+    for argv in commands:
+        parser.parse_args(argv)
+    assert "notes_server.py" in block and (EXAMPLES / "notes_server.py").exists()
