@@ -186,6 +186,8 @@ class TaskService:
         self._wake = trio.Event()
         #: The executor's side: proposals to this node's agents.
         self.executor = TaskExecutor(host, self.config, self.stats, self._handlers)
+        #: The node's swarm service, once started (p2pnode.node.swarms.open_swarms).
+        self.swarms: Any = None
 
     # -- lifecycle and agents ---------------------------------------------------------------
 
@@ -221,6 +223,10 @@ class TaskService:
             handlers.proposer = None
         self.executor.cancel_agent(agent_id)
 
+    def handlers(self, agent_id: str) -> TaskHandlers | None:
+        """The task handlers of bound local agent ``agent_id``."""
+        return self._handlers.get(agent_id)
+
     def load(self, agent_id: str) -> int:
         """Tasks local agent ``agent_id`` runs now."""
         return self.executor.load(agent_id)
@@ -229,6 +235,8 @@ class TaskService:
         """The counters ``status`` shows, and the threads open now."""
         out = self.stats.to_dict()
         out["open"] = self._open()
+        if self.swarms is not None:
+            out.update(self.swarms.statistics())
         return out
 
     def _open(self) -> int:

@@ -1,0 +1,601 @@
+"""The swarm document: a swarm's plan and journal in one CRDT document, and its fold.
+
+Theory of operation (docs/protocol/tasks.md §4):
+
+* A swarm ``S`` lives in the shared document ``swarm.S`` that every
+  participant replicates (seed R8.3). Its root map holds:
+
+  - ``plan/meta`` and ``plan/c<k>``: LWW registers of JSON text, written once
+    by the opener: the :class:`Plan` (sub-tasks with their capabilities,
+    complexity and input; the aggregation; the lease), in chunks under the
+    64 KiB register limit;
+  - ``coord``: an LWW register ``{"agent", "epoch", "beat"}``: the
+    coordinator's lease, renewed by rewriting it with ``beat`` + 1;
+  - ``log/<epoch>:<agent>/<seq>``: the coordinator's journal, one register of
+    JSON text per key, each key written once by one writer (the coordinator
+    of that epoch), so replicas never conflict on it;
+  - ``cancel``: an LWW register, set by the opener to cancel the swarm.
+
+* A journal :class:`Record` lists what the coordinator decided in one tick:
+  participants joined (``j``), sub-tasks assigned (``a``), results accepted
+  (``d``, with the result: R8.4), failed attempts (``f``), participants
+  whose lease expired (``x``), leases (``l``, wall-clock ms, for readers),
+  sub-tasks escalated (``e``), the swarm's status (``s``) and outcome (``o``).
+* :func:`fold` replays the records in key order (epoch, then writer, then
+  sequence) into a :class:`SwarmView`. The first ``d`` of a sub-task in that
+  order is its accepted result; later ones are duplicates (a result is
+  accepted exactly once, even when two coordinators overlapped during a
+  takeover). :class:`DocReader` does it incrementally as a replica changes.
+  Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.jsonutil import dumps, is_json_value
+from p2pnode.task import Task, TaskError, valid_id
+
+#: Prefix of a swarm's document name (``swarm.<id>``).
+DOC_PREFIX = "swarm."
+#: Largest JSON text written in one register (the CRDT limit is 64 KiB).
+CHUNK_CHARS = 48 * 1024
+MAX_SUBTASKS = 10_000
+#: A single sub-task's result, as JSON text, at most (it must fit a journal record).
+MAX_RESULT_CHARS = 16 * 1024
+
+PENDING, ASSIGNED, DONE, ESCALATED = "pending", "assigned", "done", "escalated"
+WORKING, INPUT_REQUIRED, COMPLETED, CANCELED = "working", "input-required", "completed", "canceled"
+SWARM_STATES = frozenset({WORKING, INPUT_REQUIRED, COMPLETED, CANCELED})
+
+
+def _sum(results: list[Any]) -> Any:
+    if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in results):
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "sum: every result must be a number")
+    return sum(results)
+
+
+def _concat(results: list[Any]) -> Any:
+    if all(isinstance(r, str) for r in results):
+        return "".join(results)
+    if all(isinstance(r, list) for r in results):
+        return [item for r in results for item in r]
+    raise LocalError(ErrorCode.INVALID_ARGUMENT, "concat: results must all be strings or lists")
+
+
+#: Built-in aggregations of the results (in plan order) into the outcome (R8.6).
+AGGREGATIONS: Mapping[str, Callable[[list[Any]], Any]] = {
+    "list": list,
+    "sum": _sum,
+    "concat": _concat,
+    "count": len,
+}
+
+
+def aggregate(name: str, ids: Sequence[str], results: list[Any]) -> Any:
+    """The outcome of ``results`` (in plan order) by the aggregation ``name``; ``map``
+    gives ``{sub-task id: result}``. Raises LocalError(INVALID_ARGUMENT)."""
+    if name == "map":
+        return dict(zip(ids, results, strict=True))
+    function = AGGREGATIONS.get(name)
+    if function is None:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"unknown aggregation {name!r}")
+    return function(results)
+
+
+def doc_name(swarm: str) -> str:
+    """The shared document of swarm ``swarm``."""
+    return DOC_PREFIX + swarm
+
+
+@dataclass(frozen=True, slots=True)
+class SubTask:
+    """One part of a swarm's task: an id unique in the plan, and the task itself."""
+
+    id: str
+    task: Task
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, **self.task.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: object, error: type[Exception] = TaskError) -> SubTask:
+        if not isinstance(data, dict) or not valid_id(data.get("id")):
+            raise _error(error, "sub-task: needs an id")
+        body = {k: v for k, v in data.items() if k != "id"}
+        body.setdefault("capabilities", [])
+        body.setdefault("complexity", 1.0)
+        try:
+            return cls(data["id"], Task.from_dict_untrusted(body))
+        except TaskError as exc:
+            raise _error(error, f"sub-task {data['id']}: {exc.message}") from None
+
+
+def _error(kind: type[Exception], message: str) -> Exception:
+    if kind is LocalError:
+        return LocalError(ErrorCode.INVALID_ARGUMENT, message)
+    return TaskError(ErrorCode.MALFORMED_MESSAGE, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A swarm's task split into sub-tasks (see the module docstring).
+
+    ``aggregate`` names a built-in aggregation (``list``, ``sum``, ``concat``,
+    ``count``, ``map``); ``lease`` is the seconds a participant or coordinator
+    holds its lease without renewing it. Raises LocalError(INVALID_ARGUMENT).
+    """
+
+    swarm: str
+    description: str
+    subtasks: tuple[SubTask, ...]
+    aggregate: str = "list"
+    lease: float = 10.0
+    opener: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "subtasks", tuple(self.subtasks))
+        problems = []
+        if not valid_id(self.swarm) or len(DOC_PREFIX + self.swarm) > 123:
+            problems.append("swarm: an id of at most 117 characters")
+        if not 0 < len(self.subtasks) <= MAX_SUBTASKS:
+            problems.append(f"subtasks: 1 to {MAX_SUBTASKS}")
+        if len({s.id for s in self.subtasks}) != len(self.subtasks):
+            problems.append("subtasks: ids must be distinct")
+        if self.aggregate != "map" and self.aggregate not in AGGREGATIONS:
+            problems.append(f"aggregate: one of {sorted([*AGGREGATIONS, 'map'])}")
+        if not (isinstance(self.lease, int | float) and 0.05 <= self.lease <= 3600):
+            problems.append("lease: 0.05 to 3600 seconds")
+        if len(self.description) > 4096:
+            problems.append("description: at most 4096 characters")
+        if problems:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "; ".join(problems), problems=problems)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(s.id for s in self.subtasks)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Every capability some sub-task needs."""
+        return frozenset(c for s in self.subtasks for c in s.task.capabilities)
+
+    @classmethod
+    def from_json(cls, data: object, *, swarm: str, opener: str = "") -> Plan:
+        """A plan from its JSON form (a ``swarm run`` file): ``{"description",
+        "aggregate", "lease", "subtasks": [{"id", "description", "capabilities",
+        "complexity", "input"}, ...]}``. Raises LocalError(INVALID_ARGUMENT)."""
+        if not isinstance(data, dict) or not isinstance(data.get("subtasks"), list):
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "a plan is an object with subtasks")
+        unknown = set(data) - {"description", "aggregate", "lease", "subtasks"}
+        if unknown:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"plan: unknown fields {sorted(unknown)}")
+        return cls(
+            swarm,
+            str(data.get("description", "")),
+            tuple(SubTask.from_dict(s, LocalError) for s in data["subtasks"]),
+            str(data.get("aggregate", "list")),
+            float(data.get("lease", 10.0)),
+            opener,
+        )
+
+    def chunks(self) -> list[tuple[str, str]]:
+        """The plan as ``(key, JSON text)`` registers under ``plan``: ``meta`` and the
+        sub-task chunks ``c0``, ``c1``, ..."""
+        parts: list[list[dict[str, Any]]] = [[]]
+        size = 0
+        for sub in self.subtasks:
+            entry = sub.to_dict()
+            length = len(dumps(entry)) + 1
+            if length > CHUNK_CHARS:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, f"sub-task {sub.id} is too large")
+            if size + length > CHUNK_CHARS:
+                parts.append([])
+                size = 0
+            parts[-1].append(entry)
+            size += length
+        meta = {
+            "swarm": self.swarm,
+            "description": self.description,
+            "aggregate": self.aggregate,
+            "lease": self.lease,
+            "opener": self.opener,
+            "count": len(self.subtasks),
+            "chunks": len(parts),
+        }
+        return [("meta", dumps(meta))] + [(f"c{i}", dumps(p)) for i, p in enumerate(parts)]
+
+    @classmethod
+    def from_doc_untrusted(cls, plan: object) -> Plan | None:
+        """The plan held in a document's ``plan`` map; None while incomplete (its
+        registers still on their way). Raises TaskError when it is malformed."""
+        if not isinstance(plan, dict) or "meta" not in plan:
+            return None
+        meta = _loads(plan["meta"])
+        if not isinstance(meta, dict) or not isinstance(meta.get("chunks"), int):
+            raise TaskError(ErrorCode.MALFORMED_MESSAGE, "plan meta is malformed")
+        keys = [f"c{i}" for i in range(meta["chunks"])]
+        if not all(k in plan for k in keys):
+            return None
+        subtasks: list[SubTask] = []
+        for key in keys:
+            part = _loads(plan[key])
+            if not isinstance(part, list):
+                raise TaskError(ErrorCode.MALFORMED_MESSAGE, "plan chunk is malformed")
+            subtasks.extend(SubTask.from_dict(s) for s in part)
+        try:
+            return cls(
+                str(meta.get("swarm")),
+                str(meta.get("description", "")),
+                tuple(subtasks),
+                str(meta.get("aggregate", "list")),
+                float(meta.get("lease", 10.0)),
+                str(meta.get("opener", "")),
+            )
+        except (LocalError, TypeError, ValueError) as exc:
+            raise TaskError(ErrorCode.MALFORMED_MESSAGE, f"plan: {exc}") from None
+
+
+def _loads(text: object) -> Any:
+    if not isinstance(text, str):
+        raise TaskError(ErrorCode.MALFORMED_MESSAGE, "a swarm register holds JSON text")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise TaskError(ErrorCode.MALFORMED_MESSAGE, "a swarm register holds bad JSON") from None
+
+
+@dataclass(slots=True)
+class Record:
+    """One journal entry of a coordinator (the keys are in the module docstring)."""
+
+    joined: list[tuple[str, tuple[str, ...], int]] = field(default_factory=list)
+    assigned: list[tuple[int, str, int]] = field(default_factory=list)
+    done: list[tuple[int, int, str, Any]] = field(default_factory=list)
+    failed: list[tuple[int, str, int, str]] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)
+    leases: dict[str, int] = field(default_factory=dict)
+    escalated: list[int] = field(default_factory=list)
+    status: str | None = None
+    outcome: Any = None
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.joined
+            or self.assigned
+            or self.done
+            or self.failed
+            or self.dead
+            or self.leases
+            or self.escalated
+            or self.status is not None
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        pairs: list[tuple[str, Any]] = [
+            ("j", [[a, list(c), n] for a, c, n in self.joined]),
+            ("a", [list(x) for x in self.assigned]),
+            ("d", [list(x) for x in self.done]),
+            ("f", [list(x) for x in self.failed]),
+            ("x", self.dead),
+            ("l", self.leases),
+            ("e", self.escalated),
+        ]
+        for key, value in pairs:
+            if value:
+                out[key] = value
+        if self.status is not None:
+            out["s"] = self.status
+            if self.status == COMPLETED:
+                out["o"] = self.outcome
+        return out
+
+    @classmethod
+    def from_json_untrusted(cls, data: object, count: int) -> Record:
+        """A record read from a replica (``count``: sub-tasks in the plan). Raises
+        TaskError(MALFORMED_MESSAGE)."""
+        try:
+            return _parse_record(data, count)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+            raise TaskError(ErrorCode.MALFORMED_MESSAGE, "a journal record is malformed") from None
+
+
+def _index(value: object, count: int) -> int:
+    if type(value) is not int or not 0 <= value < count:
+        raise ValueError("bad index")
+    return value
+
+
+def _agent(value: object) -> str:
+    if not valid_id(value):
+        raise ValueError("bad agent")
+    assert isinstance(value, str)
+    return value
+
+
+def _ms(value: object) -> int:
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise ValueError("bad time")
+    return value
+
+
+def _count(value: object) -> int:
+    if type(value) is not int or not 0 <= value < 2**31:
+        raise ValueError("bad count")
+    return value
+
+
+def _parse_record(data: object, count: int) -> Record:
+    if not isinstance(data, dict) or set(data) - set("jadfxleso"):
+        raise ValueError("not a record")
+    record = Record()
+    for agent, caps, capacity in data.get("j", []):
+        capabilities = tuple(_agent(c) for c in caps)
+        record.joined.append((_agent(agent), capabilities, max(1, _count(capacity))))
+    for index, agent, attempt in data.get("a", []):
+        record.assigned.append((_index(index, count), _agent(agent), _count(attempt)))
+    for index, attempt, agent, result in data.get("d", []):
+        if not is_json_value(result):
+            raise ValueError("bad result")
+        record.done.append((_index(index, count), _count(attempt), _agent(agent), result))
+    for index, agent, attempt, code in data.get("f", []):
+        record.failed.append((_index(index, count), _agent(agent), _count(attempt), _agent(code)))
+    record.dead = [_agent(a) for a in data.get("x", [])]
+    record.leases = {_agent(a): _ms(ms) for a, ms in data.get("l", {}).items()}
+    record.escalated = [_index(i, count) for i in data.get("e", [])]
+    status = data.get("s")
+    if status is not None and status not in SWARM_STATES:
+        raise ValueError("bad status")
+    record.status = status
+    record.outcome = data.get("o")
+    if not is_json_value(record.outcome):
+        raise ValueError("bad outcome")
+    return record
+
+
+@dataclass(slots=True)
+class SubState:
+    """One sub-task as the journal says: its status, assignee and attempt, and once done
+    its accepted result and where it was accepted (the record's key)."""
+
+    status: str = PENDING
+    assignee: str | None = None
+    attempt: int = 0
+    result: Any = None
+    ref: str | None = None
+    failures: int = 0
+    escalated: bool = False
+
+
+@dataclass(slots=True)
+class Member:
+    """A participant as the journal says."""
+
+    capabilities: frozenset[str]
+    capacity: int = 1
+    alive: bool = True
+    lease_ms: int = 0
+
+
+@dataclass(slots=True)
+class SwarmView:
+    """The swarm as a replica's journal says (:func:`fold`)."""
+
+    subtasks: list[SubState]
+    members: dict[str, Member] = field(default_factory=dict)
+    status: str = WORKING
+    outcome: Any = None
+    #: Results accepted for a sub-task already done (dropped: counted once).
+    duplicates: int = 0
+
+    @property
+    def done(self) -> int:
+        return sum(1 for s in self.subtasks if s.status == DONE)
+
+    @property
+    def complete(self) -> bool:
+        return all(s.status == DONE for s in self.subtasks)
+
+    def results(self) -> list[Any]:
+        """The accepted results in plan order (None for a sub-task not done)."""
+        return [s.result for s in self.subtasks]
+
+    def live_members(self) -> list[str]:
+        return sorted(a for a, m in self.members.items() if m.alive)
+
+
+def fold(count: int, records: Iterable[tuple[str, Record]]) -> SwarmView:
+    """Replay ``records`` (``(key, record)``; sorted here by key) into a view of a plan of
+    ``count`` sub-tasks (see the module docstring)."""
+    view = SwarmView([SubState() for _ in range(count)])
+    for key, record in sorted(records, key=lambda kr: kr[0]):
+        apply(view, key, record)
+    return view
+
+
+def apply(view: SwarmView, key: str, record: Record) -> None:
+    """Replay one record onto ``view`` (what :func:`fold` does for each). Deaths come
+    first: a participant declared dead and joining again in one tick is alive."""
+    for agent in record.dead:
+        if agent in view.members:
+            view.members[agent].alive = False
+    for agent, caps, capacity in record.joined:
+        member = view.members.get(agent)
+        if member is None:
+            view.members[agent] = Member(frozenset(caps), capacity)
+        else:
+            member.capabilities, member.capacity, member.alive = frozenset(caps), capacity, True
+    for index, agent, attempt in record.assigned:
+        sub = view.subtasks[index]
+        if sub.status != DONE:
+            sub.status, sub.assignee, sub.escalated = ASSIGNED, agent, False
+            sub.attempt = max(sub.attempt, attempt)
+    for index, attempt, agent, result in record.done:
+        sub = view.subtasks[index]
+        if sub.status == DONE:
+            view.duplicates += 1
+            continue
+        sub.status, sub.assignee, sub.attempt = DONE, agent, attempt
+        sub.result, sub.ref, sub.escalated = result, key, False
+    for index, _agent_id, attempt, _code in record.failed:
+        sub = view.subtasks[index]
+        sub.failures += 1
+        if sub.status == ASSIGNED and sub.attempt == attempt:
+            sub.status = PENDING
+    for agent, ms in record.leases.items():
+        if agent in view.members:
+            view.members[agent].lease_ms = ms
+    for index in record.escalated:
+        sub = view.subtasks[index]
+        if sub.status != DONE:
+            sub.status, sub.escalated = ESCALATED, True
+    if record.status is not None:
+        view.status = record.status
+        if record.status == COMPLETED:
+            view.outcome = record.outcome
+
+
+@dataclass(frozen=True, slots=True)
+class CoordLease:
+    """The ``coord`` register: who coordinates, in which epoch, and its renewal count."""
+
+    agent: str
+    epoch: int
+    beat: int
+
+    def to_json(self) -> str:
+        return dumps({"agent": self.agent, "epoch": self.epoch, "beat": self.beat})
+
+    @classmethod
+    def from_register_untrusted(cls, text: object) -> CoordLease:
+        data = _loads(text)
+        if (
+            not isinstance(data, dict)
+            or not valid_id(data.get("agent"))
+            or type(data.get("epoch")) is not int
+            or type(data.get("beat")) is not int
+        ):
+            raise TaskError(ErrorCode.MALFORMED_MESSAGE, "coord register is malformed")
+        return cls(data["agent"], data["epoch"], data["beat"])
+
+
+def lease_stamp(epoch: int, now_ms: int) -> int:
+    """The LWW timestamp of a ``coord`` write: the epoch first, so a later term's claim
+    wins over every renewal of an earlier one whatever the clocks say."""
+    return min(epoch, 900_000) * 10**13 + now_ms % 10**13
+
+
+def log_key(epoch: int, agent: str) -> str:
+    """The journal map of one coordinator term (sorts by epoch, then writer)."""
+    return f"{epoch:010d}:{agent}"
+
+
+class DocReader:
+    """Successive values of one replica's swarm document, read incrementally: the plan
+    once, each journal record once (a key is written once), and the fold extended in
+    place while records arrive in key order (refolded when one arrives out of order)."""
+
+    def __init__(self) -> None:
+        self.plan: Plan | None = None
+        self.coord: CoordLease | None = None
+        self.canceled = False
+        self.view: SwarmView | None = None
+        self.records: dict[str, Record] = {}
+        #: Registers that did not parse (skipped).
+        self.bad = 0
+        self._coord_text: object = None
+        self._last = ""
+
+    def read_untrusted(self, value: Mapping[str, Any]) -> list[tuple[str, Record]]:
+        """Take the document's current ``value``; the records new since the last read, in
+        key order. Raises TaskError when the plan is malformed."""
+        if self.plan is None:
+            self.plan = Plan.from_doc_untrusted(value.get("plan"))
+            if self.plan is None:
+                return []
+        text = value.get("coord")
+        if text is not None and text != self._coord_text:
+            self._coord_text = text
+            try:
+                self.coord = CoordLease.from_register_untrusted(text)
+            except RemoteError:
+                self.bad += 1
+        self.canceled = value.get("cancel") is True
+        new = sorted(self._new_records(value.get("log")), key=lambda kr: kr[0])
+        if self.view is None or (new and new[0][0] < self._last):
+            self.records.update(new)
+            self.view = fold(len(self.plan.subtasks), self.records.items())
+        else:
+            for key, record in new:
+                self.records[key] = record
+                apply(self.view, key, record)
+        if new:
+            self._last = max(self._last, new[-1][0])
+        return new
+
+    def _new_records(self, log: object) -> list[tuple[str, Record]]:
+        assert self.plan is not None
+        if not isinstance(log, dict):
+            return []
+        count = len(self.plan.subtasks)
+        out: list[tuple[str, Record]] = []
+        for term, entries in log.items():
+            if not isinstance(entries, dict):
+                self.bad += 1
+                continue
+            for seq, text in entries.items():
+                key = f"{term}/{seq}"
+                if key in self.records:
+                    continue
+                try:
+                    out.append((key, Record.from_json_untrusted(_loads(text), count)))
+                except RemoteError:
+                    self.records[key] = Record()  # skipped, and not parsed again
+                    self.bad += 1
+        return out
+
+
+def encode_result(result: Any) -> Any:
+    """``result`` checked to be JSON data small enough for the journal. Raises
+    LocalError(MESSAGE_TOO_LARGE) or LocalError(INVALID_ARGUMENT)."""
+    if not is_json_value(result):
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "a sub-task's result must be JSON data")
+    if len(dumps(result)) > MAX_RESULT_CHARS:
+        raise LocalError(
+            ErrorCode.MESSAGE_TOO_LARGE, f"a sub-task's result is over {MAX_RESULT_CHARS} chars"
+        )
+    return result
+
+
+__all__ = [
+    "AGGREGATIONS",
+    "ASSIGNED",
+    "CANCELED",
+    "COMPLETED",
+    "DOC_PREFIX",
+    "DONE",
+    "ESCALATED",
+    "INPUT_REQUIRED",
+    "PENDING",
+    "WORKING",
+    "CoordLease",
+    "DocReader",
+    "Member",
+    "Plan",
+    "Record",
+    "SubState",
+    "SubTask",
+    "SwarmView",
+    "aggregate",
+    "apply",
+    "doc_name",
+    "encode_result",
+    "fold",
+    "lease_stamp",
+    "log_key",
+]
