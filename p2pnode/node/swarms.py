@@ -132,6 +132,8 @@ class _Coordinating:
     last_recruit: float = -1e18
     #: Agents invited whose answer has not come yet.
     inviting: set[str] = field(default_factory=set)
+    #: Set when something the coordinator decides on arrived (a result, a join).
+    wake: trio.Event = field(default_factory=trio.Event)
 
 
 class SwarmService:
@@ -264,17 +266,22 @@ class SwarmService:
         plan = core.plan
         renew_every = plan.lease / 3
         next_renew = trio.current_time() + renew_every
+        next_journal = trio.current_time()
         with term.scope:
             try:
                 while True:
                     now = trio.current_time()
                     orders = core.tick(now)
                     await self._send_orders(node, term, orders)
-                    await self._journal(node, term)
+                    # Decisions go out at once; the journal is written once per tick.
+                    finished = core.status in (COMPLETED, CANCELED)
+                    if now >= next_journal or finished:
+                        next_journal = now + self.config.tick
+                        await self._journal(node, term)
                     if now >= next_renew:
                         next_renew = now + renew_every
                         await self._renew(node, term)
-                    if core.status in (COMPLETED, CANCELED):
+                    if finished:
                         await self._finish(node, term)
                         return
                     if core.missing_capabilities() and (
@@ -284,7 +291,11 @@ class SwarmService:
                         self._running().start_soon(
                             self._recruit, node, term.agent, core.missing_capabilities()
                         )
-                    await trio.sleep(self.config.tick)
+                    # A result (room at a participant) or a join wakes the coordinator
+                    # before the tick; the tick is what expires leases.
+                    with trio.move_on_at(next_journal):
+                        await term.wake.wait()
+                    term.wake = trio.Event()
             finally:
                 if self._coordinating.get(node.swarm) is term:
                     del self._coordinating[node.swarm]
@@ -401,6 +412,7 @@ class SwarmService:
         external = accepted.load if accepted is not None else 0
         if self._coordinating.get(node.swarm) is term:
             now = trio.current_time()
+            term.wake.set()
             term.core.join(
                 card.id,
                 offered,
@@ -449,6 +461,7 @@ class SwarmService:
                     )
                 return
             core.beat(agent, 0, now=now, now_ms=now_ms)
+            term.wake.set()
             for index, attempt, value in payload.get("results", []):
                 if type(index) is int and type(attempt) is int:
                     core.result(agent, index, attempt, value)
