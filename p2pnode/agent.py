@@ -40,7 +40,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 from p2pnode.card import Capability
 from p2pnode.envelope import Envelope, MessageType
@@ -221,6 +221,12 @@ class Agent:
         while it has room."""
         self.tasks.set_proposal(handler)
         return handler
+
+    @overload
+    def on_task(self, handler: T, *, capacity: int = 1) -> T: ...
+
+    @overload
+    def on_task(self, handler: None = None, *, capacity: int = 1) -> Callable[[T], T]: ...
 
     def on_task(self, handler: T | None = None, *, capacity: int = 1) -> Any:
         """Declare what does the tasks awarded to the agent: ``handler(work)`` gets a
