@@ -2,7 +2,7 @@
 
 Every seed is a real object (identities from fixed seeds, cards built and
 signed through :class:`AgentCard`, envelopes from an :class:`EnvelopeFactory`
-with an injected clock and RNG, CRDT deltas from a :class:`Replica`, DHT
+with an injected clock and RNG, CRDT deltas from a signing :class:`Replica`, DHT
 records from :meth:`SignedRecord.create`, handshake messages from
 :class:`HandshakeState`), so the same seed always gives the same bytes.
 
@@ -24,10 +24,11 @@ from fuzz_mutate import mutate_any, mutate_msgpack, unpack_plain
 
 from p2pnode.card import AgentCard, Capability, Endpoint
 from p2pnode.crdt.clock import VectorClock
+from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.dots import DotContext
-from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, Digest, StatePush
+from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, Digest
 from p2pnode.crdt.ops import CounterAdd, MapRemove, RegisterSet, SetAdd, SetRemove
-from p2pnode.crdt.replica import Delta, Document, FullState, Replica
+from p2pnode.crdt.replica import Document, Replica
 from p2pnode.crdt.types import DocState
 from p2pnode.dht import rpcwire
 from p2pnode.dht.records import (
@@ -57,6 +58,9 @@ NOW_MS = 1_800_000_000_000
 OWNER = Identity(bytes(range(32)))
 PEER = Identity(b"\x02" * 32)
 AUTHORITY = Identity(b"\xaa" * 32)
+#: Signs the CRDT seeds' deltas and checkpoints (a replica id is its peer id text).
+WRITER = Identity(b"\x0c" * 32)
+BULK = Identity(b"\x0d" * 32)
 DOC = "shared-doc"
 CAPABILITY = "plan.make"
 MSG_ID = bytes(range(20))
@@ -216,52 +220,62 @@ def base_replica(replica_id: str = LOCAL_REPLICA) -> Replica:
     built once."""
     d = _busy_document()
     replica = Replica(replica_id, max_log=1024)
-    copy = Document(d.state.copy(), d.applied.copy(), OrderedDict(d.log), dict(d.floor))
+    copy = Document(
+        d.state.copy(), d.applied.copy(), OrderedDict(d.log), dict(d.floor), dict(d.checkpoints)
+    )
     replica.restore(DOC, copy)
     return replica
 
 
+def signing_replica(identity: Identity, **kwargs: Any) -> Replica:
+    """A replica that signs its deltas with ``identity``."""
+    return Replica(str(identity.peer_id), signer=identity, **kwargs)
+
+
 @functools.cache
 def bulk_crdt_seeds() -> tuple[bytes, ...]:
-    """Large valid encodings: states naming tens of thousands of origins, a set of 5,000
-    elements, a batch of 1,024 deltas (what a peer can send within the size limits)."""
+    """Large valid encodings: a delta whose context names tens of thousands of origins, a
+    checkpoint of a set of 5,000 elements, a batch of 1,024 deltas (what a peer can send
+    within the size limits), all signed."""
     rng = random.Random(5)
     many = DotContext(
         {f"v{i}": rng.randrange(1, 9) for i in range(4096)},
         [(f"o{i}", rng.randrange(2, 9)) for i in range(60_000)],
     )
-    wide = FullState(DOC, "bulk", many, DocState()).encode()
-    writer = Replica("bulk")
+    bulk = str(BULK.peer_id)
+    wide = Delta(DOC, bulk, 1, VectorClock({bulk: 1}), DocState(ctx=many)).sign(BULK).sealed
+    writer = signing_replica(BULK)
     deltas = [writer.update(DOC, SetAdd(("tags",), i)) for i in range(5000)]
     doc = writer.document(DOC)
-    big = Delta(DOC, "bulk", 5000, doc.clock(), doc.state.copy()).encode()
+    big = Delta(DOC, bulk, 5000, doc.clock(), doc.state.copy(), first=1).sign(BULK)
     return (
         wide,
-        big,
-        writer.full_state(DOC).encode(),
-        StatePush(wide).encode(),
-        DeltaBatch(tuple(d.encode() for d in deltas[-1024:])).encode(),
+        big.sealed,
+        big.encode(),
+        DeltaBatch(tuple(d.sealed for d in deltas[-1024:])).encode(),
     )
 
 
 @functools.cache
 def deltas() -> tuple[Delta, ...]:
-    replica = Replica("writer")
+    """Signed deltas of every kind of operation, and the writer's checkpoints."""
+    replica = signing_replica(WRITER, checkpoint_every=4)
     out = [replica.update(DOC, op) for op in crdt_replica_ops()]
-    return tuple(out)
+    checkpoint = replica.checkpoint(DOC, replica.replica_id)
+    assert checkpoint is not None and checkpoint.is_checkpoint
+    return (*out, checkpoint)
 
 
 @functools.cache
 def delta_seeds() -> tuple[bytes, ...]:
+    """Delta bodies (what the origin signs)."""
     return tuple(d.encode() for d in deltas())
 
 
 @functools.cache
-def full_state_seeds() -> tuple[bytes, ...]:
-    replica = Replica("writer")
-    for op in crdt_replica_ops():
-        replica.update(DOC, op)
-    return (replica.full_state(DOC).encode(), base_replica("other").full_state(DOC).encode())
+def sealed_seeds() -> tuple[bytes, ...]:
+    """Sealed deltas and a checkpoint, as peers send them."""
+    return tuple(d.sealed for d in deltas())
 
 
 @functools.cache
@@ -276,15 +290,12 @@ def clock_seeds() -> tuple[bytes, ...]:
 @functools.cache
 def gossip_frames() -> tuple[bytes, ...]:
     ds = deltas()
-    replica = Replica("writer")
-    for op in crdt_replica_ops():
-        replica.update(DOC, op)
     return (
         DeltaPush.of(ds[0]).encode(),
-        Digest(DOC, VectorClock({"writer": 2})).encode(),
+        Digest(DOC, VectorClock({str(WRITER.peer_id): 2})).encode(),
         Digest(DOC, VectorClock(), reply=True).encode(),
-        DeltaBatch(tuple(d.encode() for d in ds[:4])).encode(),
-        StatePush(replica.full_state(DOC).encode()).encode(),
+        DeltaBatch(tuple(d.sealed for d in ds[:4])).encode(),
+        DeltaPush.of(ds[-1]).encode(),  # the checkpoint
         DeltaPush.of(ds[5], hops=3).encode(),
     )
 

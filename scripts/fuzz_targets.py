@@ -43,7 +43,6 @@ from fuzz_seeds import (
     envelope_json_seeds,
     envelope_seeds,
     frame_seeds,
-    full_state_seeds,
     gossip_frames,
     gossip_payload_seeds,
     mutate_datagram,
@@ -53,6 +52,7 @@ from fuzz_seeds import (
     resigned_card,
     resigned_record,
     resigned_value,
+    sealed_seeds,
     tool_seeds,
     value_seeds,
 )
@@ -70,9 +70,10 @@ from fuzz_streams import (
 
 from p2pnode.card import AgentCard
 from p2pnode.crdt.clock import VectorClock
+from p2pnode.crdt.delta import Delta, Opened
 from p2pnode.crdt.gossip import Digest, GossipNode, decode_untrusted
 from p2pnode.crdt.ops import CounterAdd
-from p2pnode.crdt.replica import Delta, FullState, Replica
+from p2pnode.crdt.replica import Replica
 from p2pnode.dht import rpcwire
 from p2pnode.dht.lookup import RecordCollector
 from p2pnode.dht.records import (
@@ -365,19 +366,19 @@ def _peers_accept(decode: Callable[[bytes], object], data: bytes) -> None:
         raise AssertionError(f"peers would refuse what this node sends: {exc}") from exc
 
 
+def _peer_decodes(sealed: bytes) -> None:
+    # What a peer decodes of a sealed delta (the signature is the origin's business).
+    Opened.open_untrusted(sealed).trusted()
+
+
 def _check_replica(replica: Replica, doc: str) -> None:
     # An accepted update must leave a document that reads, serves and encodes in a form
-    # peers accept: its full state, its digest, its next local delta.
+    # peers accept: what it serves a new peer, its digest, its next local delta.
     value_to_json(replica.value(doc))
-    missing = replica.missing_for(doc, VectorClock(), limit=8)
-    if isinstance(missing, FullState):
-        _peers_accept(FullState.decode_untrusted, missing.encode())
-    else:
-        for delta in missing:
-            _peers_accept(Delta.decode_untrusted, delta.encode())
-    _peers_accept(FullState.decode_untrusted, replica.full_state(doc).encode())
+    for delta in replica.missing_for(doc, VectorClock(), limit=8):
+        _peers_accept(_peer_decodes, delta.sealed_bytes())
     _peers_accept(decode_untrusted, Digest(doc, replica.clock(doc)).encode())
-    _peers_accept(Delta.decode_untrusted, replica.update(doc, CounterAdd(("fuzz",), 1)).encode())
+    _peers_accept(_peer_decodes, replica.update(doc, CounterAdd(("fuzz",), 1)).sealed_bytes())
 
 
 def run_delta(data: bytes) -> None:
@@ -387,11 +388,11 @@ def run_delta(data: bytes) -> None:
     _check_replica(replica, delta.doc)
 
 
-def run_full_state(data: bytes) -> None:
-    full = FullState.decode_untrusted(data)
+def run_sealed(data: bytes) -> None:
+    delta = Opened.open_untrusted(data).verify()
     replica = base_replica()
-    replica.apply_full_state(full)
-    _check_replica(replica, full.doc)
+    replica.apply_delta(delta)
+    _check_replica(replica, delta.doc)
 
 
 def run_gossip(data: bytes) -> None:
@@ -477,7 +478,7 @@ ENTRIES: list[Entry] = [
     Entry("attach.session", session_input, run_session),
     Entry("crdt.clock", _lazy(clock_seeds), run_clock),
     Entry("crdt.delta", _crdt(delta_seeds), run_delta),
-    Entry("crdt.full_state", _crdt(full_state_seeds), run_full_state),
+    Entry("crdt.sealed", _crdt(sealed_seeds), run_sealed),
     Entry("crdt.gossip", _crdt(gossip_frames), run_gossip),
     Entry("crdt.gossip_payload", _lazy(gossip_payload_seeds), run_gossip_payload),
     Entry("peer_id", _lazy(lambda: _PEER_ID_SEEDS), run_peer_id),

@@ -13,10 +13,12 @@ def test_public_names() -> None:
         "CRDT", "Kind", "GCounter", "PNCounter", "LWWRegister", "ORSet", "ORMap", "MapEntry",
         "DocState", "Op", "CounterAdd", "RegisterSet", "SetAdd", "SetRemove", "MapRemove",
         # replicas
-        "Replica", "Document", "Delta", "FullState", "Changes",
+        "Replica", "Document", "Delta", "Changes", "Opened",
+        # origin signatures
+        "Signer", "Sealed", "ForgedDeltaError",
         # gossip
         "GossipNode", "GossipConfig", "GossipStats", "GossipMessage", "GossipError", "Received",
-        "DeltaPush", "Digest", "DeltaBatch", "StatePush", "GossipSimulation", "NetConfig",
+        "DeltaPush", "Digest", "DeltaBatch", "GossipSimulation", "NetConfig",
     }  # fmt: skip
     # Durable storage (sqlite3, trio) is imported from p2pnode.crdt.store, not the namespace.
     assert set(crdt.__all__) == expected

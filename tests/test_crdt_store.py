@@ -1,4 +1,5 @@
-"""Durable replicas: exact reload, acknowledged updates survive SIGKILL, the trio wrapper."""
+"""Durable replicas: exact reload (signed deltas and checkpoints included), acknowledged
+updates survive SIGKILL, the trio wrapper, stores of unsigned deltas refused."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from hypothesis import strategies as st
 
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
-from p2pnode.crdt.replica import FullState, Replica
+from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.store import AsyncCRDTStore, CRDTStore
 from p2pnode.errors import ErrorCode, LocalError
+from tests.crdtkeys import identity, replica, rid
 
 paths = st.sampled_from([("t1", "s"), ("t1", "n"), ("t2",), ("t3", "x", "y")])
 ops: st.SearchStrategy[Op] = st.one_of(
@@ -39,6 +41,12 @@ def assert_same(a: Replica, b: Replica) -> None:
         assert da.applied == db.applied
         assert da.floor == db.floor
         assert list(da.log) == list(db.log)
+        assert [d.sealed_bytes() for d in da.log.values()] == [
+            d.sealed_bytes() for d in db.log.values()
+        ]
+        assert {o: c.sealed_bytes() for o, c in da.checkpoints.items()} == {
+            o: c.sealed_bytes() for o, c in db.checkpoints.items()
+        }
         assert a.clock(name) == b.clock(name)
 
 
@@ -49,7 +57,9 @@ def assert_same(a: Replica, b: Replica) -> None:
 )
 @given(
     script=st.lists(
-        st.tuples(st.sampled_from(["local", "remote", "full"]), st.sampled_from(["d1", "d2"]), ops),
+        st.tuples(
+            st.sampled_from(["local", "remote", "checkpoint"]), st.sampled_from(["d1", "d2"]), ops
+        ),
         max_size=30,
     ),
     commit_every=st.integers(1, 5),
@@ -59,18 +69,19 @@ def test_write_close_reopen_is_exact(
 ) -> None:
     db = tmp_path / f"s{os.urandom(4).hex()}.db"
     store = CRDTStore(db)
-    me = store.load("me", max_log=4)
-    peer = Replica("peer", max_log=4)
+    me = store.load(rid("me"), signer=identity("me"), max_log=4)
+    peer = replica("peer", max_log=4)
     for i, (kind, doc, op) in enumerate(script):
         try:
             if kind == "local":
                 me.update(doc, op)
             else:
                 delta = peer.update(doc, op)
+                checkpoint = peer.checkpoint(doc, peer.replica_id)
                 if kind == "remote":
                     me.apply_delta(delta)
-                else:
-                    me.apply_full_state(peer.full_state(doc))
+                elif checkpoint is not None:  # the peer's latest, as anti-entropy serves it
+                    me.apply_delta(checkpoint)
         except LocalError:
             pass  # kind conflicts between local writes
         if i % commit_every == 0:
@@ -78,7 +89,7 @@ def test_write_close_reopen_is_exact(
     store.commit(me)
     store.close()
     with CRDTStore(db) as again:
-        assert_same(me, again.load("me", max_log=4))
+        assert_same(me, again.load(rid("me"), signer=identity("me"), max_log=4))
 
 
 def test_reload_then_continue_numbering(tmp_path: Path) -> None:
@@ -92,8 +103,48 @@ def test_reload_then_continue_numbering(tmp_path: Path) -> None:
         d = store.update(r, "doc", CounterAdd(("n",), 1))
         assert d.seq == 3
         missing = r.missing_for("doc", VectorClock())
-        assert not isinstance(missing, FullState)
         assert [x.seq for x in missing] == [1, 2, 3]
+
+
+def test_signed_deltas_and_checkpoints_are_served_again_after_a_restart(tmp_path: Path) -> None:
+    # gossip.md §9: the origin's signatures are stored with what they sign, so a restarted
+    # node serves deltas and checkpoints that peers verify.
+    a = rid("A")
+    with CRDTStore(tmp_path / "a.db") as store:
+        r = store.load(a, signer=identity("A"), max_log=8)
+        for i in range(20):
+            store.update(r, "doc", SetAdd(("s",), i))
+        before = r.missing_for("doc", VectorClock())
+    with CRDTStore(tmp_path / "a.db") as store:
+        r = store.load(a, signer=identity("A"), max_log=8)
+        served = r.missing_for("doc", VectorClock())
+        assert [d.sealed for d in served] == [d.sealed for d in before]
+        assert served[0].is_checkpoint  # the log was compacted past seq 1
+        fresh = replica("B")
+        for d in served:
+            assert fresh.receive_delta_untrusted(d.sealed, source="A") is not None
+        assert fresh.value("doc") == r.value("doc") == {"s": frozenset(range(20))}
+        # The next checkpoint still covers 1..seq: it builds on the one stored.
+        for i in range(20, 24):
+            store.update(r, "doc", SetAdd(("s",), i))
+        checkpoint = r.checkpoint("doc", a)
+        assert checkpoint is not None and checkpoint.seq == 24
+        alone = replica("C")
+        assert alone.receive_delta_untrusted(checkpoint.sealed, source="A") is not None
+        assert alone.value("doc") == {"s": frozenset(range(24))}
+
+
+def test_a_store_of_unsigned_deltas_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)  # what schema 1 (gossip version 1) left behind
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    con.execute("INSERT INTO meta VALUES ('schema', '1')")
+    con.commit()
+    con.close()
+    with pytest.raises(LocalError) as info:
+        CRDTStore(path)
+    assert info.value.code is ErrorCode.CONFIG_ERROR
+    assert str(path) in info.value.message and "unsigned" in info.value.message
 
 
 def test_store_is_bound_to_one_replica(tmp_path: Path) -> None:
@@ -223,9 +274,10 @@ def test_acknowledged_updates_survive_sigkill(tmp_path: Path) -> None:
     value = r.value("doc")
     assert set(range(1, acked + 1)) <= value["acked"]
     assert value["n"] >= acked
-    # The log was compacted many times; a fresh peer gets a correct full state.
-    full = r.missing_for("doc", Replica("x").clock("doc"))
-    assert isinstance(full, FullState)
+    # The log was compacted many times; a fresh peer gets the checkpoint and the rest.
+    served = r.missing_for("doc", Replica("x").clock("doc"))
+    assert served[0].is_checkpoint
     fresh = Replica("x")
-    fresh.apply_full_state(full)
+    for delta in served:
+        fresh.apply_delta(delta)
     assert fresh.value("doc") == value

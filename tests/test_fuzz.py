@@ -37,12 +37,12 @@ from fuzz_seeds import (
     envelope_json_seeds,
     envelope_seeds,
     frame_seeds,
-    full_state_seeds,
     gossip_frames,
     gossip_payload_seeds,
     provider_payload,
     records,
     registry_seed,
+    sealed_seeds,
     tool_seeds,
     value_seeds,
 )
@@ -91,7 +91,7 @@ def test_every_untrusted_parser_is_in_the_table() -> None:
         "envelope.dict", "registry", "tool.json", "dht.datagram", "dht.rpc", "dht.value",
         "dht.collector", "dht.record", "dht.provider", "secure.handshake", "secure.payload",
         "noise.message", "framing", "attach.session",
-        "crdt.clock", "crdt.delta", "crdt.full_state", "crdt.gossip", "live.dht_datagram",
+        "crdt.clock", "crdt.delta", "crdt.sealed", "crdt.gossip", "live.dht_datagram",
         "live.dht_lookup", "live.node_frame", "live.control", "live.channel",
     ):  # fmt: skip
         assert required in names
@@ -271,7 +271,7 @@ CASES = [
     Case("secure.payload", _plains(lambda: (INITIATOR.payload,))),
     Case("crdt.clock", _plains(clock_seeds)),
     Case("crdt.delta", _plains(delta_seeds)),
-    Case("crdt.full_state", _plains(full_state_seeds)),
+    Case("crdt.sealed", _plains(sealed_seeds)),
     Case("crdt.gossip", _plains(gossip_frames)),
     Case("crdt.gossip_payload", _plains(gossip_payload_seeds)),
 ]

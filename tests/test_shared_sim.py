@@ -235,17 +235,17 @@ async def test_garbage_gossip_does_not_stop_sync(autojump_clock: Any) -> None:
         victim_node, evil_node = victim.node, evil.node
         await wait_until(lambda: gossiping(victim, honest, evil) and knows(victim_node, evil_node))
         link = evil.node.links.link(victim.node.peer_id)
-        forged = Replica(evil.shared.replica_id)
-        good = forged.update(DOC, CounterAdd(("evil",), 1))
-        bad_delta = DeltaPush(DOC, good.origin, 2, b"\x81\xa1x\x01", 0)
+        own = Replica(evil.shared.replica_id, signer=evil.node.identity)
+        good = own.update(DOC, CounterAdd(("evil",), 1))
+        bad_delta = DeltaPush(DOC, good.origin, 2, 2, b"\x81\xa1x\x01", 0)
         payloads: list[Any] = [
             {"crdt": DOC, "frame": b"\xc1junk"},  # undecodable frame
             {"crdt": DOC},  # wrong payload shape
             {"crdt": 7, "frame": b""},
             gossip_payload(DOC, pack({"v": 9, "t": 2, "doc": DOC, "vc": {}, "r": False})),
             gossip_payload(DOC, bad_delta.encode()),  # good frame, bad delta
-            gossip_payload(DOC, DeltaBatch((b"\x00", good.encode())).encode()),  # one bad, one good
-            gossip_payload(DOC, bytes.fromhex("82a17601a17490")),  # {"v": 1, "t": []}
+            gossip_payload(DOC, DeltaBatch((b"\x00", good.sealed)).encode()),  # one bad, one good
+            gossip_payload(DOC, bytes.fromhex("82a17602a17490")),  # {"v": 2, "t": []}
         ]
         for payload in payloads:
             env = evil.node.envelope(evil.agent, victim.agent, MessageType.STREAM_DATA, payload)

@@ -6,6 +6,7 @@ trio nor sqlite3: durable storage is :mod:`p2pnode.crdt.store`
 """
 
 from p2pnode.crdt.clock import CRDTError, Ordering, VectorClock
+from p2pnode.crdt.delta import Delta, Opened
 from p2pnode.crdt.dots import Dot, DotContext
 from p2pnode.crdt.gossip import (
     DeltaBatch,
@@ -17,10 +18,10 @@ from p2pnode.crdt.gossip import (
     GossipNode,
     GossipStats,
     Received,
-    StatePush,
 )
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
-from p2pnode.crdt.replica import Changes, Delta, Document, FullState, Replica
+from p2pnode.crdt.replica import Changes, Document, Replica
+from p2pnode.crdt.signing import ForgedDeltaError, Sealed, Signer
 from p2pnode.crdt.simulate import GossipSimulation, NetConfig
 from p2pnode.crdt.types import (
     CRDT,
@@ -47,7 +48,7 @@ __all__ = [
     "Document",
     "Dot",
     "DotContext",
-    "FullState",
+    "ForgedDeltaError",
     "GCounter",
     "GossipConfig",
     "GossipError",
@@ -63,13 +64,15 @@ __all__ = [
     "ORMap",
     "ORSet",
     "Op",
+    "Opened",
     "Ordering",
     "PNCounter",
     "Received",
     "RegisterSet",
     "Replica",
+    "Sealed",
     "SetAdd",
     "SetRemove",
-    "StatePush",
+    "Signer",
     "VectorClock",
 ]

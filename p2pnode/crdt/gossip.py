@@ -17,8 +17,8 @@ Replicated Database Maintenance", PODC 1987):
   subscribed document the node sends a :class:`Digest` — its vector clock — to
   one random peer. The receiver answers with the deltas the sender lacks
   (:class:`DeltaBatch`, oldest first, at most ``max_reply_deltas`` so the
-  sender's contiguous clock always advances) or, if its log was compacted past
-  the sender's clock, the whole document (:class:`StatePush`). If the digest
+  sender's contiguous clock always advances), preceded by an origin's
+  checkpoint where its log was compacted past the sender's clock. If the digest
   shows the sender knows something the receiver lacks, the receiver also
   returns its own digest (``reply=True``, which is never answered with another
   digest). This repairs everything rumor mongering lost: message drops,
@@ -29,10 +29,14 @@ calls :meth:`GossipNode.handle_timer` at :meth:`GossipNode.next_deadline`, and
 drains bounded per-peer outboxes (:meth:`GossipNode.take_outgoing`), which drop
 their oldest message when full (anti-entropy repairs the loss). Messages are
 small frozen dataclasses with msgpack ``encode`` / ``decode_untrusted``; the
-wire format is in docs/protocol/gossip.md. Deltas travel as opaque encoded
-bytes inside a frame, so a node forwards them without re-encoding and a
-malformed delta is skipped on its own (logged with the source peer, R9.5)
-while the rest of the frame is processed.
+wire format is in docs/protocol/gossip.md. Deltas travel as opaque sealed
+bytes inside a frame (:mod:`p2pnode.crdt.signing`), so a node forwards them
+without re-encoding. A delta that is news is verified — signed by its
+origin, written only in its origin's name — before it is applied or
+forwarded; duplicates are dropped on their clear-text ids before any
+signature is checked. A malformed or forged delta is skipped on its own
+(logged with the source peer, R9.5, and returned in :attr:`Received.rejected`
+so the driver can report a forgery) while the rest of the frame is processed.
 """
 
 from __future__ import annotations
@@ -44,14 +48,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from p2pnode.crdt.clock import CRDTError, VectorClock
+from p2pnode.crdt.delta import Delta, Opened
 from p2pnode.crdt.ops import Op
-from p2pnode.crdt.replica import Delta, FullState, Replica
+from p2pnode.crdt.replica import Replica
+from p2pnode.crdt.signing import ForgedDeltaError
 from p2pnode.crdt.types import MAX_KEY_LEN
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
-#: Protocol version carried in every frame.
-GOSSIP_VERSION = 1
+#: Protocol version carried in every frame (2: deltas are sealed by their origin).
+GOSSIP_VERSION = 2
 #: Limits for one gossip frame (a full state can be the largest).
 FRAME_LIMITS = WireLimits(max_size=4 * 1024 * 1024 + 1024, max_depth=4)
 #: Most deltas one batch frame may carry.
@@ -89,15 +95,17 @@ class GossipMessage:
 
 @dataclass(frozen=True, slots=True)
 class DeltaPush(GossipMessage):
-    """Rumor: one encoded :class:`~p2pnode.crdt.replica.Delta`, forwarded once by new receivers."""
+    """Rumor: one sealed :class:`~p2pnode.crdt.delta.Delta` (or checkpoint), forwarded
+    once by new receivers."""
 
     TYPE: ClassVar[int] = 1
-    #: Document, origin and sequence of the delta, in clear so a receiver drops
-    #: duplicates without decoding the payload (checked against it when new).
+    #: Document, origin, first and last operation of the delta, in clear so a receiver
+    #: drops duplicates without decoding the payload (checked against it when new).
     doc: str
     origin: str
+    first: int
     seq: int
-    #: The encoded delta (``Delta.encode()``).
+    #: The sealed delta (``Delta.sealed_bytes()``).
     delta: bytes
     #: Hops travelled from the origin (0 when pushed by the origin); informational.
     hops: int = 0
@@ -105,10 +113,17 @@ class DeltaPush(GossipMessage):
     @classmethod
     def of(cls, delta: Delta, hops: int = 0) -> DeltaPush:
         """The push frame for ``delta``."""
-        return cls(delta.doc, delta.origin, delta.seq, delta.encode(), hops)
+        return cls(delta.doc, delta.origin, delta.first, delta.seq, delta.sealed_bytes(), hops)
 
     def _fields(self) -> dict[str, Any]:
-        return {"doc": self.doc, "o": self.origin, "s": self.seq, "d": self.delta, "h": self.hops}
+        return {
+            "doc": self.doc,
+            "o": self.origin,
+            "f": self.first,
+            "s": self.seq,
+            "d": self.delta,
+            "h": self.hops,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,25 +142,14 @@ class Digest(GossipMessage):
 
 @dataclass(frozen=True, slots=True)
 class DeltaBatch(GossipMessage):
-    """Anti-entropy answer: encoded deltas the digest's sender lacks (not forwarded)."""
+    """Anti-entropy answer: sealed deltas and checkpoints the digest's sender lacks
+    (not forwarded)."""
 
     TYPE: ClassVar[int] = 3
     deltas: tuple[bytes, ...]
 
     def _fields(self) -> dict[str, Any]:
         return {"ds": list(self.deltas)}
-
-
-@dataclass(frozen=True, slots=True)
-class StatePush(GossipMessage):
-    """Anti-entropy answer when the log was compacted: an encoded
-    :class:`~p2pnode.crdt.replica.FullState`."""
-
-    TYPE: ClassVar[int] = 4
-    state: bytes
-
-    def _fields(self) -> dict[str, Any]:
-        return {"s": self.state}
 
 
 def _bytes(obj: object, what: str) -> bytes:
@@ -159,11 +163,11 @@ def _push(f: dict[str, Any]) -> GossipMessage:
     if type(hops) is not int or not 0 <= hops <= MAX_HOPS:
         raise _fail("bad hop count")
     try:
-        ids = {"doc": f["doc"], "o": f["o"], "s": f["s"], "vc": None, "st": None}
-        doc, origin, seq = Delta.peek_id_untrusted(ids)
+        ids = {"doc": f["doc"], "o": f["o"], "f": f["f"], "s": f["s"], "vc": None, "st": None}
+        doc, origin, first, seq = Delta.peek_id_untrusted(ids)
     except CRDTError as exc:
         raise _fail(f"bad push id: {exc.message}") from exc
-    return DeltaPush(doc, origin, seq, _bytes(f.get("d"), "delta"), hops)
+    return DeltaPush(doc, origin, first, seq, _bytes(f.get("d"), "delta"), hops)
 
 
 def _digest(f: dict[str, Any]) -> GossipMessage:
@@ -184,15 +188,11 @@ def _batch(f: dict[str, Any]) -> GossipMessage:
     return DeltaBatch(tuple(_bytes(d, "delta") for d in ds))
 
 
-def _state(f: dict[str, Any]) -> GossipMessage:
-    return StatePush(_bytes(f.get("s"), "state"))
-
-
+# Type 4 (StatePush, an unsigned full state in version 1) is retired: unknown in version 2.
 _DECODERS = {
-    1: (_push, {"doc", "o", "s", "d", "h"}),
+    1: (_push, {"doc", "o", "f", "s", "d", "h"}),
     2: (_digest, {"doc", "vc", "r"}),
     3: (_batch, {"ds"}),
-    4: (_state, {"s"}),
 }
 
 
@@ -245,12 +245,16 @@ class GossipConfig:
 class Received:
     """What :meth:`GossipNode.receive` did with one frame."""
 
-    #: Deltas (or full states) that taught this replica something.
+    #: Deltas (or checkpoints) that taught this replica something.
     new: int
     #: Duplicates or useless answers.
     duplicate: int
     #: Peers the new delta was forwarded to.
     forwarded_to: tuple[str, ...] = ()
+    #: Deltas skipped as malformed or forged (already logged and recorded in
+    #: ``Replica.errors``); a :class:`~p2pnode.crdt.signing.ForgedDeltaError` means the
+    #: sending peer passed on a delta its claimed origin did not sign.
+    rejected: tuple[CRDTError, ...] = ()
 
 
 @dataclass(slots=True)
@@ -263,9 +267,11 @@ class GossipStats:
     duplicates: int = 0
     digests_sent: int = 0
     deltas_served: int = 0
-    states_served: int = 0
+    checkpoints_served: int = 0
     dropped: int = 0
     errors: int = 0
+    #: Deltas rejected because their origin did not sign them (a subset of ``errors``).
+    forged: int = 0
     received_by_type: dict[str, int] = field(default_factory=dict)
 
 
@@ -290,6 +296,7 @@ class GossipNode:
         self._docs: set[str] = set()
         self._outbox: dict[str, deque[GossipMessage]] = {}
         self._stats = GossipStats()
+        self._rejected: list[CRDTError] = []
         for p in peers:
             self.add_peer(p)
         for d in docs:
@@ -346,13 +353,24 @@ class GossipNode:
     # Events ---------------------------------------------------------------------------
     def publish(self, delta: Delta) -> tuple[str, ...]:
         """Push a delta this replica produced (already applied and, if durable
-        storage is used, committed) to ``fanout`` random peers; returns them."""
+        storage is used, committed) to ``fanout`` random peers; returns them. The
+        checkpoint the replica made with it, if any, goes to the same peers.
+
+        Raises LocalError(INVALID_ARGUMENT) when not subscribed to the document or
+        the replica does not sign its deltas (peers would refuse them).
+        """
         if delta.doc not in self._docs:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {delta.doc!r}")
+        if not self.replica.signed:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "the replica has no signer")
         targets = self._choose(self.config.fanout)
-        msg = DeltaPush.of(delta)
+        msgs = [DeltaPush.of(delta)]
+        cp = self.replica.checkpoint(delta.doc, delta.origin)
+        if cp is not None and cp.seq == delta.seq and cp.is_checkpoint:
+            msgs.append(DeltaPush.of(cp))
         for p in targets:
-            self._send(p, msg)
+            for msg in msgs:
+                self._send(p, msg)
         self._stats.pushed += 1
         return tuple(targets)
 
@@ -378,34 +396,41 @@ class GossipNode:
         result: Received = handler(self, peer, msg)
         self._stats.new_deltas += result.new
         self._stats.duplicates += result.duplicate
+        if self._rejected:
+            rejected, self._rejected = tuple(self._rejected), []
+            return Received(result.new, result.duplicate, result.forwarded_to, rejected)
         return result
 
     def _apply_encoded(
-        self, peer: str, data: bytes, expect: tuple[str, str, int] | None = None
+        self, peer: str, data: bytes, expect: tuple[str, str, int, int] | None = None
     ) -> Delta | bool | None:
-        """The new delta, None for a duplicate / unsubscribed document, False if malformed."""
+        """The new delta, None for a duplicate / unsubscribed document, False if
+        malformed or forged (then recorded and kept for :attr:`Received.rejected`)."""
         try:
-            obj = Delta.unpack_untrusted(data)
-            doc, origin, seq = Delta.peek_id_untrusted(obj)
-            if expect is not None and expect != (doc, origin, seq):
+            opened = Opened.open_untrusted(data)
+            if expect is not None and expect != opened.id:
                 raise CRDTError("push frame id does not match its delta", frame=expect)
-            # Duplicate suppression by (origin, seq) before the costly state validation.
-            if doc not in self._docs or self.replica.has_applied(doc, origin, seq):
+            # Duplicates are dropped on their ids, before any signature or state is checked.
+            if opened.id[0] not in self._docs or not self.replica.is_news(*opened.id):
                 return None
-            delta = Delta.from_wire_untrusted(obj)
+            delta = opened.verify()  # signed by its origin, written only in its name
             applied = self.replica.apply_delta(delta)  # may refuse it: see apply_delta
         except CRDTError as exc:
             self.replica.record_error(exc, peer)
             self._stats.errors += 1
+            if isinstance(exc, ForgedDeltaError):
+                self._stats.forged += 1
+            self._rejected.append(exc)
             return False
         return delta if applied else None
 
     def _on_push(self, peer: str, msg: DeltaPush) -> Received:
         if msg.doc not in self._docs:
             return Received(0, 0)
-        if self.replica.has_applied(msg.doc, msg.origin, msg.seq):
+        if not self.replica.is_news(msg.doc, msg.origin, msg.first, msg.seq):
             return Received(0, 1)
-        got = self._apply_encoded(peer, msg.delta, (msg.doc, msg.origin, msg.seq))
+        ids = (msg.doc, msg.origin, msg.first, msg.seq)
+        got = self._apply_encoded(peer, msg.delta, ids)
         if got is False:
             return Received(0, 0)
         if got is None:
@@ -414,7 +439,7 @@ class GossipNode:
         targets: list[str] = []
         if self.config.forward:
             targets = self._choose(self.config.fanout, exclude=(peer, got.origin))
-            fwd = DeltaPush(msg.doc, msg.origin, msg.seq, msg.delta, min(msg.hops + 1, MAX_HOPS))
+            fwd = DeltaPush(*ids, msg.delta, min(msg.hops + 1, MAX_HOPS))
             for p in targets:
                 self._send(p, fwd)
             self._stats.forwarded += 1
@@ -424,12 +449,11 @@ class GossipNode:
         if msg.doc not in self._docs:
             return Received(0, 0)
         missing = self.replica.missing_for(msg.doc, msg.clock, limit=self.config.max_reply_deltas)
-        if isinstance(missing, FullState):
-            self._send(peer, StatePush(missing.encode()))
-            self._stats.states_served += 1
-        elif missing:
-            self._send(peer, DeltaBatch(tuple(d.encode() for d in missing)))
-            self._stats.deltas_served += len(missing)
+        if missing:
+            self._send(peer, DeltaBatch(tuple(d.sealed_bytes() for d in missing)))
+            checkpoints = sum(1 for d in missing if d.is_checkpoint)
+            self._stats.checkpoints_served += checkpoints
+            self._stats.deltas_served += len(missing) - checkpoints
         mine = self.replica.clock(msg.doc)
         if not msg.reply and not mine.dominates(msg.clock):
             self._send(peer, Digest(msg.doc, mine, reply=True))
@@ -446,23 +470,10 @@ class GossipNode:
                 dup += 1
         return Received(new, dup)
 
-    def _on_state(self, peer: str, msg: StatePush) -> Received:
-        try:
-            full = FullState.decode_untrusted(msg.state)
-            if full.doc not in self._docs:
-                return Received(0, 0)
-            applied = self.replica.apply_full_state(full)
-        except CRDTError as exc:
-            self.replica.record_error(exc, peer)
-            self._stats.errors += 1
-            return Received(0, 0)
-        return Received(1, 0) if applied else Received(0, 1)
-
     _HANDLERS: ClassVar[dict[type[GossipMessage], Any]] = {
         DeltaPush: _on_push,
         Digest: _on_digest,
         DeltaBatch: _on_batch,
-        StatePush: _on_state,
     }
 
     # Timers ---------------------------------------------------------------------------
@@ -510,8 +521,9 @@ class GossipNode:
             s.duplicates,
             s.digests_sent,
             s.deltas_served,
-            s.states_served,
+            s.checkpoints_served,
             s.dropped,
             s.errors,
+            s.forged,
             dict(s.received_by_type),
         )

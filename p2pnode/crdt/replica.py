@@ -1,4 +1,4 @@
-"""Replicas: named documents, their delta logs, and what a peer is missing.
+"""Replicas: named documents, their delta logs and checkpoints, and what a peer is missing.
 
 Theory of operation
 -------------------
@@ -6,21 +6,38 @@ A :class:`Replica` holds named documents. Each document is a
 :class:`~p2pnode.crdt.types.DocState` (CRDT state and causal context), the set
 of operations ``(origin, seq)`` already applied (a
 :class:`~p2pnode.crdt.dots.DotContext`; its contiguous prefix is the vector
-clock the replica advertises), and a bounded log of the deltas it applied.
+clock the replica advertises), a bounded log of the deltas it applied, and
+the latest **checkpoint** of each origin it holds (:mod:`p2pnode.crdt.delta`).
 
 * A local operation gets the next sequence number of this replica for the
-  document and becomes a :class:`Delta` tagged with origin, sequence and the
-  replica's clock after the operation — never empty, since it counts the
-  operation itself (R9.4, Property 27).
+  document and becomes a :class:`~p2pnode.crdt.delta.Delta` tagged with
+  origin, sequence and the replica's clock after the operation — never empty,
+  since it counts the operation itself (R9.4, Property 27) — sealed with the
+  replica's signer (:mod:`p2pnode.crdt.signing`). Every ``checkpoint_every``
+  operations it also signs a checkpoint ``1..seq``: its previous checkpoint
+  joined with its own deltas since, all still in the log (nothing evicts a
+  delta no checkpoint covers). Those deltas are joined with each other first
+  and the small result into a copy of the previous checkpoint, so a
+  checkpoint costs one pass over the replica's own part of the document, not
+  one per operation.
 * A remote delta is joined unless its ``(origin, seq)`` was applied already;
-  joins are idempotent, so a duplicate that slips through is harmless.
+  joins are idempotent, so a duplicate that slips through is harmless. A
+  remote checkpoint is joined when it covers an operation not applied yet,
+  and kept when it is the origin's latest.
 * Given a peer's vector clock, :meth:`Replica.missing_for` returns the logged
-  deltas above it — or a :class:`FullState` when the log no longer holds
-  everything the peer needs. The log keeps at most ``max_log`` deltas per
-  document; evicting ``(o, s)`` raises the document's *floor* for ``o``: every
-  applied op of ``o`` above the floor is in the log.
-* Bytes that fail to decode raise a :class:`~p2pnode.crdt.clock.CRDTError`
-  (code ``CRDT_DESERIALIZATION_FAILED``) inside
+  deltas above it, preceded by an origin's checkpoint when the log no longer
+  holds that origin's operations the peer lacks. Everything served is signed
+  by its origin, so peers verify it whoever serves it: there is no unsigned
+  full-state transfer. The log keeps about ``max_log`` deltas per document;
+  past that, the oldest deltas *covered by a checkpoint held* are evicted
+  (down to 3/4), and evicting ``(o, s)`` raises the document's *floor* for
+  ``o``. Invariant: every applied op of ``o`` above ``floor[o]`` is in the
+  log, and ``floor[o]`` is at most the seq of the checkpoint of ``o`` held.
+  A delta no checkpoint covers (its origin has not made one since) stays, so
+  the log exceeds ``max_log`` by at most ``checkpoint_every`` deltas per
+  origin (twice that if the origin's latest checkpoint push was lost).
+* Bytes that fail to decode or verify raise a
+  :class:`~p2pnode.crdt.clock.CRDTError` inside
   :meth:`Replica.receive_delta_untrusted`, which logs it on the
   ``p2pnode.crdt`` logger with the source agent id, records it in
   :attr:`Replica.errors`, and returns ``None``: synchronisation goes on (R9.5).
@@ -37,167 +54,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pnode.crdt.clock import (
-    MAX_CLOCK_ENTRIES,
-    CRDTError,
-    VectorClock,
-    check_replica_id,
-    valid_counter_untrusted,
-    valid_replica_id_untrusted,
-)
+from p2pnode.crdt.clock import MAX_CLOCK_ENTRIES, CRDTError, VectorClock, check_replica_id
+from p2pnode.crdt.delta import DELTA_LIMITS, Delta, Opened
 from p2pnode.crdt.dots import Dot, DotContext
 from p2pnode.crdt.ops import Op
+from p2pnode.crdt.signing import Signer, replica_id_of
 from p2pnode.crdt.types import MAX_KEY_LEN, DocState
 from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
 logger = logging.getLogger("p2pnode.crdt")
-
-#: Limits for one encoded delta or full state.
-DELTA_LIMITS = WireLimits(max_size=1024 * 1024, max_depth=32)
-FULL_STATE_LIMITS = WireLimits(max_size=4 * 1024 * 1024, max_depth=32)
 
 
 def _check_doc_name(name: object) -> str:
     if not isinstance(name, str) or not 0 < len(name) <= MAX_KEY_LEN:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, f"bad document name {name!r}")
     return name
-
-
-def _doc_name_untrusted(name: object) -> str:
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_KEY_LEN:
-        raise CRDTError(f"bad document name {name!r:.80}")
-    return name
-
-
-def _decode(data: bytes, limits: WireLimits, what: str) -> dict[str, Any]:
-    try:
-        obj = unpack_untrusted(data, limits)
-    except WireError as exc:
-        raise CRDTError(f"undecodable {what}: {exc.message}") from exc
-    if not isinstance(obj, dict):
-        raise CRDTError(f"{what} is not a map")
-    return obj
-
-
-@dataclass(frozen=True, slots=True)
-class Delta:
-    """One operation's delta-state, as it travels between replicas.
-
-    ``state`` must be treated as read-only once the delta exists.
-    """
-
-    #: Document name.
-    doc: str
-    #: Replica that performed the operation.
-    origin: str
-    #: The origin's operation number for this document (1, 2, ...).
-    seq: int
-    #: The origin's vector clock after the operation (``clock[origin] == seq``).
-    clock: VectorClock
-    #: The delta: a small document state to join.
-    state: DocState
-
-    def to_wire(self) -> dict[str, Any]:
-        """Plain msgpack-ready data (see docs/protocol/gossip.md)."""
-        return {
-            "doc": self.doc,
-            "o": self.origin,
-            "s": self.seq,
-            "vc": self.clock.to_wire(),
-            "st": self.state.to_wire(),
-        }
-
-    def encode(self) -> bytes:
-        """msgpack bytes of :meth:`to_wire`."""
-        return pack(self.to_wire())
-
-    @staticmethod
-    def unpack_untrusted(data: bytes) -> dict[str, Any]:
-        """msgpack-decode a delta frame (no semantic checks yet). Raises CRDTError."""
-        return _decode(data, DELTA_LIMITS, "delta")
-
-    @staticmethod
-    def peek_id_untrusted(obj: dict[str, Any]) -> tuple[str, str, int]:
-        """``(doc, origin, seq)`` of an unpacked delta, validated, so duplicates can be
-        dropped before the state is decoded. Raises CRDTError."""
-        if set(obj) != {"doc", "o", "s", "vc", "st"}:
-            raise CRDTError("delta does not have exactly the fields doc, o, s, vc, st")
-        return (
-            _doc_name_untrusted(obj["doc"]),
-            valid_replica_id_untrusted(obj["o"]),
-            valid_counter_untrusted(obj["s"]),
-        )
-
-    @classmethod
-    def from_wire_untrusted(cls, obj: object) -> Delta:
-        """Validate decoded peer data. Raises CRDTError."""
-        if not isinstance(obj, dict):
-            raise CRDTError("delta is not a map")
-        doc, origin, seq = cls.peek_id_untrusted(obj)
-        clock = VectorClock.from_wire_untrusted(obj["vc"])
-        if clock.get(origin) != seq:
-            raise CRDTError("delta clock does not count the delta itself", origin=origin)
-        return cls(doc, origin, seq, clock, _state(obj["st"]))
-
-    @classmethod
-    def decode_untrusted(cls, data: bytes) -> Delta:
-        """Decode peer bytes produced by :meth:`encode`. Raises CRDTError."""
-        return cls.from_wire_untrusted(cls.unpack_untrusted(data))
-
-
-def _state(obj: object) -> DocState:
-    return DocState.from_wire_untrusted(obj)
-
-
-@dataclass(frozen=True, slots=True)
-class FullState:
-    """A whole document, sent when the peer's gap is no longer in the delta log."""
-
-    doc: str
-    #: The sender's replica id.
-    sender: str
-    #: Every operation the state includes (its prefix is the sender's clock).
-    applied: DotContext
-    state: DocState
-
-    @property
-    def clock(self) -> VectorClock:
-        """The sender's vector clock for the document."""
-        return self.applied.clock()
-
-    def to_wire(self) -> dict[str, Any]:
-        """Plain msgpack-ready data (see docs/protocol/gossip.md)."""
-        return {
-            "doc": self.doc,
-            "from": self.sender,
-            "ap": self.applied.to_wire(),
-            "st": self.state.to_wire(),
-        }
-
-    def encode(self) -> bytes:
-        """msgpack bytes of :meth:`to_wire`."""
-        return pack(self.to_wire())
-
-    @classmethod
-    def from_wire_untrusted(cls, obj: object) -> FullState:
-        """Validate decoded peer data. Raises CRDTError."""
-        if not isinstance(obj, dict) or set(obj) != {"doc", "from", "ap", "st"}:
-            raise CRDTError("full state does not have exactly the fields doc, from, ap, st")
-        applied = DotContext.from_wire_untrusted(obj["ap"])
-        if not applied.vv and not applied.cloud:
-            raise CRDTError("full state with an empty clock")
-        return cls(
-            _doc_name_untrusted(obj["doc"]),
-            valid_replica_id_untrusted(obj["from"]),
-            applied,
-            _state(obj["st"]),
-        )
-
-    @classmethod
-    def decode_untrusted(cls, data: bytes) -> FullState:
-        """Decode peer bytes produced by :meth:`encode`. Raises CRDTError."""
-        return cls.from_wire_untrusted(_decode(data, FULL_STATE_LIMITS, "full state"))
 
 
 @dataclass(slots=True)
@@ -210,6 +81,8 @@ class Changes:
     evicted: list[tuple[str, str, int]] = field(default_factory=list)
     #: Documents whose snapshot (state, applied set, floors) must be rewritten.
     snapshot: set[str] = field(default_factory=set)
+    #: Checkpoints kept (each replaces the origin's previous one).
+    checkpoints: list[Delta] = field(default_factory=list)
     #: False for a replica without storage: nothing is recorded (no unbounded growth).
     enabled: bool = True
 
@@ -228,8 +101,13 @@ class Changes:
         if self.enabled:
             self.snapshot.add(doc)
 
+    def note_checkpoint(self, checkpoint: Delta) -> None:
+        """Record a checkpoint kept."""
+        if self.enabled:
+            self.checkpoints.append(checkpoint)
+
     def __bool__(self) -> bool:
-        return bool(self.appended or self.evicted or self.snapshot)
+        return bool(self.appended or self.evicted or self.snapshot or self.checkpoints)
 
 
 @dataclass(slots=True)
@@ -240,6 +118,10 @@ class Document:
     applied: DotContext = field(default_factory=DotContext)
     log: OrderedDict[Dot, Delta] = field(default_factory=OrderedDict)
     floor: dict[str, int] = field(default_factory=dict)
+    #: The latest checkpoint held per origin.
+    checkpoints: dict[str, Delta] = field(default_factory=dict)
+    #: Log length from which compaction is tried again (the last try left the log long).
+    compact_at: int = 0
 
     def clock(self) -> VectorClock:
         """The contiguous prefix of applied operations."""
@@ -253,24 +135,45 @@ class Replica:
         self,
         replica_id: str,
         *,
+        signer: Signer | None = None,
         max_log: int = 1024,
+        checkpoint_every: int | None = None,
         max_errors: int = 64,
         journal: bool = False,
     ) -> None:
-        """``journal=True`` records changes for a store (:meth:`take_changes`);
+        """``signer`` signs this replica's deltas; its key must be the one ``replica_id``
+        names (:func:`~p2pnode.crdt.signing.replica_id_of`). Without one, deltas are
+        sealed unsigned: fine locally, refused by every peer. ``checkpoint_every``:
+        own operations between checkpoints (default ``max_log // 4``, at least 1).
+        ``journal=True`` records changes for a store (:meth:`take_changes`);
         :meth:`p2pnode.crdt.store.CRDTStore.load` sets it.
 
-        Raises LocalError(INVALID_ARGUMENT) on a bad id or ``max_log < 1``.
+        Raises LocalError(INVALID_ARGUMENT) on a bad id, a signer whose key does not
+        name ``replica_id``, ``max_log < 1`` or ``checkpoint_every < 1``.
         """
         self.replica_id = check_replica_id(replica_id)
+        if signer is not None and replica_id_of(signer.public_key) != replica_id:
+            raise LocalError(
+                ErrorCode.INVALID_ARGUMENT, f"replica id {replica_id!r} is not the signer's"
+            )
         if max_log < 1:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "max_log must be >= 1")
+        every = max(1, max_log // 4) if checkpoint_every is None else checkpoint_every
+        if every < 1:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "checkpoint_every must be >= 1")
+        self._signer = signer
         self.max_log = max_log
+        self.checkpoint_every = every
         self._docs: dict[str, Document] = {}
         #: The most recent remote errors (bounded), newest last.
         self.errors: deque[CRDTError] = deque(maxlen=max_errors)
         self.journal = journal
         self._changes = Changes(enabled=journal)
+
+    @property
+    def signed(self) -> bool:
+        """Whether this replica signs its deltas (peers accept only signed ones)."""
+        return self._signer is not None
 
     # Reading --------------------------------------------------------------------------
     def documents(self) -> list[str]:
@@ -294,6 +197,22 @@ class Replica:
         d = self._docs.get(doc)
         return d is not None and (origin, seq) in d.applied
 
+    def is_news(self, doc: str, origin: str, first: int, seq: int) -> bool:
+        """Whether a delta covering ``(origin, first..seq)`` would change anything here:
+        an operation not applied yet, or (a checkpoint) a later one than the one held."""
+        d = self._docs.get(doc)
+        if d is None:
+            return True
+        if first == seq:
+            return (origin, seq) not in d.applied
+        held = d.checkpoints.get(origin)
+        return d.applied.vv.get(origin, 0) < seq or held is None or seq > held.seq
+
+    def checkpoint(self, doc: str, origin: str) -> Delta | None:
+        """The latest checkpoint of ``origin`` held for ``doc``, if any."""
+        d = self._docs.get(doc)
+        return d.checkpoints.get(origin) if d is not None else None
+
     def clock(self, doc: str) -> VectorClock:
         """The replica's vector clock for ``doc`` (empty if unknown)."""
         d = self._docs.get(doc)
@@ -307,7 +226,8 @@ class Replica:
 
     # Writing --------------------------------------------------------------------------
     def update(self, doc: str, op: Op) -> Delta:
-        """Apply a local operation and return its delta (to gossip).
+        """Apply a local operation and return its sealed delta (to gossip). Every
+        ``checkpoint_every`` operations a checkpoint is made too (:meth:`checkpoint`).
 
         Raises LocalError(INVALID_ARGUMENT) on a bad document name or operation, or when the
         document is full (:func:`_fits_wire`).
@@ -323,18 +243,37 @@ class Replica:
             )
         seq = d.applied.max_for(self.replica_id) + 1
         clock = d.clock().merge({self.replica_id: seq})
-        delta = Delta(doc, self.replica_id, seq, clock, state)
+        delta = Delta(doc, self.replica_id, seq, clock, state).sign(self._signer)
         self._docs.setdefault(doc, d)
         self.apply_delta(delta)
+        held = d.checkpoints.get(rid)
+        if seq > 1 and seq - (held.seq if held is not None else 0) >= self.checkpoint_every:
+            checkpoint = self._make_checkpoint(doc, d, held, seq, clock)
+            self._keep_checkpoint(doc, d, checkpoint.sign(self._signer))
         return delta
 
+    def _make_checkpoint(
+        self, name: str, d: Document, held: Delta | None, seq: int, clock: VectorClock
+    ) -> Delta:
+        """Our operations 1..seq as one signed delta (module docstring)."""
+        since = []
+        for n in range((held.seq if held is not None else 0) + 1, seq + 1):
+            own = d.log.get((self.replica_id, n))
+            if own is not None:  # absent only below a floor a peer's checkpoint of ours set
+                since.append(own.state)
+        state = held.state.copy() if held is not None else DocState()
+        state.join(_join_all(since))
+        return Delta(name, self.replica_id, seq, clock, state, first=1)
+
     def apply_delta(self, delta: Delta) -> bool:
-        """Join a (validated) delta; False if its operation was applied before.
+        """Join a (validated) delta or checkpoint; False if it changes nothing here.
 
         Raises CRDTError when the document would then name more replicas, or hold
         more out-of-order operations, than its encoding carries (see :func:`_fits_wire`).
         """
         d = self._doc(delta.doc)
+        if delta.is_checkpoint:
+            return self._apply_checkpoint(delta.doc, d, delta)
         key = (delta.origin, delta.seq)
         if key in d.applied:
             return False
@@ -347,15 +286,52 @@ class Replica:
             return True
         d.log[key] = delta
         self._changes.note_append(delta)
-        if len(d.log) > self.max_log:
-            # Evict down to 3/4 so a store rewrites the snapshot once per max_log/4 deltas.
-            # Eviction goes oldest first, so lower entries of an origin are rare; any left
-            # below its floor are never served and age out in turn.
-            while len(d.log) > self.max_log * 3 // 4:
-                (o, s), _ = d.log.popitem(last=False)
-                self._evicted(delta.doc, d, o, s)
-            self._changes.note_snapshot(delta.doc)
+        if len(d.log) > self.max_log and len(d.log) >= d.compact_at:
+            self._compact(delta.doc, d)
         return True
+
+    def _apply_checkpoint(self, name: str, d: Document, cp: Delta) -> bool:
+        origin, seq = cp.origin, cp.seq
+        # The prefix is contiguous: below seq, it lacks at least (origin, prefix + 1).
+        teaches = d.applied.vv.get(origin, 0) < seq
+        held = d.checkpoints.get(origin)
+        if not teaches and held is not None and held.seq >= seq:
+            return False
+        if teaches:  # then no checkpoint held reaches seq: it is kept below
+            covered = DotContext({origin: seq})
+            self._check_room(d, (d.applied, (covered,), origin), (d.state.ctx, (cp.state.ctx,), ""))
+            d.state.join(cp.state)
+            d.applied.join(covered)
+            # Its operations are in the state without their deltas in the log.
+            if seq > d.floor.get(origin, 0):
+                d.floor[origin] = seq
+                self._changes.note_snapshot(name)
+        self._keep_checkpoint(name, d, cp)
+        return True
+
+    def _keep_checkpoint(self, name: str, d: Document, cp: Delta) -> None:
+        held = d.checkpoints.get(cp.origin)
+        if held is not None and held.seq >= cp.seq:
+            return
+        d.checkpoints[cp.origin] = cp
+        self._changes.note_checkpoint(cp)
+        d.compact_at = 0  # deltas it covers may go now
+        if len(d.log) > self.max_log:
+            self._compact(name, d)
+
+    def _compact(self, name: str, d: Document) -> None:
+        """Evict the oldest deltas a held checkpoint covers, down to 3/4 of max_log."""
+        target = self.max_log * 3 // 4
+        checkpoints = d.checkpoints
+        for key in list(d.log):  # oldest first
+            if len(d.log) <= target:
+                break
+            cp = checkpoints.get(key[0])
+            if cp is not None and key[1] <= cp.seq:
+                del d.log[key]
+                self._evicted(name, d, key[0], key[1])
+        # Nothing more is evictable until a checkpoint arrives or the log grows a quarter.
+        d.compact_at = len(d.log) + max(1, self.max_log // 4)
 
     def _check_room(
         self, d: Document, *joins: tuple[DotContext, tuple[DotContext, ...], str]
@@ -377,52 +353,20 @@ class Replica:
             self._changes.note_snapshot(name)
         self._changes.note_evict(name, origin, seq)
 
-    def apply_full_state(self, full: FullState) -> bool:
-        """Join a peer's whole document; False if it taught us nothing.
-
-        Raises CRDTError like :meth:`apply_delta`.
-        """
-        d = self._doc(full.doc)
-        new_ops = _new_maxima(d.applied, full.applied)
-        if not new_ops:
-            return False
-        self._check_room(d, (d.applied, (full.applied,), ""), (d.state.ctx, (full.state.ctx,), ""))
-        d.state.join(full.state)
-        d.applied.join(full.applied)
-        self._changes.note_snapshot(full.doc)
-        floor = d.floor
-        for origin, top in new_ops.items():
-            # We now hold ops of `origin` up to `top` whose deltas we never logged.
-            if top > floor.get(origin, 0):
-                floor[origin] = top
-        # Anything at or below its origin's floor is useless to a peer now. One pass over
-        # the log for all origins: a state naming thousands of origins must not cost a
-        # pass per origin (that was quadratic, seconds for one frame).
-        stale = [k for k in d.log if k[0] in new_ops and k[1] <= floor[k[0]]]
-        for key in stale:
-            del d.log[key]
-            self._changes.note_evict(full.doc, key[0], key[1])
-        return True
-
     def receive_delta_untrusted(self, data: bytes, source: str) -> Delta | None:
-        """Decode and apply a peer's encoded delta.
+        """Verify and apply a peer's sealed delta (or checkpoint).
 
-        Returns the delta if it was new, None if it was a duplicate or
-        malformed. A malformed delta is logged (logger ``p2pnode.crdt``, with
-        ``source``), appended to :attr:`errors` and skipped (R9.5); never raises.
+        Returns the delta if it was news, None if it was a duplicate or rejected. A
+        malformed or forged delta (see :mod:`p2pnode.crdt.signing`) is logged (logger
+        ``p2pnode.crdt``, with ``source``), appended to :attr:`errors` and skipped
+        (R9.5); never raises.
         """
         try:
-            delta = Delta.decode_untrusted(data)
+            opened = Opened.open_untrusted(data)
+            if not self.is_news(*opened.id):
+                return None
+            delta = opened.verify()
             return delta if self.apply_delta(delta) else None
-        except CRDTError as exc:
-            self.record_error(exc, source)
-            return None
-
-    def receive_full_state_untrusted(self, data: bytes, source: str) -> FullState | None:
-        """Like :meth:`receive_delta_untrusted` for an encoded :class:`FullState`."""
-        try:
-            full = FullState.decode_untrusted(data)
-            return full if self.apply_full_state(full) else None
         except CRDTError as exc:
             self.record_error(exc, source)
             return None
@@ -439,30 +383,29 @@ class Replica:
         )
 
     # Anti-entropy -----------------------------------------------------------------------
-    def missing_for(
-        self, doc: str, peer_clock: VectorClock, *, limit: int = 1024
-    ) -> list[Delta] | FullState:
-        """What a peer at ``peer_clock`` lacks of ``doc``: logged deltas (oldest
-        first, at most ``limit``), or the full state when the log was compacted
-        past the peer's clock. ``[]`` if nothing (or the document is unknown)."""
+    def missing_for(self, doc: str, peer_clock: VectorClock, *, limit: int = 1024) -> list[Delta]:
+        """What a peer at ``peer_clock`` lacks of ``doc``, oldest first, at most ``limit``:
+        for each origin whose operations the peer lacks below our floor, that origin's
+        checkpoint, then the logged deltas above the peer's clock (and above a checkpoint
+        sent). ``[]`` if nothing (or the document is unknown)."""
         d = self._docs.get(doc)
         if d is None:
             return []
-        for origin, floor in d.floor.items():
-            if peer_clock.get(origin) < floor:
-                return self.full_state(doc)
         out: list[Delta] = []
+        sent: dict[str, int] = {}
+        for origin, floor in d.floor.items():
+            cp = d.checkpoints.get(origin)
+            if peer_clock.get(origin) < floor and cp is not None:
+                out.append(cp)
+                sent[origin] = cp.seq
+                if len(out) >= limit:
+                    return out
         for (origin, seq), delta in d.log.items():
-            if seq > peer_clock.get(origin):
+            if seq > peer_clock.get(origin) and seq > sent.get(origin, 0):
                 out.append(delta)
                 if len(out) >= limit:
                     break
         return out
-
-    def full_state(self, doc: str) -> FullState:
-        """The whole document (copied). Raises LocalError if unknown."""
-        d = self.document(doc)
-        return FullState(doc, self.replica_id, d.applied.copy(), d.state.copy())
 
     # Persistence hooks ------------------------------------------------------------------
     def take_changes(self) -> Changes:
@@ -473,6 +416,29 @@ class Replica:
     def restore(self, name: str, document: Document) -> None:
         """Install a document loaded from storage (replaces any in memory)."""
         self._docs[_check_doc_name(name)] = document
+
+
+def _join_all(states: list[DocState]) -> DocState:
+    """The join of ``states`` (left unchanged), neighbours paired level by level: a join
+    costs about the size of the state joined into (a set join visits every element), so
+    joining each delta into one growing group would cost the group's size per delta."""
+    # The first level copies only the left state of each pair: the deltas stay as they are.
+    level = [_joined(states[i].copy(), states[i + 1 : i + 2]) for i in range(0, len(states), 2)]
+    while len(level) > 1:
+        paired = []
+        for i in range(0, len(level) - 1, 2):
+            level[i].join(level[i + 1])
+            paired.append(level[i])
+        if len(level) % 2:
+            paired.append(level[-1])
+        level = paired
+    return level[0] if level else DocState()
+
+
+def _joined(state: DocState, others: list[DocState]) -> DocState:
+    for other in others:
+        state.join(other)
+    return state
 
 
 #: Most dots outside the contiguous prefixes a context may hold: the encoded cloud is one
@@ -504,17 +470,4 @@ def _fits_wire(ours: DotContext, theirs: Iterable[DotContext], *names: str) -> b
     return True
 
 
-def _new_maxima(have: DotContext, incoming: DotContext) -> dict[str, int]:
-    """For each origin, the highest op in ``incoming`` that ``have`` lacks."""
-    out: dict[str, int] = {}
-    for origin, top in incoming.vv.items():
-        s = top
-        base = have.vv.get(origin, 0)
-        while s > base and (origin, s) in have.cloud:
-            s -= 1
-        if s > base:
-            out[origin] = s
-    for origin, s in incoming.cloud:
-        if (origin, s) not in have and s > out.get(origin, 0):
-            out[origin] = s
-    return out
+__all__ = ["DELTA_LIMITS", "MAX_CLOUD", "Changes", "Delta", "Document", "Replica"]

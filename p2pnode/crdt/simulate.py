@@ -8,7 +8,9 @@ partitions (frames between different groups are dropped). A heap of events
 (frame deliveries and anti-entropy timers) is processed in virtual-time order
 (ties broken by insertion order), so a run is a pure function of its seed.
 Frames are really encoded and decoded (``decode_untrusted``), so byte counts
-are the wire's.
+are the wire's, and deltas are really signed and verified: node ``i`` has an
+Ed25519 identity drawn from the seeded RNG and its replica id is that
+identity's peer id text (:attr:`GossipSimulation.ids`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.gossip import DeltaPush, GossipConfig, GossipNode, decode_untrusted
 from p2pnode.crdt.ops import Op
-from p2pnode.crdt.replica import Delta, Replica
+from p2pnode.crdt.replica import Replica
+from p2pnode.identity import Identity
 
 _DELIVER = 0
 _TIMER = 1
@@ -47,7 +51,7 @@ class NodeCounters:
 
 
 class GossipSimulation:
-    """N gossip nodes on a seeded virtual network; node ``i`` has replica id ``n{i}``."""
+    """N gossip nodes on a seeded virtual network; node ``i`` has replica id ``ids[i]``."""
 
     def __init__(
         self,
@@ -63,17 +67,19 @@ class GossipSimulation:
         self.net = net or NetConfig()
         self.now = 0.0
         self.docs = tuple(docs)
-        ids = [f"n{i}" for i in range(n)]
+        identities = [Identity(self.rng.randbytes(32)) for _ in range(n)]
+        #: Replica id of each node (its identity's peer id text).
+        self.ids = ids = [str(identity.peer_id) for identity in identities]
         self.nodes = [
             GossipNode(
-                Replica(rid, max_log=max_log),
+                Replica(rid, signer=identity, max_log=max_log),
                 peers=ids,
                 docs=self.docs,
                 rng=random.Random(self.rng.getrandbits(64)),
                 now=0.0,
                 config=gossip,
             )
-            for rid in ids
+            for rid, identity in zip(ids, identities, strict=True)
         ]
         self._index = {rid: i for i, rid in enumerate(ids)}
         self.counters = [NodeCounters() for _ in ids]

@@ -3,10 +3,13 @@
 Theory of operation
 -------------------
 A replica journals what changed (:class:`~p2pnode.crdt.replica.Changes`):
-deltas appended to a document's log, deltas evicted from it, and documents
-whose *snapshot* (CRDT state, applied-operation set, log floors) must be
-rewritten because something entered the state without a log entry (a full
-state from a peer, a delta below the floor) or the log was compacted.
+deltas appended to a document's log, deltas evicted from it, checkpoints
+kept (the latest per origin), and documents whose *snapshot* (CRDT state,
+applied-operation set, log floors) must be rewritten because something
+entered the state without a log entry (a delta below the floor, a
+checkpoint) or the log was compacted. Deltas and checkpoints are stored
+**sealed**, with their origin's signature, exactly as peers get them, so a
+restarted node serves them again (docs/protocol/gossip.md §3).
 :meth:`CRDTStore.prepare` turns the journal into a :class:`Batch` of encoded
 rows (pure CPU, on the caller's thread, which owns the replica);
 :meth:`CRDTStore.write` commits the batch in one SQLite transaction. Only
@@ -14,10 +17,16 @@ after ``write`` returns is an update durable, and only then may the caller
 acknowledge it (DESIGN.md, "Durability").
 
 Reload is exact because the in-memory document always equals its last
-snapshot joined with every delta still in its log, and the ``deltas`` table
-holds exactly the log (rows are deleted in the transaction that records their
-eviction, together with the snapshot that covers them). Joins are idempotent,
-so replaying deltas the snapshot already contains changes nothing.
+snapshot joined with every delta still in its log and every checkpoint held,
+the ``deltas`` table holds exactly the log (rows are deleted in the
+transaction that records their eviction, together with the snapshot that
+covers them) and the ``checkpoints`` table the latest checkpoint per origin.
+Joins are idempotent, so replaying what the snapshot already contains changes
+nothing. Rows come from this node's own disk and are not verified again.
+
+Schema 1 (gossip version 1) held unsigned deltas, which no peer accepts and
+this node cannot sign for their origins: such a file is refused with
+``CONFIG_ERROR`` naming it (move it aside; peers refill the documents).
 
 Durability settings: WAL journal mode with ``synchronous=FULL`` by default, so
 every commit fsyncs the WAL and survives power loss as well as ``kill -9``.
@@ -44,14 +53,15 @@ from typing import Any
 import trio
 
 from p2pnode.crdt.clock import CRDTError, valid_counter_untrusted, valid_replica_id_untrusted
+from p2pnode.crdt.delta import Delta, Opened
 from p2pnode.crdt.dots import DotContext
 from p2pnode.crdt.ops import Op
-from p2pnode.crdt.replica import Delta, Document, Replica
+from p2pnode.crdt.replica import Document, Replica
 from p2pnode.crdt.types import DocState
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SNAPSHOT_LIMITS = WireLimits(max_size=256 * 1024 * 1024, max_depth=32)
 
 _SCHEMA = """
@@ -65,6 +75,13 @@ CREATE TABLE IF NOT EXISTS deltas (
     data BLOB NOT NULL,
     UNIQUE (doc, origin, seq)
 );
+CREATE TABLE IF NOT EXISTS checkpoints (
+    doc TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (doc, origin)
+);
 """
 
 
@@ -75,9 +92,10 @@ class Batch:
     deltas: list[tuple[str, str, int, bytes]] = field(default_factory=list)
     evicted: list[tuple[str, str, int]] = field(default_factory=list)
     snapshots: list[tuple[str, bytes]] = field(default_factory=list)
+    checkpoints: list[tuple[str, str, int, bytes]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.deltas) + len(self.evicted) + len(self.snapshots)
+        return len(self.deltas) + len(self.evicted) + len(self.snapshots) + len(self.checkpoints)
 
 
 def _encode_snapshot(d: Document) -> bytes:
@@ -101,11 +119,19 @@ def _decode_snapshot(data: bytes) -> Document:
         raise LocalError(ErrorCode.CONFIG_ERROR, f"corrupt snapshot: {exc.message}") from exc
 
 
+def _decode_row(data: bytes, what: str) -> Delta:
+    try:
+        return Opened.open_untrusted(data).trusted()
+    except CRDTError as exc:
+        raise LocalError(ErrorCode.CONFIG_ERROR, f"corrupt {what} row: {exc}") from exc
+
+
 class CRDTStore:
     """SQLite persistence for one replica's documents (see module docstring).
 
     Raises LocalError(CONFIG_ERROR) if the file cannot be opened, belongs to
-    another replica or another schema version, or holds corrupt rows.
+    another replica or another schema version (schema 1: unsigned deltas), or
+    holds corrupt rows.
     """
 
     def __init__(
@@ -128,6 +154,13 @@ class CRDTStore:
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] == "1":
+                raise LocalError(
+                    ErrorCode.CONFIG_ERROR,
+                    f"{os.fspath(path)} holds unsigned CRDT deltas (store schema 1), which "
+                    "peers no longer accept: move it aside and restart; peers refill the "
+                    "documents by anti-entropy",
+                )
             elif row[0] != str(SCHEMA_VERSION):
                 raise LocalError(ErrorCode.CONFIG_ERROR, f"store schema {row[0]} is unsupported")
         except sqlite3.Error as exc:
@@ -152,7 +185,9 @@ class CRDTStore:
         self.close()
 
     def load(self, replica_id: str, **replica_kwargs: Any) -> Replica:
-        """A replica restored from disk: documents, clocks, logs and floors exactly.
+        """A replica restored from disk: documents, clocks, logs, floors and
+        checkpoints exactly. ``replica_kwargs`` go to :class:`Replica` (``signer``,
+        ``max_log``, ...).
 
         The first load binds the file to ``replica_id``; later loads with
         another id raise LocalError(CONFIG_ERROR).
@@ -171,17 +206,21 @@ class CRDTStore:
                     for name, blob in db.execute("SELECT name, snapshot FROM documents")
                 }
                 rows = db.execute("SELECT doc, data FROM deltas ORDER BY id").fetchall()
+                checkpoints = db.execute("SELECT doc, data FROM checkpoints").fetchall()
             except sqlite3.Error as exc:
                 raise LocalError(ErrorCode.CONFIG_ERROR, f"cannot read store: {exc}") from exc
         for name, data in rows:
-            try:
-                delta = Delta.decode_untrusted(data)
-            except CRDTError as exc:
-                raise LocalError(ErrorCode.CONFIG_ERROR, f"corrupt delta row: {exc}") from exc
+            delta = _decode_row(data, "delta")
             d = docs.setdefault(name, Document())
             d.state.join(delta.state)
             d.applied.add((delta.origin, delta.seq))
             d.log[(delta.origin, delta.seq)] = delta
+        for name, data in checkpoints:
+            cp = _decode_row(data, "checkpoint")
+            d = docs.setdefault(name, Document())
+            d.state.join(cp.state)
+            d.applied.join(DotContext({cp.origin: cp.seq}))
+            d.checkpoints[cp.origin] = cp
         for name, d in docs.items():
             replica.restore(name, d)
         return replica
@@ -196,9 +235,13 @@ class CRDTStore:
         if not replica.journal:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "replica keeps no journal; use load()")
         changes = replica.take_changes()
+        latest: dict[tuple[str, str], Delta] = {}
+        for cp in changes.checkpoints:
+            latest[(cp.doc, cp.origin)] = cp  # later ones have higher seqs
         batch = Batch(
-            deltas=[(d.doc, d.origin, d.seq, d.encode()) for d in changes.appended],
+            deltas=[(d.doc, d.origin, d.seq, d.sealed_bytes()) for d in changes.appended],
             evicted=list(changes.evicted),
+            checkpoints=[(c.doc, c.origin, c.seq, c.sealed_bytes()) for c in latest.values()],
         )
         for name in sorted(changes.snapshot):
             batch.snapshots.append((name, _encode_snapshot(replica.document(name))))
@@ -216,6 +259,7 @@ class CRDTStore:
                     f.deltas + batch.deltas,
                     f.evicted + batch.evicted,
                     f.snapshots + batch.snapshots,
+                    f.checkpoints + batch.checkpoints,
                 )
             if not batch:
                 return
@@ -233,6 +277,12 @@ class CRDTStore:
                     "INSERT INTO documents (name, snapshot) VALUES (?, ?) "
                     "ON CONFLICT(name) DO UPDATE SET snapshot=excluded.snapshot",
                     batch.snapshots,
+                )
+                db.executemany(
+                    "INSERT INTO checkpoints (doc, origin, seq, data) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(doc, origin) DO UPDATE SET seq=excluded.seq, data=excluded.data "
+                    "WHERE excluded.seq > checkpoints.seq",
+                    batch.checkpoints,
                 )
                 db.execute("COMMIT")
             except sqlite3.Error as exc:

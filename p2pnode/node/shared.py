@@ -3,7 +3,8 @@
 Theory of operation (seed R9; docs/protocol/gossip.md §8 and §9):
 
 * One :class:`~p2pnode.crdt.replica.Replica` per node, its id the node's
-  peer id text, loaded from ``data_dir/crdt.sqlite3`` when the node has a
+  peer id text and its deltas signed with the node's identity key
+  (gossip.md §3.1), loaded from ``data_dir/crdt.sqlite3`` when the node has a
   data directory (else in memory). Each subscribed document has its own
   sans-IO :class:`~p2pnode.crdt.gossip.GossipNode` over that replica, so its
   peer set, fanout and anti-entropy timer are the document's own.
@@ -43,7 +44,11 @@ Theory of operation (seed R9; docs/protocol/gossip.md §8 and §9):
   with the source agent, reported as a security event, dropped. A bad delta
   inside a good frame is skipped by the core (logged and recorded,
   ``CRDT_DESERIALIZATION_FAILED``) and reported as an error event; sync goes
-  on (R9.5).
+  on (R9.5). A delta its claimed origin did not sign (or one writing in
+  another replica's name) is never applied nor forwarded, and is reported as
+  a security event (``INVALID_SIGNATURE`` or ``PEER_ID_MISMATCH``) naming the
+  peer that sent it: an honest node verifies before it forwards, so that
+  peer forged it or passed on what it did not check.
 """
 
 from __future__ import annotations
@@ -52,15 +57,17 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from p2pnode.card import AgentCard, Capability, Origin
-from p2pnode.crdt.clock import VectorClock
+from p2pnode.crdt.clock import CRDTError, VectorClock
+from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.gossip import GossipConfig, GossipError, GossipNode, GossipStats, decode_untrusted
 from p2pnode.crdt.ops import Op
-from p2pnode.crdt.replica import Delta, Replica
+from p2pnode.crdt.replica import Replica
+from p2pnode.crdt.signing import ForgedDeltaError, Signer
 from p2pnode.crdt.store import AsyncCRDTStore
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError
@@ -80,11 +87,21 @@ from p2pnode.node.sharedpeers import (
     mutual,
     refused_replicas,
 )
+from p2pnode.node.sharedwatch import Watch
 from p2pnode.node.subscriptions import SUBSCRIPTIONS_FILE_NAME, SubscriptionFile
 
 logger = logging.getLogger("p2pnode.shared")
 
 STORE_FILE_NAME = "crdt.sqlite3"
+
+
+class SharedHost(ServiceHost, Protocol):
+    """What shared state uses of its node: the service interface, and the node's
+    identity to sign the replica's deltas with (a :class:`~p2pnode.node.node.Node`
+    is one)."""
+
+    @property
+    def identity(self) -> Signer: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,45 +148,6 @@ class _Doc:
     watchers: set[Watch] = field(default_factory=set)
 
 
-class Watch:
-    """Change notifications for one document: ``async for value in watch`` yields the
-    document's value after each change. Coalescing (bounded): a slow reader gets the
-    latest value, never a backlog. Close it (``with`` block) to stop."""
-
-    def __init__(self, shared: SharedState, doc: str) -> None:
-        self._shared = shared
-        self.doc = doc
-        self._event = trio.Event()
-        self._closed = False
-
-    def notify(self) -> None:
-        """Mark the document changed (called by :class:`SharedState`)."""
-        self._event.set()
-
-    def close(self) -> None:
-        """Stop: a pending or later ``__anext__`` ends the iteration."""
-        self._closed = True
-        self._event.set()
-        self._shared._unwatch(self)
-
-    def __enter__(self) -> Watch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __aiter__(self) -> Watch:
-        return self
-
-    async def __anext__(self) -> dict[str, Any]:
-        if not self._closed:
-            await self._event.wait()
-        if self._closed:
-            raise StopAsyncIteration
-        self._event = trio.Event()
-        return self._shared.read(self.doc)
-
-
 class SharedState(TaskOwner):
     """Replicated CRDT documents of one node (see the module docstring): a protocol
     service on the node's :class:`~p2pnode.node.service.ServiceHost`.
@@ -180,7 +158,7 @@ class SharedState(TaskOwner):
 
     def __init__(
         self,
-        host: ServiceHost,
+        host: SharedHost,
         config: SharedConfig | None = None,
         *,
         rng: random.Random | None = None,
@@ -202,6 +180,8 @@ class SharedState(TaskOwner):
         self._durable_changed = trio.Event()
         self.frames_dropped = 0
         self.bad_frames = 0
+        #: Deltas dropped because their claimed origin did not sign them.
+        self.forged_deltas = 0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -222,9 +202,13 @@ class SharedState(TaskOwner):
                 self._store = await AsyncCRDTStore.open(
                     self.data_dir / STORE_FILE_NAME, synchronous=self.config.synchronous
                 )
-                self._replica = await self._store.load(self.replica_id, max_log=self.config.max_log)
+                self._replica = await self._store.load(
+                    self.replica_id, signer=self.host.identity, max_log=self.config.max_log
+                )
             else:
-                self._replica = Replica(self.replica_id, max_log=self.config.max_log)
+                self._replica = Replica(
+                    self.replica_id, signer=self.host.identity, max_log=self.config.max_log
+                )
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._refresh_loop)
@@ -354,7 +338,7 @@ class SharedState(TaskOwner):
         d = self._docs.get(doc)
         if d is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {doc!r}")
-        w = Watch(self, doc)
+        w = Watch(doc, self.read, self._unwatch)
         d.watchers.add(w)
         return w
 
@@ -517,22 +501,38 @@ class SharedState(TaskOwner):
         ):
             self._suspended.pop(peer, None)  # it reached us: worth trying again
             d.core.add_peer(peer)
-        errors = d.core.statistics().errors
         result = d.core.receive(peer, msg)
-        skipped = d.core.statistics().errors - errors
-        if skipped:
-            last = self.replica.errors[-1] if self.replica.errors else None
-            self.host.events.error(
-                ErrorCode.CRDT_DESERIALIZATION_FAILED,
-                f"skipped {skipped} bad CRDT update(s) of {doc!r} from agent {peer}: "
-                f"{last.message if last else ''}",
-                str(source.peer_id),
-                envelope,
-            )
+        if result.rejected:
+            self._report_rejected(doc, source, envelope, result.rejected)
         if result.new:
             self._notify(d)
             self._dirty.set()
         self._flush(d)
+
+    def _report_rejected(
+        self, doc: str, source: AgentCard, envelope: Envelope, rejected: tuple[CRDTError, ...]
+    ) -> None:
+        """Forged deltas as security events naming the sending peer; malformed ones as
+        one error event per frame."""
+        peer = source.id
+        malformed = [exc for exc in rejected if not isinstance(exc, ForgedDeltaError)]
+        for exc in rejected:
+            if isinstance(exc, ForgedDeltaError):
+                self.forged_deltas += 1
+                self.host.events.security(
+                    exc.code,
+                    f"forged CRDT update of {doc!r} from agent {peer} dropped: {exc.message}",
+                    str(source.peer_id),
+                    envelope,
+                )
+        if malformed:
+            self.host.events.error(
+                ErrorCode.CRDT_DESERIALIZATION_FAILED,
+                f"skipped {len(malformed)} bad CRDT update(s) of {doc!r} from agent {peer}: "
+                f"{malformed[-1].message}",
+                str(source.peer_id),
+                envelope,
+            )
 
     # -- timers, durability, watchers -------------------------------------------------------
 
@@ -573,4 +573,11 @@ class SharedState(TaskOwner):
             d.watchers.discard(w)
 
 
-__all__ = ["STORE_FILE_NAME", "SUBSCRIPTIONS_FILE_NAME", "SharedConfig", "SharedState", "Watch"]
+__all__ = [
+    "STORE_FILE_NAME",
+    "SUBSCRIPTIONS_FILE_NAME",
+    "SharedConfig",
+    "SharedHost",
+    "SharedState",
+    "Watch",
+]
