@@ -372,3 +372,14 @@ def test_updates_a_document_cannot_encode_are_refused_and_the_batch_goes_on() ->
     assert n.replica.value("doc") == {"s": frozenset({2})}
     digest = Digest("doc", n.replica.clock("doc"))
     assert decode_untrusted(digest.encode()) == digest
+
+
+def test_lag_counts_what_peers_digests_show_and_this_replica_lacks() -> None:
+    a, b = node("A", ["B"]), node("B", ["A"])
+    for i in range(5):
+        b.replica.update("doc", SetAdd(("s",), i))
+    assert a.lag("doc") == 0  # no digest yet: nothing known to be missing
+    a.receive_untrusted(B, Digest("doc", b.replica.clock("doc")).encode())
+    assert a.lag("doc") == 5
+    deliver({A: a, B: b})  # a's reply digest brings b's deltas
+    assert a.lag("doc") == 0 and a.replica.clock("doc") == b.replica.clock("doc")

@@ -297,6 +297,7 @@ class GossipNode:
         self._outbox: dict[str, deque[GossipMessage]] = {}
         self._stats = GossipStats()
         self._rejected: list[CRDTError] = []
+        self._seen: dict[str, VectorClock] = {}  # doc -> the join of the digests received
         for p in peers:
             self.add_peer(p)
         for d in docs:
@@ -329,6 +330,7 @@ class GossipNode:
     def unsubscribe(self, doc: str) -> None:
         """Stop replicating ``doc`` (its data stays in the replica)."""
         self._docs.discard(doc)
+        self._seen.pop(doc, None)
 
     # Helpers --------------------------------------------------------------------------
     def _jitter(self) -> float:
@@ -448,6 +450,8 @@ class GossipNode:
     def _on_digest(self, peer: str, msg: Digest) -> Received:
         if msg.doc not in self._docs:
             return Received(0, 0)
+        seen = self._seen.get(msg.doc)
+        self._seen[msg.doc] = msg.clock if seen is None else seen.merge(msg.clock)
         missing = self.replica.missing_for(msg.doc, msg.clock, limit=self.config.max_reply_deltas)
         if missing:
             self._send(peer, DeltaBatch(tuple(d.sealed_bytes() for d in missing)))
@@ -510,6 +514,15 @@ class GossipNode:
         out = [(p, m) for p, box in self._outbox.items() for m in box]
         self._outbox.clear()
         return out
+
+    def lag(self, doc: str) -> int:
+        """How many operations of ``doc`` the digests received so far show and this
+        replica has not applied (contiguously): how far behind its peers it is."""
+        seen = self._seen.get(doc)
+        if seen is None:
+            return 0
+        mine = self.replica.clock(doc)
+        return sum(max(0, n - mine.get(origin)) for origin, n in seen.items())
 
     def statistics(self) -> GossipStats:
         """A copy of the counters."""

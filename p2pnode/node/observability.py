@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -50,6 +51,9 @@ from p2pnode.node.events import Event, EventKind, Outcome, RoutingPath
 
 DEFAULT_RECENT_SIZE = 1000
 DEFAULT_LATENCY_WINDOW = 1024
+#: Upper bounds (ms) of the routing latency histogram's buckets; one more bucket counts
+#: what is above the last (a Prometheus histogram's ``+Inf``).
+LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
 EVENT_LOGGER = "p2pnode.events"
 
 
@@ -83,6 +87,14 @@ class Metrics:
     tool_invocations_by_tool: Mapping[str, int] = field(default_factory=dict)
     tool_duration_avg_ms: float = 0.0
     tool_errors: int = 0
+    #: For histograms and summaries (``p2pnode run --metrics``): routing latency samples,
+    #: their sum, and how many fell in each bucket of LATENCY_BUCKETS_MS (not cumulative;
+    #: the last is above the last bound); tool durations measured and their sum.
+    routing_latency_count: int = 0
+    routing_latency_sum_ms: float = 0.0
+    routing_latency_buckets: tuple[int, ...] = ()
+    tool_duration_count: int = 0
+    tool_duration_sum_ms: float = 0.0
 
     @property
     def messages_by_type(self) -> dict[str, int]:
@@ -139,6 +151,7 @@ class _Counters:
         self.latency_sum = 0.0
         self.latency_count = 0
         self.latencies: deque[float] = deque(maxlen=latency_window)
+        self.latency_buckets = [0] * (len(LATENCY_BUCKETS_MS) + 1)
         self.errors: Counter[str] = Counter()
         self.error_count = 0
         self.security: Counter[str] = Counter()
@@ -177,6 +190,7 @@ class _Counters:
             self.latency_sum += latency_ms
             self.latency_count += 1
             self.latencies.append(latency_ms)
+            self.latency_buckets[bisect_left(LATENCY_BUCKETS_MS, latency_ms)] += 1
 
     def _tool(self, e: Event) -> None:
         self.tool(e.tool, e.duration_ms, e.success)
@@ -224,6 +238,11 @@ class _Counters:
             tool_invocations_by_tool=dict(self.tools),
             tool_duration_avg_ms=_mean(self.tool_duration_sum, self.tool_duration_count),
             tool_errors=self.tool_errors,
+            routing_latency_count=self.latency_count,
+            routing_latency_sum_ms=self.latency_sum,
+            routing_latency_buckets=tuple(self.latency_buckets),
+            tool_duration_count=self.tool_duration_count,
+            tool_duration_sum_ms=self.tool_duration_sum,
         )
 
 
@@ -523,6 +542,7 @@ __all__ = [
     "DEFAULT_LATENCY_WINDOW",
     "DEFAULT_RECENT_SIZE",
     "EVENT_LOGGER",
+    "LATENCY_BUCKETS_MS",
     "Event",
     "EventKind",
     "Listener",

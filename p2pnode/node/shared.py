@@ -376,6 +376,13 @@ class SharedState(TaskOwner):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {doc!r}")
         return d.core.statistics()
 
+    def lag(self, doc: str) -> int:
+        """Operations of ``doc`` that peers' digests showed and this replica lacks."""
+        d = self._docs.get(doc)
+        if d is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {doc!r}")
+        return d.core.lag(doc)
+
     async def refresh(self, doc: str | None = None) -> None:
         """Look peers up through discovery now and rescan the registry."""
         if doc is not None and doc not in self._docs:
