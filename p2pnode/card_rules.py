@@ -116,14 +116,22 @@ def is_address(text: object) -> bool:
     )
 
 
+def _bounded_list(data: Mapping[str, Any], key: str, limit: int) -> list[Any] | str:
+    """The list under ``key`` (empty when absent), or the problem with it."""
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        return f"{key}: must be a list"
+    if len(value) > limit:
+        return f"{key}: more than {limit} entries"
+    return value
+
+
 def _list_problems(
     data: Mapping[str, Any], key: str, check: Callable[[str], bool] | None, limit: int
 ) -> list[str]:
-    value = data.get(key, [])
-    if not isinstance(value, list):
-        return [f"{key}: must be a list"]
-    if len(value) > limit:
-        return [f"{key}: more than {limit} entries"]
+    value = _bounded_list(data, key, limit)
+    if isinstance(value, str):
+        return [value]
     problems = []
     for i, item in enumerate(value):
         if not isinstance(item, str) or len(item) > 256:
@@ -137,11 +145,9 @@ def names_problems(
     data: Mapping[str, Any], key: str, limit: int, pattern: re.Pattern[str]
 ) -> list[str]:
     """Problems of an optional list of distinct names, each matching ``pattern``."""
-    value = data.get(key, [])
-    if not isinstance(value, list):
-        return [f"{key}: must be a list"]
-    if len(value) > limit:
-        return [f"{key}: more than {limit} entries"]
+    value = _bounded_list(data, key, limit)
+    if isinstance(value, str):
+        return [value]
     problems = []
     seen: set[str] = set()
     for i, item in enumerate(value):
