@@ -409,6 +409,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"dht        contacts {discovery['contacts']}  records {discovery['records']}  "
               f"dropped {discovery['datagrams_dropped']}  rejected {discovery['records_rejected']}"
               f"  failed {discovery['inputs_failed']}")  # fmt: skip
+        if "buckets" in discovery:
+            print(f"  buckets  {' '.join(map(str, discovery['buckets']))} (of "
+                  f"{len(discovery['buckets'])}, farthest first)  admitted "
+                  f"{discovery['contacts_admitted']}  checks {discovery['checks_sent']} "
+                  f"({discovery['checks_failed']} unanswered, {discovery['checks_skipped']} "
+                  f"skipped)  refused {discovery['admissions_refused']}")  # fmt: skip
     metrics = status["metrics"]
     print(f"messages   sent {metrics['totalMessagesSent']}  "
           f"received {metrics['totalMessagesReceived']}  errors {metrics['errorCount']}  "

@@ -16,6 +16,7 @@ PACKAGE = Path(p2pnode.__file__).parent
 
 #: Protocol cores: bytes, events and ``now`` in; no I/O and no clock of their own.
 CORES = [
+    "p2pnode.dht.admission",
     "p2pnode.dht.config",
     "p2pnode.dht.handlers",
     "p2pnode.dht.lookup",
@@ -24,6 +25,7 @@ CORES = [
     "p2pnode.dht.rpc",
     "p2pnode.dht.rpcwire",
     "p2pnode.dht.snapshot",
+    "p2pnode.dht.summary",
     "p2pnode.crdt.base",
     "p2pnode.crdt.clock",
     "p2pnode.crdt.dots",

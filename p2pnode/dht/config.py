@@ -23,6 +23,21 @@ class DhtConfig:
     replacement_size: int = 8
     card_quorum: int = 1
     max_pending: int = 1024
+    #: Admission (dht.md §5.1): distinct ids one host may hold in the table (an
+    #: IPv4 address, an IPv6 /64), and whether loopback hosts count (every node
+    #: of a one-machine swarm shares 127.0.0.1).
+    max_ids_per_host: int = 2
+    limit_loopback: bool = False
+    #: Checks of unproven senders: slots in all and per host, how long a check
+    #: holds its slot, and how long a checked address is not checked again
+    #: (remembering ``check_memory`` addresses).
+    max_checks: int = 32
+    max_checks_per_host: int = 2
+    check_slot_time: float = 1.0
+    check_retry_after: float = 60.0
+    check_memory: int = 4096
+    #: Least time between two summary lines of dropped input in the log.
+    log_summary_interval: float = 60.0
 
 
 @dataclass(slots=True)
@@ -38,6 +53,21 @@ class DhtStatistics:
     stores_rate_limited: int = 0
     #: Datagrams and looked-up values whose processing raised (contained, dropped).
     inputs_failed: int = 0
+    #: Of ``datagrams_dropped``: not a Kademlia message; a request with bad
+    #: arguments; a reply nobody waits for (unknown id, late, from another
+    #: address) or one that does not parse.
+    dropped_malformed: int = 0
+    dropped_requests: int = 0
+    dropped_replies: int = 0
+    #: Admission (dht.md §5.1): contacts that entered the table; pings sent to
+    #: check unproven senders, and those unanswered; senders not checked (a check
+    #: out already, too many out, checked recently, host full); proven contacts
+    #: the table refused (address held by another id, host full).
+    contacts_admitted: int = 0
+    checks_sent: int = 0
+    checks_failed: int = 0
+    checks_skipped: int = 0
+    admissions_refused: int = 0
 
 
 __all__ = ["DhtConfig", "DhtStatistics"]

@@ -5,10 +5,11 @@ each :class:`~p2pnode.dht.rpc.RequestReceived` to
 :meth:`RequestHandlers.answer_untrusted`, which dispatches on the RPC name
 through the table ``_HANDLERS``. A handler checks its arguments with the
 :mod:`p2pnode.dht.rpcwire` parsers (anything malformed raises RpcError and
-the driver drops the datagram: no error reply exists), tells the routing
-table that the caller is alive at the datagram's source (every RPC but
-``stun``: §3 "the address is always the UDP source, never a field"), and
-returns the reply value for :meth:`~p2pnode.dht.rpc.RpcCore.reply`.
+the driver drops the datagram: no error reply exists), reports the claimed
+caller id and the datagram's source to the node's admission (every RPC but
+``stun``: §3 "the address is always the UDP source, never a field"; §5.1:
+a request alone does not put its sender in the table), and returns the reply
+value for :meth:`~p2pnode.dht.rpc.RpcCore.reply`.
 
 ``store`` applies the per-host token bucket, verifies each record of the
 value alone (a bad record does not hide good ones), merges the valid ones
@@ -30,8 +31,8 @@ from p2pnode.dht.rpc import Address
 
 log = logging.getLogger("p2pnode.dht")
 
-#: ``(caller id, source address)``: the caller proved it is reachable there.
-Welcome = Callable[[bytes, Address], None]
+#: ``(claimed caller id, source address)`` of a request, for admission (§5.1).
+Heard = Callable[[bytes, Address], None]
 
 
 class HandlerHost(Protocol):
@@ -52,11 +53,11 @@ class HandlerHost(Protocol):
 class RequestHandlers:
     """Answers requests from the node's routing table and record store."""
 
-    __slots__ = ("_host", "_welcome")
+    __slots__ = ("_heard", "_host")
 
-    def __init__(self, host: HandlerHost, welcome: Welcome) -> None:
+    def __init__(self, host: HandlerHost, heard: Heard) -> None:
         self._host = host
-        self._welcome = welcome
+        self._heard = heard
 
     def answer_untrusted(self, method: str, source: Address, args: list[Any], now: float) -> Any:
         """The reply to ``method(*args)`` from ``source`` at ``now``.
@@ -66,16 +67,16 @@ class RequestHandlers:
         return _HANDLERS[method](self, source, args, now)
 
     def _ping(self, source: Address, args: list[Any], now: float) -> Any:
-        self._welcome(rpcwire.parse_ping_args_untrusted(args), source)
+        self._heard(rpcwire.parse_ping_args_untrusted(args), source)
         return self._host.node_id
 
     def _store(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key, value = rpcwire.parse_store_args_untrusted(args)
-        self._welcome(node_id, source)
+        self._heard(node_id, source)
         host = self._host
         if not host.records.allow_store(source[0], now):
             host.stats.stores_rate_limited += 1
-            log.info("dht.store_rate_limited peer=%s:%s", *source)
+            log.debug("dht.store_rate_limited peer=%s:%s", *source)
             return False
         now_ms = host.wall_clock_ms()
         try:
@@ -84,23 +85,23 @@ class RequestHandlers:
             )
         except RecordError as exc:
             host.stats.records_rejected += 1
-            log.info("dht.store_rejected peer=%s:%s reason=%s", source[0], source[1], exc.message)
+            log.debug("dht.store_rejected peer=%s:%s reason=%s", source[0], source[1], exc.message)
             return False
         if rejected:
             host.stats.records_rejected += rejected
-            log.info("dht.records_rejected peer=%s:%s count=%d", source[0], source[1], rejected)
+            log.debug("dht.records_rejected peer=%s:%s count=%d", source[0], source[1], rejected)
         host.records.put(key, recs, now_ms)
         held = {r.encoded for r in host.records.get(key, now_ms)}
         return any(r.encoded in held for r in recs)
 
     def _find_node(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key = rpcwire.parse_find_args_untrusted(args)
-        self._welcome(node_id, source)
+        self._heard(node_id, source)
         return self._closest_wire(key, source)
 
     def _find_value(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key = rpcwire.parse_find_args_untrusted(args)
-        self._welcome(node_id, source)
+        self._heard(node_id, source)
         recs = self._host.records.get(key, self._host.wall_clock_ms())
         if recs:
             return {"value": encode_value(recs)}
@@ -127,4 +128,4 @@ _HANDLERS: dict[str, Callable[[RequestHandlers, Address, list[Any], float], Any]
     "stun": RequestHandlers._stun,
 }
 
-__all__ = ["HandlerHost", "RequestHandlers", "Welcome"]
+__all__ = ["HandlerHost", "Heard", "RequestHandlers"]

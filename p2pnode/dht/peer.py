@@ -23,6 +23,15 @@ Everything protocol-shaped happens in sans-IO objects it drives:
   lookup's memory channel, and the lookup wakes at its own
   ``next_deadline()`` to mark slow nodes. When a lookup ends, its
   outstanding calls are abandoned in the core.
+* **Admission** (§5.1): a reply to one of our calls proves its sender
+  receives at its address, and only proven contacts enter the table; a
+  request from a sender not in the table is answered, and its address is
+  pinged if the sans-IO :class:`~p2pnode.dht.admission.Admission` says so.
+  Contacts restored from a snapshot are proven the same way before they
+  count. :class:`~p2pnode.dht.gate.Gate` does all of it.
+* **Drops** are counted in :attr:`DhtPeer.stats` (``status`` shows them) and
+  logged one line per datagram at DEBUG only; at INFO a
+  :class:`~p2pnode.dht.summary.LogSummary` line at most once a minute.
 * **Records** (§4) are publishing's business:
   :class:`~p2pnode.dht.publish.Publisher` does read-merge-write,
   :mod:`p2pnode.dht.maintenance` expires, refreshes stale buckets and
@@ -47,6 +56,7 @@ from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.dht import rpcwire
 from p2pnode.dht.calls import NO_REPLY, Calls, OnResult
 from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
 from p2pnode.dht.lookup import Lookup, RecordCollector, RttEstimator, merge_records
 from p2pnode.dht.maintenance import MaintenanceSchedule, maintenance_pass, mark_fresh
@@ -56,12 +66,14 @@ from p2pnode.dht.routing import Contact, RoutingTable
 from p2pnode.dht.rpc import (
     CallTimedOut,
     DatagramDropped,
+    DropReason,
     ReplyReceived,
     RequestReceived,
     RpcCore,
     RpcEvent,
 )
-from p2pnode.dht.snapshot import restore_table, snapshot_table
+from p2pnode.dht.snapshot import parse_snapshot, snapshot_contacts
+from p2pnode.dht.summary import LogSummary
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.identity import Identity
 from p2pnode.net import Address, DatagramEndpoint, Network
@@ -129,7 +141,14 @@ class DhtPeer:
         self._network = network
         self._bind_address = address
         self._rng = rng if rng is not None else random.Random()
-        self.table = RoutingTable(node_id, k=config.k, replacement_size=config.replacement_size)
+        self.table = RoutingTable(
+            node_id,
+            k=config.k,
+            replacement_size=config.replacement_size,
+            max_per_host=config.max_ids_per_host,
+            limit_loopback=config.limit_loopback,
+        )
+        self._summary = LogSummary(config.log_summary_interval)
         self.records = store if store is not None else RecordStore()
         self.rtt = RttEstimator(
             initial=config.rto_initial, floor=config.rto_floor, ceiling=config.rto_ceiling
@@ -149,9 +168,11 @@ class DhtPeer:
             wall_clock_ms=wall_clock_ms,
             republish_interval=config.republish_interval,
         )
-        self.handlers = RequestHandlers(self, self._welcome)
         self.schedule = MaintenanceSchedule(config.maintenance_interval, self._rng)
         self.calls = Calls(self.rpc, self.stats)
+        #: Admission to the routing table (§5.1).
+        self.gate = Gate(self, config)
+        self.handlers = RequestHandlers(self, self.gate.heard)
         self._endpoint: DatagramEndpoint | None = None
         self._nursery: trio.Nursery | None = None
         self._running: AbstractAsyncContextManager[Self] | None = None
@@ -228,13 +249,19 @@ class DhtPeer:
                         await self._handle_datagram(data, source)
                     except Exception as exc:
                         self.boundary.contain(_text(source), "datagram", exc)
+                    self._summarise(trio.current_time())
             self.calls.wake = None
             await self._handle_timer(trio.current_time())
 
     def _next_wake(self) -> float:
         deadline = self.rpc.next_deadline()
-        wake = self.schedule.next_deadline()
+        wake = min(self.schedule.next_deadline(), self._summary.next_deadline())
         return wake if deadline is None or deadline > wake else deadline
+
+    def _summarise(self, now: float) -> None:
+        line = self._summary.due(now, self.stats)
+        if line is not None:
+            log.info("%s", line)
 
     async def _handle_datagram(self, data: bytes, source: Address) -> None:
         """Process one datagram from ``source`` and send what it calls for.
@@ -253,15 +280,20 @@ class DhtPeer:
         if self.schedule.handle_timer(now):
             assert self._nursery is not None
             self._nursery.start_soon(self._maintenance_task)
+        self._summarise(now)
         await self.calls.flush()
 
     def _input_failed(self, source: str, what: str, exc: Exception) -> None:
+        # The boundary logs the traceback (once per source and type a minute).
         self.stats.inputs_failed += 1
-        log.info("dht.input_failed peer=%s input=%s error=%s", source, what, describe(exc))
+        log.debug("dht.input_failed peer=%s input=%s error=%s", source, what, describe(exc))
 
-    def _drop(self, source: Address, reason: str) -> None:
-        self.stats.datagrams_dropped += 1
-        log.info("dht.drop peer=%s:%s reason=%s", source[0], source[1], reason)
+    def _drop(self, source: Address, reason: str, kind: str) -> None:
+        """Count a dropped datagram under ``dropped_<kind>``; the log has a summary."""
+        stats = self.stats
+        stats.datagrams_dropped += 1
+        setattr(stats, f"dropped_{kind}", getattr(stats, f"dropped_{kind}") + 1)
+        log.debug("dht.drop peer=%s:%s reason=%s", source[0], source[1], reason)
 
     # ------------------------------------------------------------------ core events
 
@@ -271,7 +303,7 @@ class DhtPeer:
             reply = self.handlers.answer_untrusted(event.method, event.source, event.args, now)
             self.rpc.reply(event, reply)
         except RemoteError as exc:
-            self._drop(event.source, f"{event.method}: {exc.message}")
+            self._drop(event.source, f"{event.method}: {exc.message}", "requests")
             return
         except LocalError as exc:  # our reply would not fit: say nothing, as stock does
             log.warning("dht.reply_failed method=%s reason=%s", event.method, exc.message)
@@ -279,21 +311,10 @@ class DhtPeer:
         self.stats.requests_handled += 1
 
     def _on_drop(self, event: DatagramDropped) -> None:
-        self._drop(event.source, event.detail)
+        kind = "malformed" if event.reason is DropReason.MALFORMED else "replies"
+        self._drop(event.source, event.detail, kind)
 
     # ------------------------------------------------------------------ calls
-
-    def _informing(self, contact: Contact, on_result: OnResult) -> OnResult:
-        """``on_result`` after telling the routing table whether ``contact`` answered."""
-
-        def done(value: Any) -> None:
-            if value is NO_REPLY:
-                self.table.record_failure(contact.node_id)
-            else:
-                self._welcome(contact.node_id, contact.address)
-            on_result(value)
-
-        return done
 
     async def _call(
         self, address: Address, method: str, args: list[Any], *, contact: Contact | None = None
@@ -304,19 +325,7 @@ class DhtPeer:
         """
         if contact is None:
             return await self.calls.call(address, method, args)
-        return await self.calls.call(address, method, args, partial(self._informing, contact))
-
-    def _welcome(self, node_id: bytes, source: Address) -> None:
-        """The sender proved it is reachable at ``source``: tell the routing table."""
-        to_ping = self.table.observe(Contact(node_id, source[0], source[1]), trio.current_time())
-        if to_ping is None:
-            return
-
-        def alive(value: Any) -> None:
-            self.table.ping_result(to_ping.node_id, value is not NO_REPLY, trio.current_time())
-
-        # Queued; the flush after the datagram or call at hand sends it (no task).
-        self.calls.call_nowait(to_ping.address, "ping", [self.node_id], alive)
+        return await self.calls.call(address, method, args, partial(self.gate.informing, contact))
 
     # ------------------------------------------------------------------ lookups
 
@@ -326,7 +335,7 @@ class DhtPeer:
         """Run one iterative lookup (§6); with ``want_value`` collect records too."""
         lookup = Lookup(
             target,
-            self.table.closest(target),
+            self.gate.seeds(target),
             rtt=self.rtt,
             own_id=self.node_id,
             k=self.config.k,
@@ -345,7 +354,7 @@ class DhtPeer:
                 now = trio.current_time()
                 lookup.handle_timer(now)
                 for c in lookup.next_requests(now):
-                    deliver = self._informing(c, _to_channel(send, c))
+                    deliver = self.gate.informing(c, _to_channel(send, c))
                     msg_id = self.calls.call_nowait(c.address, method, args, deliver)
                     if msg_id is not None:
                         asked.append(msg_id)
@@ -380,7 +389,7 @@ class DhtPeer:
             else:
                 raw, contacts = None, rpcwire.parse_contacts_untrusted(value)
         except rpcwire.RpcError as exc:
-            self._drop(c.address, f"{method} reply: {exc.message}")
+            self._drop(c.address, f"{method} reply: {exc.message}", "replies")
             lookup.handle_failure(c.node_id)
             return
         lookup.handle_response(c.node_id, contacts, trio.current_time())
@@ -389,7 +398,7 @@ class DhtPeer:
         try:
             self.stats.records_rejected += collector.add_untrusted(raw, self.wall_clock_ms())
         except RecordError as exc:  # not a record list (say, a stock node's plain value)
-            self._drop(c.address, f"find_value value: {exc.message}")
+            self._drop(c.address, f"find_value value: {exc.message}", "replies")
         except Exception as exc:  # one node's value must not end the lookup
             self.boundary.contain(_text(c.address), f"{method} value", exc)
             return
@@ -417,9 +426,9 @@ class DhtPeer:
         try:
             node_id = rpcwire.parse_ping_reply_untrusted(value)
         except rpcwire.RpcError as exc:
-            self._drop(address, exc.message)
+            self._drop(address, exc.message, "replies")
             return None
-        self._welcome(node_id, address)
+        self.gate.proven(node_id, address, stated=True)
         await self.calls.flush()
         return node_id
 
@@ -484,12 +493,24 @@ class DhtPeer:
             self.schedule.finished()
 
     def snapshot(self) -> bytes:
-        """The routing table as bytes (``[[id, host, port], ...]``) for a fast rejoin."""
-        return snapshot_table(self.table)
+        """The routing table (and restored contacts not yet proven) as bytes
+        (``[[id, host, port], ...]``) for a fast rejoin."""
+        return snapshot_contacts([*self.table.contacts(), *self.gate.candidates.values()])
 
     def restore(self, data: bytes) -> int:
-        """Add the contacts of a :meth:`snapshot`; returns how many. Raises LocalError."""
-        return restore_table(self.table, data, trio.current_time())
+        """Take the contacts of a :meth:`snapshot` as candidates; returns how many.
+
+        They enter the table only as they answer (§5.1): each is pinged (a few at
+        a time, in the background) and lookups may ask them meanwhile. Raises
+        LocalError(CONFIG_ERROR) for a corrupt snapshot, INVALID_ARGUMENT before
+        the node started.
+        """
+        if self._nursery is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
+        contacts = parse_snapshot(data)
+        self.gate.add_candidates(contacts)
+        self._nursery.start_soon(self.gate.check_candidates)
+        return len(contacts)
 
 
 # Shared by all nodes: no per-node dict of bound methods.

@@ -22,6 +22,13 @@ Theory of operation (Maymounkov & Mazières, "Kademlia", 2002):
 * Buckets not touched for a refresh interval are reported by
   :meth:`RoutingTable.stale_buckets` so the driver can look up a random id in
   them (§2.3).
+* Admission limits (docs/protocol/dht.md §5.1), over contacts and
+  replacement caches together: one id per address, and at most
+  ``max_per_host`` distinct ids per host (an IPv4 address, an IPv6 /64;
+  loopback hosts count only with ``limit_loopback``).
+  :meth:`RoutingTable.refusal` says why a contact would not be taken;
+  :meth:`RoutingTable.observe` takes nothing it refuses. Whether a contact
+  has proven its address is the driver's business (:mod:`p2pnode.dht.admission`).
 
 Ids are raw 20-byte strings, so p2pnode peer ids and the SHA-1 ids of stock
 ``kademlia`` nodes mix freely. No clock reads: every call that needs the time
@@ -31,6 +38,8 @@ takes ``now``.
 from __future__ import annotations
 
 import bisect
+import enum
+import ipaddress
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -55,6 +64,29 @@ class Contact:
     def address(self) -> tuple[str, int]:
         """The ``(host, port)`` to send datagrams to."""
         return (self.host, self.port)
+
+
+class Refusal(enum.Enum):
+    """Why the table will not take a contact (docs/protocol/dht.md §5.1)."""
+
+    ADDRESS_TAKEN = "another id holds this address"
+    HOST_FULL = "this host holds its limit of ids"
+
+
+def host_key(host: str, *, limit_loopback: bool = True) -> str | None:
+    """The group a host's ids are counted in: the IPv4 address, the IPv6 /64, the name
+    of a host that is not an address; None for a loopback host unless ``limit_loopback``."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback and not limit_loopback:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def id_int(node_id: bytes) -> int:
@@ -97,16 +129,26 @@ class RoutingTable:
         k: int = 20,
         replacement_size: int = 20,
         max_failures: int = 2,
+        max_per_host: int | None = None,
+        limit_loopback: bool = True,
         now: float = 0.0,
     ) -> None:
+        """``max_per_host`` bounds the distinct ids per host (None: no bound)."""
         _check_id(own_id)
         self.own_id = own_id
         self.k = k
         self.replacement_size = replacement_size
         self.max_failures = max_failures
+        self.max_per_host = max_per_host
+        self.limit_loopback = limit_loopback
         self._own = id_int(own_id)
         self._buckets: list[_Bucket] = [_Bucket(0, _SPACE, now)]
         self._los: list[int] = [0]
+        # Over contacts and replacements: the id at each address, and per host
+        # group the ids there with how many entries each has (an id may wait in a
+        # replacement cache at a second address of the same host).
+        self._at: dict[tuple[str, int], bytes] = {}
+        self._hosts: dict[str, dict[bytes, int]] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -130,6 +172,33 @@ class RoutingTable:
         """Number of buckets (for tests and statistics)."""
         return len(self._buckets)
 
+    def bucket_fill(self) -> list[int]:
+        """Contacts per bucket, the farthest bucket from our id first (for ``status``)."""
+        return [len(b.contacts) for b in sorted(self._buckets, key=self._nearest, reverse=True)]
+
+    def holder(self, address: tuple[str, int]) -> bytes | None:
+        """The id the table holds at ``address`` (as a contact or a replacement), if any."""
+        return self._at.get(address)
+
+    def host_full(self, host: str, node_id: bytes | None = None) -> bool:
+        """True if ``host`` holds its limit of ids (``node_id`` not among them)."""
+        if self.max_per_host is None:
+            return False
+        key = host_key(host, limit_loopback=self.limit_loopback)
+        if key is None:
+            return False
+        ids = self._hosts.get(key, {})
+        return len(ids) >= self.max_per_host and node_id not in ids
+
+    def refusal(self, contact: Contact) -> Refusal | None:
+        """Why :meth:`observe` would not take ``contact``, or None if it may."""
+        held = self._at.get(contact.address)
+        if held is not None and held != contact.node_id:
+            return Refusal.ADDRESS_TAKEN
+        if self.host_full(contact.host, contact.node_id):
+            return Refusal.HOST_FULL
+        return None
+
     def closest(
         self,
         target: bytes,
@@ -144,12 +213,7 @@ class RoutingTable:
         # Every bucket is an id prefix, so the nearest any of its ids can be is
         # the XOR of the prefixes: visit buckets by that bound and stop once the
         # next bound is beyond the n-th best distance found (exact, not heuristic).
-        order = sorted(
-            (((b.lo ^ t) >> s) << s, i)
-            for i, b in enumerate(self._buckets)
-            for s in ((b.hi - b.lo).bit_length() - 1,)
-            if b.contacts
-        )
+        order = sorted((_bound(b, t), i) for i, b in enumerate(self._buckets) if b.contacts)
         best: list[tuple[int, Contact]] = []
         for bound, i in order:
             if len(best) >= n and bound > best[n - 1][0]:
@@ -173,13 +237,14 @@ class RoutingTable:
     # ------------------------------------------------------------------ updates
 
     def observe(self, contact: Contact, now: float) -> Contact | None:
-        """Record that ``contact`` sent us a valid message or reply.
+        """Record that ``contact`` answered us (or that a known contact was heard from).
 
         Returns a contact the driver should ping (the least recently seen of a
-        full bucket) and report with :meth:`ping_result`, or None.
+        full bucket) and report with :meth:`ping_result`, or None. A contact
+        the table refuses (:meth:`refusal`) changes nothing.
         """
         _check_id(contact.node_id)
-        if contact.node_id == self.own_id:
+        if contact.node_id == self.own_id or self.refusal(contact) is not None:
             return None
         n = id_int(contact.node_id)
         while True:
@@ -197,8 +262,9 @@ class RoutingTable:
                 bucket.last_touched = now
                 return None
             if len(bucket.contacts) < self.k:
+                self._unindex(bucket.replacements.pop(contact.node_id, None))
                 bucket.contacts[contact.node_id] = contact
-                bucket.replacements.pop(contact.node_id, None)
+                self._index(contact)
                 bucket.last_touched = now
                 return None
             splittable = bucket.lo <= self._own < bucket.hi or bucket.depth() % _SPLIT_B != 0
@@ -229,7 +295,7 @@ class RoutingTable:
         """Report that an RPC to ``node_id`` timed out."""
         bucket = self._bucket_for(id_int(node_id))
         if node_id not in bucket.contacts:
-            bucket.replacements.pop(node_id, None)
+            self._unindex(bucket.replacements.pop(node_id, None))
             return
         fails = bucket.failures.get(node_id, 0) + 1
         bucket.failures[node_id] = fails
@@ -241,28 +307,60 @@ class RoutingTable:
         bucket = self._bucket_for(id_int(node_id))
         if node_id in bucket.contacts:
             self._evict(bucket, node_id)
-        bucket.replacements.pop(node_id, None)
+        self._unindex(bucket.replacements.pop(node_id, None))
 
     # ------------------------------------------------------------------ internals
+
+    def _nearest(self, bucket: _Bucket) -> int:
+        return _bound(bucket, self._own)
 
     def _bucket_for(self, n: int) -> _Bucket:
         return self._buckets[bisect.bisect_right(self._los, n) - 1]
 
+    def _index(self, contact: Contact) -> None:
+        self._at[contact.address] = contact.node_id
+        key = host_key(contact.host, limit_loopback=self.limit_loopback)
+        if key is not None:
+            ids = self._hosts.setdefault(key, {})
+            ids[contact.node_id] = ids.get(contact.node_id, 0) + 1
+
+    def _unindex(self, contact: Contact | None) -> None:
+        if contact is None:
+            return
+        if self._at.get(contact.address) == contact.node_id:
+            del self._at[contact.address]
+        key = host_key(contact.host, limit_loopback=self.limit_loopback)
+        if key is None or contact.node_id not in self._hosts.get(key, {}):
+            return
+        ids = self._hosts[key]
+        ids[contact.node_id] -= 1
+        if not ids[contact.node_id]:
+            del ids[contact.node_id]
+            if not ids:
+                del self._hosts[key]
+
     def _add_replacement(self, bucket: _Bucket, contact: Contact) -> None:
-        bucket.replacements.pop(contact.node_id, None)
+        self._unindex(bucket.replacements.pop(contact.node_id, None))
         bucket.replacements[contact.node_id] = contact
+        self._index(contact)
         while len(bucket.replacements) > self.replacement_size:
-            del bucket.replacements[next(iter(bucket.replacements))]
+            self._unindex(bucket.replacements.pop(next(iter(bucket.replacements))))
 
     def _evict(self, bucket: _Bucket, node_id: bytes) -> None:
-        bucket.contacts.pop(node_id, None)
+        self._unindex(bucket.contacts.pop(node_id, None))
         bucket.failures.pop(node_id, None)
         if bucket.pinging == node_id:
             bucket.pinging = None
-        if bucket.replacements:
-            # The freshest replacement is the likeliest to be alive (§4.1).
-            rid = next(reversed(bucket.replacements))
-            bucket.contacts[rid] = bucket.replacements.pop(rid)
+        self._promote(bucket)
+
+    def _promote(self, bucket: _Bucket) -> bool:
+        """Move the freshest replacement into the contacts (§4.1: the likeliest to be
+        alive); one whose id is a contact already (at its old address) waits."""
+        for rid in reversed(bucket.replacements):
+            if rid not in bucket.contacts:
+                bucket.contacts[rid] = bucket.replacements.pop(rid)
+                return True
+        return False
 
     def _split(self, bucket: _Bucket) -> None:
         mid = (bucket.lo + bucket.hi) // 2
@@ -277,17 +375,22 @@ class RoutingTable:
         for half in (low, high):
             # Keep replacement caches bounded after the move.
             while len(half.replacements) > self.replacement_size:
-                del half.replacements[next(iter(half.replacements))]
+                self._unindex(half.replacements.pop(next(iter(half.replacements))))
             # A replacement may fit now that the bucket has room.
-            while half.replacements and len(half.contacts) < self.k:
-                rid = next(reversed(half.replacements))
-                half.contacts[rid] = half.replacements.pop(rid)
+            while len(half.contacts) < self.k and self._promote(half):
+                pass
         if bucket.pinging is not None:
             holder = low if id_int(bucket.pinging) < mid else high
             holder.pinging = bucket.pinging
         i = self._buckets.index(bucket)
         self._buckets[i : i + 1] = [low, high]
         self._los[i : i + 1] = [low.lo, high.lo]
+
+
+def _bound(bucket: _Bucket, t: int) -> int:
+    """The least XOR distance to ``t`` of any id in ``bucket`` (its range is an id prefix)."""
+    s = (bucket.hi - bucket.lo).bit_length() - 1
+    return ((bucket.lo ^ t) >> s) << s
 
 
 def random_id_in_range(lo: int, hi: int, rng: random.Random) -> bytes:

@@ -8,7 +8,7 @@ Kademlia DHT, :class:`NoDiscovery` for nodes that only know peers they met.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Any, Protocol
 
 from p2pnode.card import AgentCard
 from p2pnode.dht.node import DhtNode
@@ -26,7 +26,7 @@ class Discovery(Protocol):
 
     async def find_agent(self, agent_id: str) -> list[AgentCard]: ...
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> dict[str, Any]:
         """Counters for ``status`` (empty when there is nothing to count)."""
         ...
 
@@ -92,7 +92,14 @@ class DhtDiscovery:
     async def find_agent(self, agent_id: str) -> list[AgentCard]:
         return await self.dht.find_agent(agent_id)
 
-    def statistics(self) -> dict[str, int]:
-        """The DHT's counters (docs/protocol/dht.md), its routing table size and records."""
+    def statistics(self) -> dict[str, Any]:
+        """The DHT's counters (docs/protocol/dht.md), its routing table size, the contacts
+        of each bucket (farthest from our id first) and its records."""
         stats = dataclasses.asdict(self.dht.statistics())
-        return {"contacts": len(self.dht.table), "records": len(self.dht.records), **stats}
+        table = self.dht.table
+        return {
+            "contacts": len(table),
+            "buckets": table.bucket_fill(),
+            "records": len(self.dht.records),
+            **stats,
+        }

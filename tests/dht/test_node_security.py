@@ -147,11 +147,11 @@ async def test_flood_from_one_peer_stays_bounded(
         assert store.total_bytes <= store.max_bytes
 
 
-async def test_malformed_datagrams_logged_and_dropped(
+async def test_malformed_datagrams_counted_and_summarised(
     autojump_clock: trio.testing.MockClock, sim: SimNetwork, caplog: pytest.LogCaptureFixture
 ) -> None:
     node, attacker = await _victim_and_attacker(sim)
-    caplog.set_level(logging.INFO, logger="p2pnode.dht")
+    caplog.set_level(logging.DEBUG, logger="p2pnode.dht")
     async with node:
         for junk in (b"\x00" * 5, b"\x07" + b"\x01" * 25, b"\x00" + b"\x01" * 20 + b"\xc1"):
             await attacker.ep.sendto(junk, attacker.target)
@@ -159,9 +159,24 @@ async def test_malformed_datagrams_logged_and_dropped(
         assert await attacker.request("ping", [b"short"]) == "no reply"
         await attacker.ep.sendto(b"\x00" * 9000, attacker.target)
         assert await attacker.request("ping", [ATTACKER_ID]) == node.node_id
-    drops = [r for r in caplog.records if r.name == "p2pnode.dht" and "drop" in r.getMessage()]
-    assert len(drops) >= 5
-    assert node.stats.datagrams_dropped >= 5
+        # More of the same within the minute: counted, and one more summary line
+        # once the minute is over.
+        for _ in range(200):
+            await attacker.ep.sendto(b"\x00" * 5, attacker.target)
+            await trio.sleep(0.01)
+        await trio.sleep(61)
+    messages = [r.getMessage() for r in caplog.records if r.name == "p2pnode.dht"]
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG and "dht.drop" in r.msg]
+    assert len(debug) >= 205  # one line each, at DEBUG only
+    info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert [m for m in info if "drop" in m and not m.startswith("dht.summary")] == []
+    summaries = [m for m in messages if m.startswith("dht.summary")]
+    assert len(summaries) == 2  # the first drop at once, the rest after the minute
+    assert "dropped_malformed=+1" in summaries[0]
+    assert node.stats.datagrams_dropped >= 205
+    assert node.stats.dropped_malformed >= 204
+    assert node.stats.dropped_requests == 1  # the short ping id
+    assert f"datagrams_dropped=+{node.stats.datagrams_dropped - 1}" in summaries[1]
 
 
 async def test_responses_matched_by_id_and_address(

@@ -15,7 +15,8 @@ ids = st.binary(min_size=20, max_size=20)
 
 
 def _c(node_id: bytes, port: int = 1) -> Contact:
-    return Contact(node_id, "10.0.0.1", port)
+    # One host per id: the table keeps one id per address.
+    return Contact(node_id, node_id.hex(), port)
 
 
 @settings(max_examples=150, deadline=None)

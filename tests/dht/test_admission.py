@@ -1,0 +1,266 @@
+"""Admission to the routing table (dht.md §5.1): the sans-IO rules, one by one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.dht.admission import Admission, Verdict
+from p2pnode.dht.config import DhtStatistics
+from p2pnode.dht.routing import Contact, Refusal, RoutingTable, host_key
+from p2pnode.dht.summary import LogSummary
+from p2pnode.errors import LocalError
+
+OWN = b"\x00" * 20
+
+
+def _id(n: int) -> bytes:
+    return (0x80 + n).to_bytes(1, "big") + n.to_bytes(19, "big")
+
+
+# ---------------------------------------------------------------------- the table's limits
+
+
+def test_one_id_per_address() -> None:
+    table = RoutingTable(OWN)
+    table.observe(Contact(_id(1), "10.0.0.1", 7), 0.0)
+    intruder = Contact(_id(2), "10.0.0.1", 7)
+    assert table.refusal(intruder) is Refusal.ADDRESS_TAKEN
+    assert table.observe(intruder, 1.0) is None
+    assert _id(2) not in table
+    assert table.holder(("10.0.0.1", 7)) == _id(1)
+    # The address is free again once its id left.
+    table.remove(_id(1))
+    assert table.refusal(intruder) is None
+    table.observe(intruder, 2.0)
+    assert table.holder(("10.0.0.1", 7)) == _id(2)
+
+
+def test_ids_per_host_are_bounded_and_freed_on_eviction() -> None:
+    table = RoutingTable(OWN, max_per_host=2)
+    for n in range(5):
+        table.observe(Contact(_id(n), "10.0.0.9", 1000 + n), 0.0)
+    assert [c.node_id for c in table.contacts()] == [_id(0), _id(1)]
+    assert table.refusal(Contact(_id(3), "10.0.0.9", 2000)) is Refusal.HOST_FULL
+    # An id it holds may still be seen again there, and other hosts are not affected.
+    assert table.refusal(Contact(_id(1), "10.0.0.9", 1001)) is None
+    table.observe(Contact(_id(9), "10.0.0.10", 1), 0.0)
+    assert _id(9) in table
+    table.record_failure(_id(0))
+    table.record_failure(_id(0))
+    assert _id(0) not in table
+    table.observe(Contact(_id(3), "10.0.0.9", 1003), 1.0)
+    assert _id(3) in table
+
+
+def test_replacement_caches_count_toward_the_limits() -> None:
+    table = RoutingTable(OWN, k=2, max_per_host=3)
+    far = [bytes([0xF8 | i]) + bytes(19) for i in range(6)]
+    table.observe(Contact(far[0], "10.0.0.1", 1), 0.0)
+    table.observe(Contact(far[1], "10.0.0.1", 2), 0.0)
+    table.observe(Contact(far[2], "10.0.0.1", 3), 0.0)  # to the replacement cache
+    assert table.host_full("10.0.0.1")
+    assert table.refusal(Contact(far[3], "10.0.0.1", 4)) is Refusal.HOST_FULL
+    assert table.refusal(Contact(far[3], "10.0.0.2", 3)) is None
+    assert table.refusal(Contact(far[3], "10.0.0.1", 3)) is Refusal.ADDRESS_TAKEN
+
+
+@pytest.mark.parametrize(
+    ("host", "limited", "key"),
+    [
+        ("10.1.2.3", True, "10.1.2.3"),
+        ("127.0.0.1", False, None),
+        ("127.0.0.1", True, "127.0.0.1"),
+        ("::1", False, None),
+        ("2001:db8:1:2:aaaa::1", True, "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:bbbb::7", True, "2001:db8:1:2::/64"),
+        ("::ffff:10.1.2.3", True, "10.1.2.3"),
+        ("peer.example", True, "peer.example"),
+    ],
+)
+def test_host_groups(host: str, limited: bool, key: str | None) -> None:
+    assert host_key(host, limit_loopback=limited) == key
+
+
+def test_loopback_is_exempt_unless_limited() -> None:
+    free = RoutingTable(OWN, max_per_host=1, limit_loopback=False)
+    strict = RoutingTable(OWN, max_per_host=1, limit_loopback=True)
+    for n in range(3):
+        free.observe(Contact(_id(n), "127.0.0.1", 9000 + n), 0.0)
+        strict.observe(Contact(_id(n), "127.0.0.1", 9000 + n), 0.0)
+    assert (len(free), len(strict)) == (3, 1)
+
+
+_op = st.tuples(
+    st.sampled_from(["observe", "fail", "remove", "dead", "alive"]),
+    st.integers(0, 40),  # id
+    st.integers(0, 3),  # host
+    st.integers(0, 3),  # port
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(_op, max_size=200))
+def test_the_indexes_match_the_table_after_any_operations(
+    ops: list[tuple[str, int, int, int]],
+) -> None:
+    table = RoutingTable(OWN, k=3, replacement_size=2, max_per_host=3)
+    for i, (op, n, host, port) in enumerate(ops):
+        node_id = bytes([n * 6]) + bytes(19)
+        if op == "observe":
+            table.observe(Contact(node_id, f"10.0.0.{host}", port), float(i))
+        elif op == "fail":
+            table.record_failure(node_id)
+        elif op == "remove":
+            table.remove(node_id)
+        else:
+            table.ping_result(node_id, op == "alive", float(i))
+    entries = [c for b in table._buckets for c in (*b.contacts.values(), *b.replacements.values())]
+    assert table._at == {c.address: c.node_id for c in entries}
+    assert len(table._at) == len(entries)  # one id per address
+    hosts: dict[str, dict[bytes, int]] = {}
+    for c in entries:
+        ids = hosts.setdefault(c.host, {})
+        ids[c.node_id] = ids.get(c.node_id, 0) + 1
+    assert table._hosts == hosts
+    assert all(len(ids) <= 3 for ids in hosts.values())
+
+
+def test_bucket_fill_runs_from_far_to_near() -> None:
+    table = RoutingTable(OWN, k=2)
+    for n, first in enumerate([0x80, 0x81, 0x40, 0x01, 0x02]):
+        table.observe(Contact(bytes([first]) + bytes(19), f"10.0.0.{n}", 1), 0.0)
+    # The far half (0x80, 0x81), the next quarter (0x40), then the quarter holding
+    # our own id (0x01, 0x02).
+    assert table.bucket_fill() == [2, 1, 2]
+
+
+# ---------------------------------------------------------------------- checks of senders
+
+
+def _admission(**kw: object) -> Admission:
+    return Admission(max_checks=4, max_checks_per_host=2, retry_after=60.0, memory=8, **kw)  # type: ignore[arg-type]
+
+
+def test_a_sender_is_checked_once_at_a_time_then_not_for_a_while() -> None:
+    table = RoutingTable(OWN)
+    adm = _admission()
+    src = ("10.0.0.1", 5000)
+    assert adm.on_request(_id(1), src, table, 0.0) is Verdict.CHECK
+    assert adm.on_request(_id(2), src, table, 0.1) is Verdict.CHECKING
+    adm.check_done(src, 1.0)
+    assert adm.checking == 0
+    assert adm.on_request(_id(3), src, table, 30.0) is Verdict.RECENT
+    assert adm.on_request(_id(3), src, table, 61.0) is Verdict.CHECK
+
+
+def test_a_contact_held_at_its_address_is_known() -> None:
+    table = RoutingTable(OWN)
+    table.observe(Contact(_id(1), "10.0.0.1", 5000), 0.0)
+    adm = _admission()
+    assert adm.on_request(_id(1), ("10.0.0.1", 5000), table, 0.0) is Verdict.KNOWN
+    # The same id from another address is checked there (it may have moved).
+    assert adm.on_request(_id(1), ("10.0.0.1", 5001), table, 0.0) is Verdict.CHECK
+
+
+def test_checks_are_bounded_per_host_and_in_all() -> None:
+    table = RoutingTable(OWN)
+    adm = _admission()
+    flood = [adm.on_request(_id(n), ("10.6.6.6", 1000 + n), table, 0.0) for n in range(50)]
+    assert flood.count(Verdict.CHECK) == 2
+    assert set(flood[2:]) == {Verdict.BUSY}
+    others = [adm.on_request(_id(n), (f"10.0.0.{n}", 1), table, 0.0) for n in range(4)]
+    assert others == [Verdict.CHECK, Verdict.CHECK, Verdict.BUSY, Verdict.BUSY]
+    adm.check_done(("10.6.6.6", 1000), 1.0)
+    assert adm.on_request(_id(99), ("10.0.0.99", 1), table, 1.0) is Verdict.CHECK
+
+
+def test_a_slot_is_freed_after_its_time_but_the_check_stays_out() -> None:
+    table = RoutingTable(OWN)
+    adm = Admission(max_checks=1, slot_time=1.0)
+    assert adm.on_request(_id(1), ("10.0.0.1", 1), table, 0.0) is Verdict.CHECK
+    assert adm.on_request(_id(2), ("10.0.0.2", 1), table, 0.5) is Verdict.BUSY
+    assert adm.on_request(_id(3), ("10.0.0.3", 1), table, 1.0) is Verdict.CHECK
+    assert adm.on_request(_id(1), ("10.0.0.1", 1), table, 1.5) is Verdict.CHECKING
+    assert adm.checking == 2
+    adm.check_done(("10.0.0.1", 1), 4.0)  # its reply or its hard timeout, later
+    adm.check_done(("10.0.0.3", 1), 4.0)
+    assert adm.checking == 0
+
+
+def test_senders_turned_away_by_a_full_house_wait_for_a_slot() -> None:
+    table = RoutingTable(OWN)
+    adm = Admission(max_checks=2, max_checks_per_host=2, slot_time=1.0, max_waiting=3)
+    flood = [adm.on_request(_id(n), ("127.0.0.1", 1000 + n), table, 0.0) for n in range(2)]
+    assert flood == [Verdict.CHECK, Verdict.CHECK]
+    # Every slot is taken: these wait, the oldest dropped past max_waiting.
+    for n in range(2, 6):
+        assert adm.on_request(_id(n), ("10.0.0.9", 1000 + n), table, 0.1) is Verdict.BUSY
+    assert adm.waiting == 3
+    assert adm.next_waiting(table, 0.5) is None  # no slot free yet
+    adm.check_done(("127.0.0.1", 1000), 0.6)
+    assert adm.next_waiting(table, 0.6) == (_id(3), ("10.0.0.9", 1003))
+    assert adm.next_waiting(table, 0.6) is None
+    # At 1.0 the other slot's time is over: the next one gets it.
+    assert adm.next_waiting(table, 1.0) == (_id(4), ("10.0.0.9", 1004))
+    assert adm.on_request(_id(4), ("10.0.0.9", 1004), table, 1.0) is Verdict.CHECKING
+    assert adm.waiting == 1  # _id(5)
+    # A sender whose host holds its share of slots does not wait: its host is being checked.
+    adm = Admission(max_checks=5, max_checks_per_host=1)
+    assert adm.on_request(_id(1), ("10.0.0.9", 1), table, 0.0) is Verdict.CHECK
+    assert adm.on_request(_id(2), ("10.0.0.9", 2), table, 0.0) is Verdict.BUSY
+    assert adm.waiting == 0
+
+
+def test_a_full_host_is_not_checked() -> None:
+    table = RoutingTable(OWN, max_per_host=1)
+    table.observe(Contact(_id(1), "10.6.6.6", 1), 0.0)
+    adm = _admission()
+    assert adm.on_request(_id(2), ("10.6.6.6", 2), table, 0.0) is Verdict.HOST_FULL
+
+
+def test_the_memory_of_checked_addresses_is_bounded() -> None:
+    table = RoutingTable(OWN)
+    adm = _admission()
+    for n in range(20):
+        src = (f"10.0.0.{n}", 1)
+        assert adm.on_request(_id(n), src, table, float(n)) is Verdict.CHECK
+        adm.check_done(src, float(n))
+    assert len(adm._recent) == 8
+    assert adm.on_request(_id(0), ("10.0.0.0", 1), table, 21.0) is Verdict.CHECK  # forgotten
+    assert adm.on_request(_id(19), ("10.0.0.19", 1), table, 21.0) is Verdict.RECENT
+    adm.check_done(("10.9.9.9", 1), 0.0)  # no check out: ignored
+
+
+def test_bad_bounds_are_caller_errors() -> None:
+    with pytest.raises(LocalError):
+        Admission(max_checks=0)
+    with pytest.raises(LocalError):
+        Admission(retry_after=-1.0)
+    with pytest.raises(LocalError):
+        Admission(max_waiting=0)
+
+
+# ---------------------------------------------------------------------- the log summary
+
+
+def test_the_summary_reports_at_once_then_at_most_once_an_interval() -> None:
+    stats = DhtStatistics()
+    summary = LogSummary(60.0, poll=1.0)
+    assert summary.due(0.0, stats) is None
+    assert summary.next_deadline() == math.inf  # quiet: no timer
+    stats.datagrams_dropped += 1
+    stats.dropped_malformed += 1
+    assert summary.due(0.5, stats) is None  # polled again only after a second
+    assert summary.due(1.0, stats) == "dht.summary datagrams_dropped=+1 dropped_malformed=+1"
+    assert summary.next_deadline() == 61.0
+    for t in range(2, 61):
+        stats.datagrams_dropped += 1000
+        assert summary.due(float(t), stats) is None
+    stats.records_rejected += 3
+    assert summary.due(61.0, stats) == "dht.summary datagrams_dropped=+59000 records_rejected=+3"
+    assert summary.due(121.0, stats) is None  # nothing new: quiet again
+    assert summary.next_deadline() == math.inf
