@@ -500,6 +500,22 @@ async def terminate_while_peers_connect(node: NodeProcess) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def udp_port_free_on_tcp() -> trio.socket.SocketType:
+    """A UDP socket bound on 127.0.0.1 to a port that TCP does not use there (so a daemon
+    listening on it fails on UDP, not on TCP). Bounded: 50 tries."""
+    for _ in range(50):
+        udp = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+        await udp.bind(("127.0.0.1", 0))
+        with trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM) as tcp:
+            try:
+                await tcp.bind(("127.0.0.1", udp.getsockname()[1]))
+            except OSError:
+                udp.close()
+                continue
+        return udp
+    raise AssertionError("no UDP port whose TCP twin is free in 50 tries")
+
+
 async def test_second_run_on_the_data_dir_and_run_on_a_busy_port(
     daemons: Daemons, tmp_path: Path
 ) -> None:
@@ -519,8 +535,7 @@ async def test_second_run_on_the_data_dir_and_run_on_a_busy_port(
         code, _, err = await cli(other, "run", "--listen", victim.address)
         assert code == 1
         assert_one_error_line(err, victim.address, "in use")
-        with trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM) as udp:
-            await udp.bind(("127.0.0.1", 0))
+        with await udp_port_free_on_tcp() as udp:
             busy = f"127.0.0.1:{udp.getsockname()[1]}"
             code, _, err = await cli(other, "run", "--listen", busy)
         assert code == 1
