@@ -31,7 +31,7 @@ from types import TracebackType
 import trio
 
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.framing import DEFAULT_MAX_MESSAGE_SIZE, TransportCodec
+from p2pnode.framing import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_RECORD_TIMEOUT, TransportCodec
 from p2pnode.identity import PeerId
 from p2pnode.noise import KeyPair
 from p2pnode.secure import (
@@ -64,6 +64,8 @@ class ChannelConfig:
     idle_timeout: float | None = 300.0
     #: A frame whose first byte arrived must be complete within this time.
     frame_timeout: float = 30.0
+    #: A message whose header arrived must be complete within this time.
+    record_timeout: float = DEFAULT_RECORD_TIMEOUT
     #: Largest application message, both directions.
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     #: Bound on bytes queued by ``send_message_nowait`` before a flush.
@@ -72,7 +74,13 @@ class ChannelConfig:
     receive_size: int = 256 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("handshake_timeout", "frame_timeout", "max_message_size", "receive_size"):
+        for name in (
+            "handshake_timeout",
+            "frame_timeout",
+            "record_timeout",
+            "max_message_size",
+            "receive_size",
+        ):
             if getattr(self, name) <= 0:
                 raise LocalError(ErrorCode.CONFIG_ERROR, f"{name} must be positive")
         if self.idle_timeout is not None and self.idle_timeout <= 0:
@@ -132,6 +140,7 @@ class SecureChannel:
             max_message_size=config.max_message_size,
             idle_timeout=config.idle_timeout,
             frame_timeout=config.frame_timeout,
+            record_timeout=config.record_timeout,
         )
         self._inbox = self._codec.messages
         #: The peer's proven identity.

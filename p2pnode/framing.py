@@ -14,13 +14,20 @@ and several small ones may share one:
   put many records in one frame (coalescing) or cut one record across frames
   (splitting). A record announcing more than ``max_message_size`` bytes is a
   protocol violation detected from its header alone, so a peer can never
-  make us buffer more than ``max_message_size + 65539`` bytes.
+  make us buffer more than ``max_message_size + 65539`` bytes. The buffer of
+  an incomplete record grows as its bytes arrive and is never allocated at
+  the announced size: a peer that announces 4 MiB and sends 200 bytes costs
+  about 200 bytes, not 4 MiB (many such peers would otherwise be an easy way
+  to exhaust memory).
 
-Time is a parameter. ``next_deadline()`` is the sooner of the *frame* deadline
-(a frame whose first byte has arrived must complete within ``frame_timeout``:
-this bounds a peer that trickles bytes) and the *idle* deadline (no byte for
-``idle_timeout`` while the application waits, counted from
-:meth:`TransportCodec.start_wait`). ``handle_timer(now)`` raises TIMEOUT.
+Time is a parameter. ``next_deadline()`` is the soonest of the *frame*
+deadline (a frame whose first byte has arrived must complete within
+``frame_timeout``: this bounds a peer that trickles bytes), the *record*
+deadline (a record whose header has arrived must complete within
+``record_timeout``: this bounds a peer that sends one small frame of a large
+record now and then) and the *idle* deadline (no byte for ``idle_timeout``
+while the application waits, counted from :meth:`TransportCodec.start_wait`).
+``handle_timer(now)`` raises TIMEOUT.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from p2pnode.secure import SecureChannelError
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_RECORD_TIMEOUT",
     "FRAME_HEADER",
     "RECORD_HEADER",
     "CodecState",
@@ -45,6 +53,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+DEFAULT_RECORD_TIMEOUT = 60.0
 RECORD_HEADER = 4
 FRAME_HEADER = 2
 
@@ -52,6 +61,7 @@ _u32 = struct.Struct(">I")
 _nonce = struct.Struct("<4xQ").pack  # 32 zero bits || 64-bit little-endian counter
 _FRAME_SLOT = bytes(FRAME_HEADER)  # filled in by seal_in_place
 _TAG_SLOT = bytes(TAGLEN)
+_ZEROS = memoryview(bytes(MAX_PLAINTEXT_LEN))  # room appended to a record before decrypting
 
 
 class CodecState(enum.Enum):
@@ -71,7 +81,6 @@ class TransportCodec:
 
     __slots__ = (
         "_buf",
-        "_filled",
         "_frame_since",
         "_frame_timeout",
         "_hdr",
@@ -79,6 +88,10 @@ class TransportCodec:
         "_idle_timeout",
         "_max",
         "_msg",
+        "_need",
+        "_now",
+        "_record_since",
+        "_record_timeout",
         "_recv_key",
         "_recv_n",
         "_send_key",
@@ -95,12 +108,13 @@ class TransportCodec:
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         idle_timeout: float | None = None,
         frame_timeout: float = 30.0,
+        record_timeout: float = DEFAULT_RECORD_TIMEOUT,
     ) -> None:
         """Wrap the CipherStates of a finished handshake.
 
         Raises LocalError(INVALID_ARGUMENT) on non-positive limits.
         """
-        if max_message_size <= 0 or frame_timeout <= 0:
+        if max_message_size <= 0 or frame_timeout <= 0 or record_timeout <= 0:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "limits and timeouts must be positive")
         if max_message_size > 2**32 - 1:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "max_message_size must fit in 32 bits")
@@ -116,10 +130,15 @@ class TransportCodec:
         self._max = max_message_size
         self._idle_timeout = idle_timeout
         self._frame_timeout = frame_timeout
+        self._record_timeout = record_timeout
         self._buf = bytearray()  # bytes of an incomplete frame
         self._hdr = bytearray()  # first bytes of a record header cut by a frame boundary
-        self._msg: bytearray | None = None  # body of an incomplete record, allocated at size
-        self._filled = 0  # bytes of _msg received so far
+        # Body of an incomplete record, grown as its bytes arrive (never allocated at the
+        # announced size, which costs the peer nothing to claim), and its announced size.
+        self._msg: bytearray | None = None
+        self._need = 0
+        self._record_since = 0.0  # when the incomplete record's header arrived
+        self._now = now  # the time of the bytes being processed
         #: Complete messages in arrival order (consumers ``popleft``).
         self.messages: deque[bytes] = deque()
         self._frame_since: float | None = None
@@ -189,6 +208,11 @@ class TransportCodec:
         """How many complete messages wait in the receive queue."""
         return len(self.messages)
 
+    def buffered_bytes(self) -> int:
+        """Bytes held for incomplete frames and records (not complete messages)."""
+        msg = self._msg
+        return len(self._buf) + len(self._hdr) + (len(msg) if msg is not None else 0)
+
     def start_wait(self, now: float) -> None:
         """The application starts waiting for a message: the idle clock restarts."""
         self._idle_from = now
@@ -200,18 +224,20 @@ class TransportCodec:
             deadline = self._idle_from + self._idle_timeout
         if self._frame_since is not None:
             deadline = min(deadline, self._frame_since + self._frame_timeout)
+        if self._msg is not None:
+            deadline = min(deadline, self._record_since + self._record_timeout)
         return deadline
 
     def handle_timer(self, now: float) -> None:
         """Raise SecureChannelError(TIMEOUT) if a deadline has passed."""
         if now >= self.next_deadline():
-            slow = self._frame_since is not None and now >= self._frame_since + self._frame_timeout
-            self._fail(
-                SecureChannelError(
-                    ErrorCode.TIMEOUT,
-                    "peer did not complete a frame in time" if slow else "channel idle too long",
-                )
-            )
+            if self._frame_since is not None and now >= self._frame_since + self._frame_timeout:
+                why = "peer did not complete a frame in time"
+            elif self._msg is not None and now >= self._record_since + self._record_timeout:
+                why = "peer did not complete a message in time"
+            else:
+                why = "channel idle too long"
+            self._fail(SecureChannelError(ErrorCode.TIMEOUT, why))
 
     def _fail(self, exc: RemoteError) -> None:
         self.state = CodecState.FAILED
@@ -241,7 +267,7 @@ class TransportCodec:
             raise LocalError(ErrorCode.CHANNEL_CLOSED, "the channel failed earlier")
         if not data:
             return
-        self._idle_from = now
+        self._idle_from = self._now = now
         key = self._recv_key
         pos = 0
         try:
@@ -315,12 +341,14 @@ class TransportCodec:
     ) -> None:
         length = size - TAGLEN
         msg = self._msg
-        if msg is not None and length <= len(msg) - self._filled:
-            # The whole frame continues the message being assembled.
-            if not open_into(key, nonce, src, start, size, msg, self._filled):
+        if msg is not None and length <= self._need - len(msg):
+            # The whole frame continues the message being assembled: grow it by the
+            # frame's plaintext and decrypt straight into the new room.
+            filled = len(msg)
+            msg += _ZEROS[:length]
+            if not open_into(key, nonce, src, start, size, msg, filled):
                 raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
-            self._filled += length
-            if self._filled == len(msg):
+            if len(msg) == self._need:
                 self.messages.append(bytes(msg))
                 self._msg = None
             return
@@ -335,8 +363,8 @@ class TransportCodec:
         off = 0
         msg = self._msg
         if msg is not None:  # finish the message being assembled
-            off = len(msg) - self._filled
-            msg[self._filled :] = view[:off]
+            off = self._need - len(msg)
+            msg += view[:off]
             self.messages.append(bytes(msg))
             self._msg = None
         hdr = self._hdr
@@ -378,11 +406,9 @@ class TransportCodec:
         if off + size <= end:
             self.messages.append(bytes(view[off : off + size]))
             return False
-        msg = bytearray(size)
-        have = end - off
-        msg[:have] = view[off:end]
-        self._msg = msg
-        self._filled = have
+        self._msg = bytearray(view[off:end])
+        self._need = size
+        self._record_since = self._now
         return True
 
 
