@@ -362,7 +362,7 @@ def test_a_new_coordinator_resumes_from_the_fold() -> None:
         journal.append((f"{log_key(1, 'boss')}/{taken[0]}", taken[1]))
     view = fold(4, journal)
     assert successors(view, "boss") == ["x", "y"]
-    assert claim_after(0, 3.0) == 3.0 and claim_after(2, 3.0) == 6.0
+    assert claim_after(0, 3.0) == 3.0 and claim_after(2, 3.0) == 9.0
     heir = Coordinator(plan, "x", 2, now=10.0, view=view)
     assert heir.done == 1 and heir.results()[0] == "r0"
     # The work assigned before is still held (x and y may still be at it).

@@ -32,8 +32,9 @@ Theory of operation (docs/protocol/tasks.md §4-5):
   (:class:`~p2pnode.node.swarmdoc.SwarmView`): it keeps results and
   assignments, and gives every live participant a fresh lease to beat to it.
 * :func:`successors` orders who takes over when the coordinator's lease
-  lapses: the live participants by agent id; the one of rank ``r`` claims
-  after :func:`claim_after` seconds of silence.
+  lapses: the live participants by agent id (the driver passes over those
+  on the coordinator's own node: they went down with it); the one of rank
+  ``r`` claims after :func:`claim_after` seconds of silence.
 * :class:`Participation` is a participant's side: the sub-tasks assigned to
   it (deduplicated: a sub-task reassigned to it while it runs is not started
   twice), what it runs, and the results it keeps until the document shows
@@ -421,8 +422,9 @@ def successors(view: SwarmView, coordinator: str) -> list[str]:
 
 def claim_after(rank: int, lease: float) -> float:
     """Seconds of the coordinator's silence after which the successor of ``rank`` claims:
-    one lease, plus half a lease per successor before it (they had their turn)."""
-    return lease * (1 + 0.5 * rank)
+    one lease, plus one per successor before it (each had its turn, and time for its
+    claim to spread)."""
+    return lease * (1 + rank)
 
 
 @dataclass(slots=True)

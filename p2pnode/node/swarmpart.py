@@ -336,7 +336,9 @@ class SwarmMembers:
             self._coordination.canceled(node)
         for agent, part in node.parts.items():
             self._catch_up(node, agent, part, view, now)
-        if view.status in (COMPLETED, CANCELED):
+        # Completed once every result is here too: another term's records may still be
+        # on their way when the completing coordinator's arrives.
+        if view.status == CANCELED or (view.status == COMPLETED and view.complete):
             node.ended = True
             node.finished.set()
             for part in node.parts.values():
@@ -370,7 +372,11 @@ class SwarmMembers:
         lease = node.lease
         if lease is None or node.plan is None or not node.parts:
             return
-        order = successors(view, lease.agent)
+        # Participants on the coordinator's own node went down with it: passed over.
+        home = self._peer_of(lease.agent)
+        order = [
+            a for a in successors(view, lease.agent) if home is None or self._peer_of(a) != home
+        ]
         local = [a for a in order if a in node.parts]
         if not local:
             return
@@ -378,6 +384,10 @@ class SwarmMembers:
         if now - node.lease_seen >= claim_after(rank, node.plan.lease):
             node.lease_seen = now  # one claim per silence
             await self._coordination.claim(node, local[0], lease, view)
+
+    def _peer_of(self, agent: str) -> str | None:
+        card = self.host.registry.find(agent)
+        return str(card.peer_id) if card is not None else None
 
     def status(self, swarm: str, coordinating: str | None) -> dict[str, Any]:
         """The swarm as this node knows it (``swarm status``)."""
