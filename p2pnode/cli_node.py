@@ -27,6 +27,7 @@ from p2pnode.cardfile import (
     starter_template,
 )
 from p2pnode.cli_mcp import add_run_options, start_mcp_servers
+from p2pnode.cli_tasks import task_ops
 from p2pnode.cli_tools import add_tool_commands, tool_ops
 from p2pnode.datalock import hold_data_dir
 from p2pnode.demo import add_demo_command
@@ -50,6 +51,7 @@ from p2pnode.node.logs import configure_logging
 from p2pnode.node.node import Node
 from p2pnode.node.policy import PolicyConfig
 from p2pnode.node.runtime import open_node
+from p2pnode.node.swarms import open_swarms
 
 CONTROL_TIMEOUT = 60.0
 logger = logging.getLogger("p2pnode.node")
@@ -111,6 +113,7 @@ def _node_ops(node: Node) -> dict[str, Any]:
     ops: dict[str, Op] = {"status": status, "find": find, "send": send}
     ops.update(_doc_ops(node))
     ops.update(tool_ops(node))
+    ops.update(task_ops(node))
     return ops
 
 
@@ -305,6 +308,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         for agent in agents:
             await node.add_agent(agent, authority=endorser, roles=roles)
         await node.open_shared()
+        await open_swarms(node)  # its agents may join swarms, and it may open some
         # The control socket answers before joining, which can take a while (bootstrap
         # peers down or slow): `status` shows what the node is doing meanwhile.
         server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
@@ -422,6 +426,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"tools      invocations {metrics['totalToolInvocations']}  "
           f"errors {metrics['toolErrorCount']}  "
           f"average {metrics['averageToolDurationMs']:.2f} ms")  # fmt: skip
+    tasks = status["tasks"]
+    print(f"tasks      proposals sent {tasks['proposalsSent']}  accepted "
+          f"{tasks['proposalsAccepted']}  rejected {tasks['proposalsRejected']}  timed out "
+          f"{tasks['proposalsTimedOut']}  swarms active {tasks.get('swarmsActive', 0)}  "
+          f"reassignments {tasks.get('reassignments', 0)}")  # fmt: skip
     return 0
 
 

@@ -8,8 +8,9 @@ CRDT document every node writes to and that converges by gossip, and one
 more process hosting an agent written with the Agent API
 (:mod:`p2pnode.demo_agent`, ``run --agent``) whose input schema is enforced and
 whose tool the orchestrator calls from another process while the tool's access
-rule refuses an L3 agent. It exits 0 when all of that worked, and always stops
-every process it started.
+rule refuses an L3 agent, and a swarm of worker processes that finishes its
+sub-tasks although one worker is killed mid-run (:mod:`p2pnode.demo_swarm`). It
+exits 0 when all of that worked, and always stops every process it started.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import trio
 
+from p2pnode.demo_swarm import CAPABILITY, WORKER_AGENT, swarm_check
 from p2pnode.errors import ErrorCode, P2PError
 from p2pnode.process import NodeProcess
 
@@ -42,6 +44,8 @@ DISCOVERY_TIMEOUT = 30.0
 ORACLE = "p2pnode.demo_agent:agent"
 #: The oracle's tool (p2pnode.demo_agent.estimate), open to L0 agents only.
 TOOL = "oracle.estimate"
+#: Worker processes of the swarm check (p2pnode.demo_swarm).
+WORKERS = 3
 
 
 def roster(n: int) -> list[tuple[str, int, str]]:
@@ -80,6 +84,14 @@ class Demo:
         ]
         # One more process: an agent written with the Agent API, hosted by `run --agent`.
         self.oracle = DemoNode(n, "oracle", 3, "demo.answer", root / "oracle", ("--agent", ORACLE))
+        # And the swarm's workers, each an Agent API agent in a process of its own.
+        names = [f"worker{i + 1}" for i in range(WORKERS)]
+        self.workers = [
+            DemoNode(n + 1 + i, name, 3, CAPABILITY, root / name, ("--agent", WORKER_AGENT))
+            for i, name in enumerate(names)
+        ]
+        for worker in self.workers:
+            worker.env["DEMO_WORKER_ID"] = worker.agent
         self.out = out
         self.checks: list[tuple[str, bool, str]] = []
         self.started = time.monotonic()
@@ -93,6 +105,8 @@ class Demo:
 
     def prepare(self) -> None:
         self.oracle.prepare("oracle", 3)
+        for worker in self.workers:
+            worker.prepare(worker.agent, 3)
         for node in self.nodes:
             node.prepare(node.agent, node.tier, [
                 {"id": node.capability, "name": node.capability, "description":
@@ -151,6 +165,7 @@ class Demo:
         # The oracle is L3: L1 and L2 agents may not send to it (the default tier rules).
         await self._agent_api(next(n for n in reversed(self.nodes) if n.tier in (0, 3)))
         await self._tool()
+        await swarm_check(self.nodes[0], self.workers, self.check, self.find)
 
     async def _shared_document(self) -> None:
         doc = "demo.board"
@@ -241,7 +256,7 @@ class Demo:
         )
 
     async def stop(self) -> None:
-        nodes = [*self.nodes, self.oracle]
+        nodes = [*self.nodes, self.oracle, *self.workers]
         async with trio.open_nursery() as nursery:
             for node in nodes:
                 nursery.start_soon(node.stop)
@@ -253,7 +268,7 @@ class Demo:
             async with trio.open_nursery() as nursery:
                 try:
                     await self.start(nursery, self.nodes[0], None)
-                    for node in [*self.nodes[1:], self.oracle]:
+                    for node in [*self.nodes[1:], self.oracle, *self.workers]:
                         await self.start(nursery, node, self.nodes[0].address)
                     await self.run_scenario()
                 except P2PError as exc:
