@@ -48,6 +48,7 @@ from p2pnode.node.control import (
 )
 from p2pnode.node.docops import op_from_json, value_to_json
 from p2pnode.node.logs import configure_logging
+from p2pnode.node.metrics import MetricsExporter, check_metrics_extra
 from p2pnode.node.node import Node
 from p2pnode.node.policy import PolicyConfig
 from p2pnode.node.runtime import open_node
@@ -313,6 +314,8 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         # peers down or slow): `status` shows what the node is doing meanwhile.
         server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
         await node.nursery.start(server.serve)
+        if args.metrics:  # Prometheus, read from the node at each scrape
+            await node.start_service(MetricsExporter(node, parse_address(args.metrics)))
         await node.join()
         # Attached processes use the swarm's tools and offer their own (audited here).
         agents_socket = AgentSocket(node, data_dir / AGENT_SOCKET_NAME, documents=node.shared,
@@ -339,6 +342,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             ErrorCode.INVALID_ARGUMENT,
             "--role needs --endorse-with: roles count only as the swarm authority endorses them",
         )
+    if args.metrics:
+        check_metrics_extra()  # one line naming the extra, before anything starts
     configure_logging(args.log_level, json_lines=args.log_json, stream=sys.stderr)
     try:
         return trio.run(run_daemon, args)
@@ -542,6 +547,11 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "what access rules of tools may ask for",
     )
     add_run_options(run)
+    run.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (needs p2pnode[metrics])",
+    )
     run.add_argument("--log-level", default="INFO")
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
     run.set_defaults(handler=cmd_run)

@@ -28,10 +28,12 @@ CORES = [
     "p2pnode.dht.summary",
     "p2pnode.crdt.base",
     "p2pnode.crdt.clock",
+    "p2pnode.crdt.delta",
     "p2pnode.crdt.dots",
     "p2pnode.crdt.gossip",
     "p2pnode.crdt.ops",
     "p2pnode.crdt.replica",
+    "p2pnode.crdt.signing",
     "p2pnode.crdt.simulate",
     "p2pnode.crdt.types",
 ]
