@@ -36,6 +36,11 @@ CORES = [
     "p2pnode.crdt.signing",
     "p2pnode.crdt.simulate",
     "p2pnode.crdt.types",
+    "p2pnode.task",
+    "p2pnode.taskwork",
+    "p2pnode.node.negotiation",
+    "p2pnode.node.swarmdoc",
+    "p2pnode.node.swarmcore",
 ]
 #: Modules a core must not import: the I/O layers and the clock.
 FORBIDDEN = {"trio", "socket", "sqlite3", "time"}
