@@ -426,6 +426,13 @@ class SecureChannel:
 # --- establishing channels -----------------------------------------------------
 
 
+#: ``max_bytes`` of each read during the handshake. Handshake messages are at most
+#: 1026 bytes framed; a large read buffer per unauthenticated connection is what let a
+#: flood of junk connections grow the process by megabytes (CPython allocates the
+#: whole ``max_bytes`` for every ``recv`` and the allocator keeps the pages).
+HANDSHAKE_RECEIVE_SIZE = 4096
+
+
 def _default_keygen() -> KeyPair:
     return KeyPair.generate()
 
@@ -442,7 +449,7 @@ async def _handshake(
         with trio.move_on_at(handshake.next_deadline()) as scope:
             await flush_output()
             while handshake.stage is not HandshakeStage.DONE:
-                data = await stream.receive_some(config.receive_size)
+                data = await stream.receive_some(HANDSHAKE_RECEIVE_SIZE)
                 try:
                     handshake.receive_data_untrusted(data, trio.current_time())
                 except RemoteError:

@@ -36,6 +36,15 @@ Theory of operation (seed R3, Properties 10-12):
   one is open, both ends send on the channel dialed by the lower peer id, so
   both converge on the same connection. The other one is still read (frames
   already in flight on it are not lost) and closed after ``retire_grace``.
+* Limits (:class:`LinkLimits`): the envelopes a peer sends go through a token
+  bucket per link (an ENVELOPES frame costs one token per member, read from
+  its msgpack header before decoding, a HELLO ``HELLO_COST``). A frame the
+  bucket cannot pay for is dropped before it is decoded and counted; the
+  link's reader goes on at once (other peers have readers of their own, so
+  nobody waits on the flooder) and the node reports the drops as a security
+  event at most once a minute per peer. Frames queued for a peer that does
+  not read are bounded in bytes: a send beyond ``max_queue_bytes`` fails at
+  once with BUSY instead of queueing (back-pressure on the local sender).
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ import trio
 from p2pnode.channel import SecureChannel
 from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import PeerId
+from p2pnode.node.limits import TokenBucket
 
 logger = logging.getLogger("p2pnode.channels")
 
@@ -120,9 +130,46 @@ class RetryPolicy:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class LinkLimits:
+    """What one peer may cost a link (None: unlimited)."""
+
+    #: Envelopes a second the peer may send, sustained.
+    envelope_rate: float | None = None
+    #: Envelopes it may send at once after a quiet spell.
+    envelope_burst: int = 10_000
+    #: Bytes of frames queued for the peer and not yet written.
+    max_queue_bytes: int | None = None
+
+
+#: Tokens a HELLO frame costs (up to 64 card signatures to check).
+HELLO_COST = 64
+_FRAME_HEAD = 0x92  # msgpack fixarray of 2: [kind, body]
+
+
+def frame_cost(frame: bytes) -> int:
+    """Envelopes a node frame carries, read from its msgpack header without decoding
+    it (1 for anything that is not a well-formed ENVELOPES frame; HELLO_COST for a HELLO)."""
+    if len(frame) < 3 or frame[0] != _FRAME_HEAD:
+        return 1
+    kind, head = frame[1], frame[2]
+    if kind == 0:
+        return HELLO_COST
+    if kind != 2:
+        return 1
+    if 0x90 <= head <= 0x9F:
+        return max(1, head & 0x0F)
+    if head == 0xDC and len(frame) >= 5:
+        return max(1, int.from_bytes(frame[3:5], "big"))
+    if head == 0xDD and len(frame) >= 7:
+        return max(1, int.from_bytes(frame[3:7], "big"))
+    return 1
+
+
 @dataclass(slots=True)
 class _Outgoing:
     frames: list[bytes]
+    size: int = 0
     done: trio.Event = field(default_factory=trio.Event)
     error: LocalError | None = None
 
@@ -131,6 +178,8 @@ KEEPALIVE = b""
 Dialer = Callable[[], Awaitable[SecureChannel]]
 FrameHandler = Callable[[PeerId, bytes], Awaitable[None]]
 StateListener = Callable[["PeerLink", ChannelState], None]
+#: Told of a frame dropped by the rate limit: the link and the envelopes it carried.
+DropListener = Callable[["PeerLink", int], None]
 
 
 async def close_quietly(channel: SecureChannel) -> None:
@@ -153,6 +202,8 @@ class PeerLink:
         on_state: StateListener,
         retry: RetryPolicy = RetryPolicy(),
         idle_timeout: float | None = None,
+        limits: LinkLimits = LinkLimits(),
+        on_drop: DropListener | None = None,
     ) -> None:
         self.peer_id = peer_id
         self._local_peer_id = local_peer_id
@@ -174,6 +225,17 @@ class PeerLink:
         self._dialing = False
         self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
         self._queued = 0  # frames handed to the writer and not yet written
+        self._queued_bytes = 0  # their size
+        self._max_queue_bytes = limits.max_queue_bytes
+        self._bucket = (
+            None
+            if limits.envelope_rate is None
+            else TokenBucket(limits.envelope_rate, limits.envelope_burst, trio.current_time())
+        )
+        self._on_drop = on_drop
+        #: Frames (and the envelopes in them) dropped by the rate limit.
+        self.frames_dropped = 0
+        self.envelopes_dropped = 0
         self._inline_busy = False
         self._inline_done: trio.Event | None = None  # made only when the writer must wait
         self.frames_sent = 0
@@ -184,6 +246,11 @@ class PeerLink:
     @property
     def state(self) -> ChannelState:
         return self._machine.state
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of frames waiting for the writer."""
+        return self._queued_bytes
 
     @property
     def closed(self) -> bool:
@@ -239,11 +306,23 @@ class PeerLink:
                 self._messages_in += 1
                 if data:  # an empty message is a keepalive
                     self.frames_received += 1
+                    bucket = self._bucket
+                    if bucket is not None:
+                        cost = frame_cost(data)
+                        if not bucket.take(cost, trio.current_time()):
+                            self._dropped(cost)
+                            continue
                     await self._on_frame(self.peer_id, data)
         except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             if channel is self._channel:
                 logger.info("link to %s lost: %s", self.peer_id, exc)
                 self._channel_lost(channel)
+
+    def _dropped(self, envelopes: int) -> None:
+        self.frames_dropped += 1
+        self.envelopes_dropped += envelopes
+        if self._on_drop is not None:
+            self._on_drop(self, envelopes)
 
     async def _watchdog(self) -> None:
         timeouts = [t for t in (self._retry.write_timeout, self._idle_timeout) if t is not None]
@@ -364,12 +443,24 @@ class PeerLink:
                 if self._inline_done is not None:
                     self._inline_done.set()
                     self._inline_done = None
-        item = _Outgoing(frames)
+        size = sum(map(len, frames))
+        limit = self._max_queue_bytes
+        if limit is not None and self._queued_bytes and self._queued_bytes + size > limit:
+            raise LocalError(
+                ErrorCode.BUSY,
+                f"{self._queued_bytes} bytes already wait for {self.peer_id} (limit {limit})",
+                peer=str(self.peer_id),
+                queued=self._queued_bytes,
+                limit=limit,
+            )
+        item = _Outgoing(frames, size)
         self._queued += 1
+        self._queued_bytes += size
         try:
             await self._queue_in.send(item)
         except trio.ClosedResourceError:
             self._queued -= 1
+            self._queued_bytes -= size
             raise LocalError(
                 ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed"
             ) from None
@@ -396,6 +487,7 @@ class PeerLink:
                 for item in batch:
                     item.error = error
                     item.done.set()
+                    self._queued_bytes -= item.size
                 self._queued -= len(batch)
 
     async def _write(self, channel: SecureChannel, frames: list[bytes]) -> None:

@@ -50,6 +50,21 @@ class NodeConfig:
     inbox_size: int = 256
     dedup_window: int = 65_536
     max_peers: int = 4096
+    #: Connections still in the Noise handshake, in all and per source host (an IPv4
+    #: address or IPv6 /64; loopback hosts only with ``limit_loopback``). The newest
+    #: connection beyond either is closed at once (docs/SECURITY.md).
+    max_handshakes: int = 256
+    max_handshakes_per_host: int = 8
+    limit_loopback: bool = False
+    #: Addresses of a peer's HELLO kept for dialing it.
+    hello_addresses: int = 4
+    #: Connection attempts to one peer a minute (dials and redials, any address).
+    dials_per_minute: int = 8
+    #: Envelopes one peer may send a second, and in a burst (None: no limit).
+    envelope_rate: float | None = 5000.0
+    envelope_burst: int = 10_000
+    #: Bytes of frames queued for one peer that it has not read yet (None: no limit).
+    max_link_queue_bytes: int | None = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         problems = []

@@ -8,7 +8,9 @@ Requests: ``{"op": "status"}``, ``{"op": "find", "capability": C}``,
 ``{"op": "send", "from": AGENT or null, "to": TARGET, "type": TYPE,
 "payload": JSON, "capability": bool, "timeout": seconds}``.
 Responses: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
-{"code", "message", "details"}}``. A line over 1 MiB closes the connection.
+{"code", "message", "details"}}``. A line over 1 MiB closes the connection,
+and so does waiting ``idle_timeout`` (120 s) for the next request: a client
+that connects and says nothing does not hold a connection and its task forever.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ logger = logging.getLogger("p2pnode.control")
 
 CONTROL_SOCKET_NAME = "control.sock"
 MAX_LINE = 1024 * 1024
+#: Seconds a control connection may wait between requests before it is closed.
+CONTROL_IDLE_TIMEOUT = 120.0
 
 Op = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -76,9 +80,12 @@ def _encode(obj: Any) -> bytes:
 class ControlServer:
     """Serves control requests with the given operations."""
 
-    def __init__(self, path: Path, ops: dict[str, Op]) -> None:
+    def __init__(
+        self, path: Path, ops: dict[str, Op], *, idle_timeout: float = CONTROL_IDLE_TIMEOUT
+    ) -> None:
         self.path = path
         self._ops = ops
+        self._idle_timeout = idle_timeout
         #: Counts (and logs with a traceback) requests that failed unexpectedly.
         self.boundary = FailureBoundary(logger)
 
@@ -95,7 +102,12 @@ class ControlServer:
         buffer = bytearray()
         async with stream:
             try:
-                while (line := await _read_line(stream, buffer)) is not None:
+                while True:
+                    line = None
+                    with trio.move_on_after(self._idle_timeout):
+                        line = await _read_line(stream, buffer)
+                    if line is None:  # end of stream, or idle too long
+                        return
                     await stream.send_all(self._encode_reply(await self._dispatch(line)))
             except (trio.BrokenResourceError, trio.ClosedResourceError, LocalError):
                 return

@@ -5,6 +5,21 @@ node, the addresses and Noise static keys it knows for each peer, the
 secure-channel listener loop, and dialing (IK when the peer's card gave its
 static key, XX otherwise). Every new channel, dialed or accepted, starts with
 this node's HELLO. Frames read on any link go to the node's frame handler.
+
+Limits against floods (node/limits.py; defaults in NodeConfig, docs/SECURITY.md):
+
+* An accepted connection takes a handshake slot (``max_handshakes`` in all,
+  ``max_handshakes_per_host`` per source host) until its handshake ends.
+  With no slot free the newest connection is closed at once, unread; the
+  refusals are counted and reported once a minute per host.
+* A peer's HELLO addresses are kept for dialing it only up to
+  ``hello_addresses``, and every dial attempt to a peer (any address, any
+  redial) spends its ``dials_per_minute`` budget. So a peer that announces
+  16 addresses and hangs up costs a handful of connection attempts a minute,
+  not one per address per redial.
+* Each link gets the envelope rate limit and the queue bound of
+  :class:`~p2pnode.node.channels.LinkLimits`; drops are reported once a minute
+  per peer.
 """
 
 from __future__ import annotations
@@ -22,8 +37,15 @@ from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
 from p2pnode.lifetime import TaskOwner
 from p2pnode.net import Address, Network, StreamListener
-from p2pnode.node.channels import ChannelState, FrameHandler, PeerLink, close_quietly
+from p2pnode.node.channels import (
+    ChannelState,
+    FrameHandler,
+    LinkLimits,
+    PeerLink,
+    close_quietly,
+)
 from p2pnode.node.config import NodeConfig, parse_address
+from p2pnode.node.limits import DialBudget, HandshakeSlots, ReportGate
 from p2pnode.node.observability import Observability
 from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
@@ -64,6 +86,20 @@ class LinkManager(TaskOwner):
         self._addresses: dict[PeerId, list[Address]] = {}
         self._static: dict[PeerId, bytes] = {}
         self._closing = False
+        self.handshakes = HandshakeSlots(
+            config.max_handshakes,
+            config.max_handshakes_per_host,
+            limit_loopback=config.limit_loopback,
+        )
+        self.dials = DialBudget(config.dials_per_minute, 60.0, max_peers=config.max_peers)
+        self._limits = LinkLimits(
+            envelope_rate=config.envelope_rate,
+            envelope_burst=config.envelope_burst,
+            max_queue_bytes=config.max_link_queue_bytes,
+        )
+        self._reports = ReportGate()
+        #: Envelopes dropped by the per-peer rate limit, in all.
+        self.envelopes_dropped = 0
 
     @property
     def local_peer_id(self) -> PeerId:
@@ -93,6 +129,8 @@ class LinkManager(TaskOwner):
                 _log_state,
                 self._config.retry,
                 self._config.channel.idle_timeout,
+                self._limits,
+                self._on_drop,
             )
             self._links[peer_id] = link
         return link
@@ -100,7 +138,18 @@ class LinkManager(TaskOwner):
     def learn_addresses(self, peer_id: PeerId, addresses: list[Address]) -> None:
         """Addresses a peer announced for itself (in its HELLO)."""
         if addresses:
-            self._addresses[peer_id] = addresses[:16]
+            self._addresses[peer_id] = addresses[: self._config.hello_addresses]
+
+    def _on_drop(self, link: PeerLink, envelopes: int) -> None:
+        self.envelopes_dropped += envelopes
+        if self._reports.due(f"rate {link.peer_id}", trio.current_time()):
+            self._events.security(
+                ErrorCode.BUSY,
+                f"over its envelope rate ({self._config.envelope_rate:g}/s): "
+                f"{link.envelopes_dropped} envelopes dropped from this peer so far",
+                str(link.peer_id),
+                None,
+            )
 
     async def close_all(self) -> None:
         """Close every link; from now on no link is made and accepted channels are closed."""
@@ -130,6 +179,12 @@ class LinkManager(TaskOwner):
     async def _dial(self, peer_id: PeerId) -> SecureChannel:
         last: BaseException | None = None
         for address in self._addresses_of(peer_id):
+            if not self.dials.allow(peer_id.raw, trio.current_time()):
+                raise LocalError(
+                    ErrorCode.CHANNEL_CLOSED,
+                    f"cannot reach {peer_id}: {self._config.dials_per_minute} connection "
+                    f"attempts a minute spent ({last})",
+                )
             try:
                 return await self._dial_address(address, peer_id)
             except (P2PError, OSError, trio.BrokenResourceError) as exc:
@@ -186,14 +241,34 @@ class LinkManager(TaskOwner):
                         pause = min(pause * 2, ACCEPT_PAUSE_MAX)
                         continue
                     pause = ACCEPT_PAUSE
-                    nursery.start_soon(self._accept_one, stream)
+                    host = remote_host(stream)
+                    if not self.handshakes.acquire(host):
+                        await trio.aclose_forcefully(stream)
+                        self._refused(host)
+                        continue
+                    nursery.start_soon(self._accept_one, stream, host)
         finally:
             with trio.CancelScope(shield=True):
                 await listener.aclose()
 
-    async def _accept_one(self, stream: trio.abc.Stream) -> None:
+    def _refused(self, host: str | None) -> None:
+        key = self.handshakes.key(host) or "all"
+        if self._reports.due(f"handshakes {key}", trio.current_time()):
+            self._events.security(
+                ErrorCode.BUSY,
+                f"connection from {host} refused: {self.handshakes.in_use} handshakes pending "
+                f"(limits {self.handshakes.total}, {self.handshakes.per_host} per host); "
+                f"{self.handshakes.refused} refused so far",
+                None,
+                None,
+            )
+
+    async def _accept_one(self, stream: trio.abc.Stream, host: str | None = None) -> None:
         try:
-            channel = await accept_secure(stream, self._secure, config=self._channel_config)
+            try:
+                channel = await accept_secure(stream, self._secure, config=self._channel_config)
+            finally:
+                self.handshakes.release(host)
             await channel.send_message(self._hello())
         except RemoteError as exc:
             self._events.security(exc.code, f"inbound handshake failed: {exc.message}", None, None)
@@ -207,6 +282,19 @@ class LinkManager(TaskOwner):
             await close_quietly(channel)
             return
         self.link(peer_id).adopt(channel, peer_id)
+
+
+def remote_host(stream: trio.abc.Stream) -> str | None:
+    """The host a connection comes from (None when the stream cannot say)."""
+    address = getattr(stream, "remote_address", None)  # simulated streams
+    if address is None and isinstance(stream, trio.SocketStream):
+        try:
+            address = stream.socket.getpeername()
+        except OSError:
+            return None
+    if isinstance(address, tuple) and address and isinstance(address[0], str):
+        return address[0]
+    return None
 
 
 def _log_state(link: PeerLink, state: ChannelState) -> None:
