@@ -27,7 +27,7 @@ from p2pnode.cardfile import (
     starter_template,
 )
 from p2pnode.cli_mcp import add_run_options, start_mcp_servers
-from p2pnode.cli_tasks import task_ops
+from p2pnode.cli_tasks import add_task_commands, task_ops
 from p2pnode.cli_tools import add_tool_commands, tool_ops
 from p2pnode.datalock import hold_data_dir
 from p2pnode.demo import add_demo_command
@@ -525,7 +525,7 @@ def _add_doc_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``run``, ``status``, ``find``, ``send``, ``doc``, ``tools``, ``resources``,
-    ``prompts`` and ``demo``."""
+    ``prompts``, ``task``, ``swarm`` and ``demo``."""
     run = sub.add_parser("run", help="run a node until SIGINT or SIGTERM (one per data directory)")
     run.add_argument("--listen", default="127.0.0.1:0", help="TCP and UDP address (host:port)")
     run.add_argument("--advertise-host", help="host to publish in cards (for 0.0.0.0 listeners)")
@@ -578,4 +578,5 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     _add_doc_command(sub)
     add_tool_commands(sub, _control)
+    add_task_commands(sub, _control)
     add_demo_command(sub)
