@@ -56,6 +56,10 @@ def test_dial_budget_is_a_sliding_window_per_peer() -> None:
     assert budget.allow(b"c", 61.0)  # a third peer: memory stays at max_peers
     assert len(budget._attempts) <= 2
     assert budget.refused == 2
+    # An attempt that reached its peer is given back.
+    budget.refund(b"b")
+    assert budget.allow(b"b", 61.0) and budget.allow(b"b", 61.0)
+    assert budget.allow(b"b", 61.0) and not budget.allow(b"b", 61.0)
 
 
 def test_token_bucket_and_report_gate() -> None:

@@ -58,7 +58,8 @@ class NodeConfig:
     limit_loopback: bool = False
     #: Addresses of a peer's HELLO kept for dialing it.
     hello_addresses: int = 4
-    #: Connection attempts to one peer a minute (dials and redials, any address).
+    #: Failed connection attempts to one peer a minute (dials and redials, any address;
+    #: an attempt that reaches the peer is not counted).
     dials_per_minute: int = 8
     #: Envelopes one peer may send a second, and in a burst (None: no limit).
     envelope_rate: float | None = 5000.0

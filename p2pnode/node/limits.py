@@ -19,7 +19,8 @@ log line a minute, not one per input.
 * :class:`DialBudget`: outgoing connection attempts per peer, at most
   ``per_window`` per ``window`` seconds, so the addresses a peer announces
   (its HELLO, its card) cannot turn this node into an amplifier that
-  connects to them over and over.
+  connects to them over and over. An attempt that reaches the expected peer
+  is given back: only failed attempts use the budget.
 * :class:`TokenBucket`: a peer's envelope rate after the handshake,
   ``rate`` per second with bursts of ``burst``.
 """
@@ -117,6 +118,17 @@ class DialBudget:
             return False
         times.append(now)
         return True
+
+    def refund(self, peer: bytes) -> None:
+        """Give back ``peer``'s latest attempt: it reached the peer it was meant for.
+
+        A handshake that proves the expected peer id shows the address is the
+        peer's own, so it amplifies nothing; only attempts that fail count, and
+        a live peer can be reconnected to as often as its links need.
+        """
+        times = self._attempts.get(peer)
+        if times:
+            times.pop()
 
     def _forget(self, now: float) -> None:
         # Peers whose attempts are all older than the window hold no budget.

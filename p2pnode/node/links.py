@@ -14,7 +14,7 @@ Limits against floods (node/limits.py; defaults in NodeConfig, docs/SECURITY.md)
   refusals are counted and reported once a minute per host.
 * A peer's HELLO addresses are kept for dialing it only up to
   ``hello_addresses``, and every dial attempt to a peer (any address, any
-  redial) spends its ``dials_per_minute`` budget. So a peer that announces
+  redial) that does not reach it spends its ``dials_per_minute`` budget. So a peer that announces
   16 addresses and hangs up costs a handful of connection attempts a minute,
   not one per address per redial.
 * Each link gets the envelope rate limit and the queue bound of
@@ -186,9 +186,12 @@ class LinkManager(TaskOwner):
                     f"attempts a minute spent ({last})",
                 )
             try:
-                return await self._dial_address(address, peer_id)
+                channel = await self._dial_address(address, peer_id)
             except (P2PError, OSError, trio.BrokenResourceError) as exc:
                 last = exc
+            else:
+                self.dials.refund(peer_id.raw)  # it was the peer's own address
+                return channel
         raise LocalError(ErrorCode.CHANNEL_CLOSED, f"cannot reach {peer_id}: {last}")
 
     async def _dial_address(self, address: Address, peer_id: PeerId | None) -> SecureChannel:
