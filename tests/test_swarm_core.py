@@ -386,3 +386,38 @@ def test_a_participant_runs_each_subtask_once_and_keeps_results_until_accepted()
     part.accepted(view)
     assert part.results == {} and view.subtasks[0].status == DONE
     assert part.finished == 1 and plan.ids == ("t0", "t1")
+
+
+def test_a_large_record_is_split_into_registers_and_folds_the_same() -> None:
+    plan = make_plan([1.0] * 40, [frozenset()] * 40, agg="list")
+    big = "x" * 5000
+    record = Record(
+        joined=[("w", (), 1)],
+        assigned=[(i, "w", 1) for i in range(40)],
+        done=[(i, 1, "w", big) for i in range(40)],
+        leases={"w": NOW_MS},
+        status=COMPLETED,
+        outcome=[big] * 40,
+    )
+    parts = record.split()
+    assert len(parts) > 3
+    assert all(len(dumps(p.to_json())) <= 48 * 1024 for p in parts)
+    assert not parts[-1].has_outcome and parts[-1].status == COMPLETED  # too large: left out
+    keys = [f"{log_key(1, 'boss')}/{1:010d}" + ("" if n == 0 else f".{n:04d}")
+            for n in range(len(parts))]  # fmt: skip
+    value = {
+        "plan": dict(plan.chunks()),
+        "log": {
+            log_key(1, "boss"): {
+                k.split("/")[1]: dumps(p.to_json()) for k, p in zip(keys, parts, strict=True)
+            }
+        },
+    }
+    reader = DocReader()
+    reader.read_untrusted(value)
+    assert reader.view is not None and reader.view.complete
+    assert reader.view.results() == [big] * 40
+    assert reader.view.outcome == [big] * 40  # computed by the reader
+    assert record.split(10**9) == [record]
+    with pytest.raises(LocalError):
+        Record(done=[(0, 1, "w", "y" * 60_000)]).split()

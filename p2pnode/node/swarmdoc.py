@@ -262,6 +262,9 @@ class Record:
     escalated: list[int] = field(default_factory=list)
     status: str | None = None
     outcome: Any = None
+    #: False when a completed record leaves the outcome out (too large for a
+    #: register): readers compute it from the results.
+    has_outcome: bool = True
 
     def __bool__(self) -> bool:
         return bool(
@@ -291,9 +294,47 @@ class Record:
                 out[key] = value
         if self.status is not None:
             out["s"] = self.status
-            if self.status == COMPLETED:
+            if self.status == COMPLETED and self.has_outcome:
                 out["o"] = self.outcome
         return out
+
+    def split(self, limit: int = CHUNK_CHARS) -> list[Record]:
+        """This record as records whose JSON text is at most ``limit`` characters each
+        (a register holds 64 KiB), entries in order; the status (and outcome) go in
+        the last. An outcome too large is left out (readers compute it). Raises
+        LocalError(MESSAGE_TOO_LARGE) for one entry larger than ``limit``."""
+        if len(dumps(self.to_json())) <= limit:
+            return [self]
+        parts = [Record()]
+        size = 0
+        pairs: list[tuple[str, list[Any]]] = [
+            ("joined", self.joined),
+            ("assigned", self.assigned),
+            ("done", self.done),
+            ("failed", self.failed),
+            ("dead", self.dead),
+            ("escalated", self.escalated),
+        ]
+        for name, entries in pairs:
+            for entry in entries:
+                length = len(dumps(entry)) + 1
+                if length + 64 > limit:
+                    raise LocalError(ErrorCode.MESSAGE_TOO_LARGE, f"a journal entry of {length}")
+                if size + length + 64 > limit:
+                    parts.append(Record())
+                    size = 0
+                getattr(parts[-1], name).append(entry)
+                size += length
+        last = parts[-1]
+        last.leases = dict(self.leases)
+        last.status, last.outcome = self.status, self.outcome
+        if len(dumps(last.to_json())) > limit:
+            last.has_outcome = False
+            if len(dumps(last.to_json())) > limit:
+                last.leases = {}
+                parts.append(Record(leases=dict(self.leases), status=self.status,
+                                    has_outcome=False))  # fmt: skip
+        return parts
 
     @classmethod
     def from_json_untrusted(cls, data: object, count: int) -> Record:
@@ -353,6 +394,7 @@ def _parse_record(data: object, count: int) -> Record:
         raise ValueError("bad status")
     record.status = status
     record.outcome = data.get("o")
+    record.has_outcome = "o" in data
     if not is_json_value(record.outcome):
         raise ValueError("bad outcome")
     return record
@@ -456,7 +498,7 @@ def apply(view: SwarmView, key: str, record: Record) -> None:
             sub.status, sub.escalated = ESCALATED, True
     if record.status is not None:
         view.status = record.status
-        if record.status == COMPLETED:
+        if record.status == COMPLETED and record.has_outcome:
             view.outcome = record.outcome
 
 
@@ -536,6 +578,12 @@ class DocReader:
                 apply(self.view, key, record)
         if new:
             self._last = max(self._last, new[-1][0])
+        view = self.view
+        if view.status == COMPLETED and view.outcome is None and view.complete:
+            try:  # the outcome was too large to journal: the same aggregation here
+                view.outcome = aggregate(self.plan.aggregate, self.plan.ids, view.results())
+            except LocalError:
+                self.bad += 1
         return new
 
     def _new_records(self, log: object) -> list[tuple[str, Record]]:

@@ -63,6 +63,7 @@ from p2pnode.task import SwarmInvite, Task
 logger = logging.getLogger("p2pnode.swarms")
 
 Aggregate = Callable[[list[Any]], Any]
+_ASSIGN_BYTES = 1024 * 1024
 
 
 class SwarmHandle:
@@ -307,23 +308,30 @@ class SwarmService:
         if taken is None:
             return
         key, record = taken
-        path = ("log", log_key(term.core.epoch, term.agent), key)
-        text = dumps(record.to_json())
-        await self.shared.update(
-            term.agent, node.doc, RegisterSet(path, text, self.host.events.now_ms())
-        )
-        self.stats.journal_records += 1
+        term_key = log_key(term.core.epoch, term.agent)
+        for part, piece in enumerate(record.split()):
+            # Keys sort as written: "<seq>", then "<seq>.0001", "<seq>.0002", ...
+            path = ("log", term_key, key if part == 0 else f"{key}.{part:04d}")
+            text = dumps(piece.to_json())
+            await self.shared.update(
+                term.agent, node.doc, RegisterSet(path, text, self.host.events.now_ms())
+            )
+            self.stats.journal_records += 1
 
     async def _send_orders(self, node: SwarmNode, term: _Coordinating, orders: Orders) -> None:
         plan = term.core.plan
         for agent, items in orders.assign.items():
-            tasks = [[i, attempt, plan.subtasks[i].to_dict()] for i, attempt in items]
-            await self._send(
-                term.agent,
-                agent,
-                node.swarm,
-                {"op": "assign", "epoch": term.core.epoch, "tasks": tasks},
-            )
+            batch: list[list[Any]] = []
+            size = 0
+            for position, (index, attempt) in enumerate(items):
+                # Messages of at most about 1 MiB (an envelope carries 4 MiB).
+                entry = [index, attempt, plan.subtasks[index].to_dict()]
+                batch.append(entry)
+                size += len(dumps(entry))
+                if size >= _ASSIGN_BYTES or position == len(items) - 1:
+                    body = {"op": "assign", "epoch": term.core.epoch, "tasks": batch}
+                    await self._send(term.agent, agent, node.swarm, body)
+                    batch, size = [], 0
         if orders.escalated or orders.status_changed:
             opener = plan.opener
             escalated = [plan.ids[i] for i in term.core.escalated()]
