@@ -39,6 +39,7 @@ CORES = [
     "p2pnode.task",
     "p2pnode.taskwork",
     "p2pnode.node.negotiation",
+    "p2pnode.node.swarmplan",
     "p2pnode.node.swarmdoc",
     "p2pnode.node.swarmcore",
 ]
