@@ -402,40 +402,147 @@ class EnvelopeFactory:
         )
 
 
+#: Bytes an envelope is charged beyond its payload: ids, names, metadata (about what
+#: the msgpack form takes, rounded up).
+ENVELOPE_OVERHEAD = 256
+
+
+def envelope_size(envelope: Envelope) -> int:
+    """About how many bytes ``envelope`` holds: its payload's strings and bytes, 16 per
+    other value, plus :data:`ENVELOPE_OVERHEAD`. What memory budgets are charged; one
+    pass over the payload (whose depth the wire limits already bound)."""
+    return ENVELOPE_OVERHEAD + _value_size(envelope.payload)
+
+
+def _value_size(value: Any) -> int:
+    if isinstance(value, str | bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_value_size(k) + _value_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return 16 + sum(_value_size(v) for v in value)
+    return 16
+
+
+#: Bytes of envelopes the thread store keeps in all, and per owner (the peer that sent
+#: them, or the node itself), by default.
+DEFAULT_THREAD_BYTES = 64 * 1024 * 1024
+DEFAULT_THREAD_BYTES_PER_OWNER = 8 * 1024 * 1024
+
+
 class ThreadStore:
     """Envelopes grouped by correlation id, each thread in timestamp order.
 
-    Bounded: at most ``max_threads`` threads (the least recently touched is
-    evicted) of at most ``max_per_thread`` envelopes (the oldest is dropped).
+    Bounded by count: at most ``max_threads`` threads (the least recently
+    touched is evicted) of at most ``max_per_thread`` envelopes (the oldest is
+    dropped). Bounded by bytes (:func:`envelope_size`): each envelope is charged
+    to its *owner* (the peer it came from; ``""`` for the node's own), and an
+    owner over ``max_bytes_per_owner`` loses its own oldest envelopes first, so
+    a peer flooding large envelopes with fresh correlation ids evicts only its
+    own; over ``max_bytes`` in all, the least recently touched threads go. An
+    envelope larger than an owner's budget is not kept. :meth:`forget` drops
+    what an owner left, when it leaves.
     """
 
-    def __init__(self, max_threads: int = 10_000, max_per_thread: int = 1_000) -> None:
-        self._threads: OrderedDict[str, list[tuple[int, int, Envelope]]] = OrderedDict()
+    def __init__(
+        self,
+        max_threads: int = 10_000,
+        max_per_thread: int = 1_000,
+        *,
+        max_bytes: int = DEFAULT_THREAD_BYTES,
+        max_bytes_per_owner: int = DEFAULT_THREAD_BYTES_PER_OWNER,
+    ) -> None:
+        # Entries: (timestamp, seq, envelope, owner, size); seq is unique, so tuples
+        # never compare the envelopes themselves.
+        self._threads: OrderedDict[str, list[tuple[int, int, Envelope, str, int]]] = OrderedDict()
+        #: Each owner's entries, oldest first: seq -> thread key.
+        self._owned: dict[str, OrderedDict[int, str]] = {}
+        self._owner_bytes: dict[str, int] = {}
         self._max_threads = max_threads
         self._max_per_thread = max_per_thread
+        self._max_bytes = max_bytes
+        self._max_per_owner = max_bytes_per_owner
         self._seq = 0
+        #: Bytes held in all.
+        self.bytes = 0
 
-    def add(self, envelope: Envelope) -> None:
-        """File ``envelope`` under its correlation id (envelopes without one are ignored)."""
+    def add(self, envelope: Envelope, owner: str = "") -> None:
+        """File ``envelope`` (from ``owner``) under its correlation id (envelopes without
+        one are ignored)."""
         key = envelope.correlation_id
         if key is None:
+            return
+        size = envelope_size(envelope)
+        if size > self._max_per_owner:
             return
         thread = self._threads.get(key)
         if thread is None:
             thread = self._threads[key] = []
             if len(self._threads) > self._max_threads:
-                self._threads.popitem(last=False)
+                self._drop_thread(next(iter(self._threads)))
         else:
             self._threads.move_to_end(key)
         self._seq += 1
-        # The sequence number is unique, so tuples never compare the envelopes themselves.
-        bisect.insort(thread, (envelope.timestamp, self._seq, envelope))
+        bisect.insort(thread, (envelope.timestamp, self._seq, envelope, owner, size))
+        self._owned.setdefault(owner, OrderedDict())[self._seq] = key
+        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
+        self.bytes += size
         if len(thread) > self._max_per_thread:
-            del thread[0]
+            self._remove(key, thread[0][1])
+        owned = self._owned.get(owner)
+        while owned and self._owner_bytes.get(owner, 0) > self._max_per_owner:
+            seq, oldest = owned.popitem(last=False)
+            self._remove(oldest, seq)
+        while self.bytes > self._max_bytes and self._threads:
+            self._drop_thread(next(iter(self._threads)))
+
+    def forget(self, owner: str) -> int:
+        """Drop every envelope ``owner`` left; returns the bytes released."""
+        before = self.bytes
+        for seq, key in list(self._owned.get(owner, {}).items()):
+            self._remove(key, seq)
+        return before - self.bytes
+
+    def owners(self) -> list[str]:
+        """Owners with envelopes held."""
+        return list(self._owned)
+
+    def bytes_of(self, owner: str) -> int:
+        """Bytes held of ``owner``'s envelopes."""
+        return self._owner_bytes.get(owner, 0)
+
+    def _remove(self, key: str, seq: int) -> None:
+        thread = self._threads.get(key)
+        if thread is None:
+            return
+        for index, entry in enumerate(thread):
+            if entry[1] == seq:
+                del thread[index]
+                self._uncharge(entry[3], seq, entry[4])
+                break
+        if not thread:
+            del self._threads[key]
+
+    def _drop_thread(self, key: str) -> None:
+        for entry in self._threads.pop(key, []):
+            self._uncharge(entry[3], entry[1], entry[4])
+
+    def _uncharge(self, owner: str, seq: int, size: int) -> None:
+        self.bytes -= size
+        owned = self._owned.get(owner)
+        if owned is not None:
+            owned.pop(seq, None)
+            if not owned:
+                del self._owned[owner]
+        left = self._owner_bytes.get(owner, 0) - size
+        if left > 0:
+            self._owner_bytes[owner] = left
+        else:
+            self._owner_bytes.pop(owner, None)
 
     def thread(self, correlation_id: str) -> list[Envelope]:
         """Every stored envelope of ``correlation_id``, oldest first (ties in arrival order)."""
-        return [env for _, _, env in self._threads.get(correlation_id, [])]
+        return [entry[2] for entry in self._threads.get(correlation_id, [])]
 
     def __len__(self) -> int:
         return len(self._threads)

@@ -6,9 +6,12 @@ Theory of operation:
   which delegates ``add_agent``, ``add_agent_card``, ``remove_agent`` and
   ``add_capability`` to it. It holds the node's local agents (the same map
   the router and the routing driver read).
-* Each hosted agent has a bounded inbox and one task, in the node's nursery,
-  that feeds its handler in arrival order; a reply its handler returns goes
-  out through the routing driver.
+* Each hosted agent has a bounded inbox (by count, and by bytes per sending
+  peer and in total: p2pnode.node.inbox) and one task, in the node's nursery,
+  that feeds its handler in arrival order. A reply its handler returns is
+  queued for the requester's peer (p2pnode.node.replies) and written by that
+  peer's own task, so a requester that vanished or never reads costs the
+  agent nothing: it goes on with the next envelope at once.
 * Every card change (an agent added, replaced, given a capability, removed)
   is announced: a HELLO of the current cards to each open link, and a
   discovery ``provide`` of the new card.
@@ -20,21 +23,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from p2pnode.agent import Agent, Message, agent_for_handler
 from p2pnode.card import AgentCard, Capability, Endpoint
-from p2pnode.envelope import Envelope, MessageType
+from p2pnode.envelope import MessageType, envelope_size
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity
 from p2pnode.lifetime import TaskOwner
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.frames import encode_hello
+from p2pnode.node.inbox import LOCAL, InboxBudget, Queued
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
+from p2pnode.node.replies import ReplyLimits, ReplyQueues
 from p2pnode.node.routing import Handler, LocalAgent, Routing
 from p2pnode.node.toolaudit import ToolAudit
 from p2pnode.registry import Registry
@@ -71,8 +76,20 @@ class AgentHost:
         on_removed: Callable[[str], None],
         clock_ms: Callable[[], int],
         tool_audit: ToolAudit,
+        *,
+        inbox_budget: InboxBudget | None = None,
+        reply_limits: ReplyLimits | None = None,
     ) -> None:
         self.agents = agents
+        #: Bytes queued in the agents' inboxes, per peer and in all (shared by them).
+        self.inbox_budget = inbox_budget if inbox_budget is not None else InboxBudget()
+        #: Replies waiting to be written, per requesting peer.
+        self.replies = ReplyQueues(
+            owner,
+            reply_limits
+            if reply_limits is not None
+            else ReplyLimits(timeout=config.request_timeout),
+        )
         self._tool_audit = tool_audit
         self._owner = owner
         self._secure_identity = secure_identity
@@ -87,6 +104,9 @@ class AgentHost:
         self._clock_ms = clock_ms
         #: Set when a local agent's task has ended (its inbox closed and drained).
         self._done: dict[str, trio.Event] = {}
+        #: Replies queued per local agent, and who waits for them all to leave.
+        self._replying: dict[str, int] = {}
+        self._reply_idle: dict[str, trio.Event] = {}
         #: Set when a local card changes, so the renewal timer looks again.
         self._cards_changed = trio.Event()
 
@@ -145,8 +165,8 @@ class AgentHost:
         stored = self._registry.register(card, self._clock_ms())
         existing = self.agents.get(card.id)
         if existing is None:
-            send, receive = trio.open_memory_channel[Envelope](self._config.inbox_size)
-            hosted = LocalAgent(stored, agent, send, receive)
+            send, receive = trio.open_memory_channel[Queued](self._config.inbox_size)
+            hosted = LocalAgent(stored, agent, send, receive, self.inbox_budget)
             self.agents[card.id] = hosted
             done = self._done[card.id] = trio.Event()
             self._owner.nursery.start_soon(self._agent_loop, hosted, done)
@@ -168,6 +188,7 @@ class AgentHost:
         if done is not None:
             with trio.move_on_after(self._config.request_timeout):
                 await done.wait()
+                await self._wait_replies(agent_id)  # they leave as the agent
         if self.agents.get(agent_id) is agent:  # not removed (or replaced) meanwhile
             del self.agents[agent_id]
             self._done.pop(agent_id, None)
@@ -257,8 +278,8 @@ class AgentHost:
         inbox = agent.inbox_receive
         try:
             async with inbox:
-                async for envelope in inbox:
-                    await self._run_handler(agent, envelope)
+                async for item in inbox:
+                    await self._run_handler(agent, item)
                     # Drain what is already queued without a scheduler pass per envelope.
                     while True:
                         try:
@@ -269,7 +290,10 @@ class AgentHost:
         finally:
             done.set()
 
-    async def _run_handler(self, agent: LocalAgent, envelope: Envelope) -> None:
+    async def _run_handler(self, agent: LocalAgent, item: Queued) -> None:
+        envelope = agent.taken(item)
+        if envelope is None:  # its peer left: nobody to answer
+            return
         meta = envelope.metadata
         if (
             meta is not None
@@ -278,13 +302,44 @@ class AgentHost:
         ):
             reply = await self._tool_audit.serve(agent.definition, envelope, meta.capability)
             if reply is not None:  # None: forwarded to the agent's process, which answers
-                await self._routing.reply_streamed(
-                    agent.card.id, envelope, reply.type, reply.payload
-                )
+                self._queue_reply(agent, item, reply.type, reply.payload, streamed=True)
             return
         answer = await agent.definition.handle(envelope)
         if answer is not None:
-            await self._routing.reply(agent.card.id, envelope, answer.type, answer.payload)
+            self._queue_reply(agent, item, answer.type, answer.payload, streamed=False)
+
+    def _queue_reply(
+        self, agent: LocalAgent, item: Queued, type: MessageType, payload: object, *, streamed: bool
+    ) -> None:
+        """Queue the answer to ``item`` for its requester's peer (the module docstring)."""
+        sender, to, peer = agent.card.id, item.envelope, item.peer
+        send = self._routing.reply_streamed if streamed else self._routing.reply
+
+        def job() -> Awaitable[ErrorCode | None]:
+            return send(sender, to, type, payload, peer)
+
+        size = envelope_size(dataclasses.replace(to, payload=payload))
+        self._replying[sender] = self._replying.get(sender, 0) + 1
+        if not self.replies.put(LOCAL if peer is None else peer, job, size, self._replied(sender)):
+            self._replied(sender)()
+
+    def _replied(self, agent_id: str) -> Callable[[], None]:
+        def done() -> None:
+            left = self._replying.get(agent_id, 0) - 1
+            if left > 0:
+                self._replying[agent_id] = left
+                return
+            self._replying.pop(agent_id, None)
+            idle = self._reply_idle.pop(agent_id, None)
+            if idle is not None:
+                idle.set()
+
+        return done
+
+    async def _wait_replies(self, agent_id: str) -> None:
+        """Wait until no reply of ``agent_id`` is queued."""
+        if self._replying.get(agent_id, 0) > 0:
+            await self._reply_idle.setdefault(agent_id, trio.Event()).wait()
 
 
 def _listing_catalog(card: AgentCard, agent: Agent) -> AgentCard:

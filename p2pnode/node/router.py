@@ -12,7 +12,11 @@ Egress (docs/protocol/node.md "Routing"):
 * :meth:`Router.source` — the sender must be a local agent.
 * :meth:`Router.known_target` — a recipient known to the registry (local
   agents are registered too); None means "ask discovery". Egress questions
-  take ``now_ms``: a card past its expiry is never a target.
+  take ``now_ms``: a card past its expiry is never a target. An agent id
+  with two live owners is never routed by name alone (that would reach
+  whichever claimed it first, maybe a squatter): ``agent@peer`` names the
+  owner, and a bare ambiguous id raises :class:`AmbiguousAgentError`
+  naming every owner (docs/protocol/node.md "Agent ids and owners").
 * :meth:`Router.candidates` — agents offering a capability that the source
   may discover and send a request to, local ones first; when there is none,
   :meth:`Router.refused` says why for each agent that offers it.
@@ -39,7 +43,7 @@ from typing import NamedTuple, Protocol
 
 from p2pnode.card import AgentCard, Origin
 from p2pnode.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import PeerId
 from p2pnode.node.policy import Policy, Verdict
 
@@ -75,6 +79,10 @@ class RegistryView(Protocol):
     def find(self, agent_id: str) -> AgentCard | None: ...
 
     def find_by_capability(self, capability_id: str) -> list[AgentCard]: ...
+
+    def find_owned(self, agent_id: str, peer_id: PeerId) -> AgentCard | None: ...
+
+    def owners(self, agent_id: str, now_ms: int | None = None) -> list[AgentCard]: ...
 
     def __iter__(self) -> Iterator[AgentCard]: ...
 
@@ -118,6 +126,45 @@ class BoundedSet:
 
     def __contains__(self, key: object) -> bool:
         return key in self._new or key in self._old
+
+
+#: Inbound requests whose peer is remembered for their replies: at least this many.
+_MAX_ASKERS = 65_536
+
+
+class AmbiguousAgentError(LocalError):
+    """An agent id claimed by more than one owner, addressed without naming one.
+
+    Code ``INVALID_ARGUMENT``; ``details``: ``agent_id`` and ``owners`` (each
+    as the ``agent@peer`` address that reaches it).
+    """
+
+    def __init__(self, agent_id: str, owners: list[AgentCard]) -> None:
+        addresses = [pinned_address(agent_id, c.peer_id) for c in owners]
+        super().__init__(
+            ErrorCode.INVALID_ARGUMENT,
+            f"agent id {agent_id!r} is claimed by {len(owners)} owners ("
+            f"{', '.join(addresses)}); address one of them as agent@peer",
+            agent_id=agent_id,
+            owners=addresses,
+        )
+
+
+def pinned_address(agent_id: str, peer_id: PeerId | str) -> str:
+    """The address naming ``agent_id`` of owner ``peer_id``: ``agent@peer``."""
+    return f"{agent_id}@{peer_id}"
+
+
+def split_address(address: str) -> tuple[str, PeerId | None]:
+    """``(agent id, owner)`` of ``agent@peer`` (a full 32-character peer id after the last
+    ``@``); ``(address, None)`` for anything else, a bare agent id."""
+    agent_id, sep, peer_text = address.rpartition("@")
+    if not sep or not agent_id or len(peer_text) != 32:
+        return address, None
+    try:
+        return agent_id, PeerId.parse(peer_text)
+    except P2PError:
+        return address, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +220,7 @@ class Ingress(NamedTuple):
 class Router:
     """Routing decisions over a registry view, a policy and the local agents' cards."""
 
-    __slots__ = ("_allowed_requests", "_local", "_policy", "_registry")
+    __slots__ = ("_allowed_requests", "_askers", "_local", "_policy", "_registry")
 
     def __init__(
         self,
@@ -186,6 +233,9 @@ class Router:
         self._policy = policy
         self._local = local
         self._allowed_requests = allowed_requests
+        #: The peer each inbound request came from, by thread: its replies are pinned to
+        #: that owner of the requester's id. Two generations, as BoundedSet.
+        self._askers: tuple[dict[str, PeerId], dict[str, PeerId]] = ({}, {})
 
     # -- egress ---------------------------------------------------------------------------------
 
@@ -197,9 +247,18 @@ class Router:
         return agent.card
 
     def known_target(self, agent_id: str, now_ms: int | None = None) -> AgentCard | None:
-        """The registry's card for ``agent_id``; None when only discovery can tell (also
-        when the card expired at ``now_ms``: an expired card is never routed to)."""
-        card = self._registry.find(agent_id)
+        """The registry's card for ``agent_id`` (a bare id, or ``agent@peer`` naming the
+        owner); None when only discovery can tell (also when the card expired at
+        ``now_ms``: an expired card is never routed to). Raises AmbiguousAgentError for
+        a bare id that more than one live owner claims."""
+        name, owner = split_address(agent_id)
+        if owner is not None:
+            card = self._registry.find_owned(name, owner)
+        else:
+            owners = self._registry.owners(name, now_ms)
+            if len(owners) > 1:
+                raise AmbiguousAgentError(name, owners)
+            card = owners[0] if owners else None
         if card is not None and now_ms is not None and card.is_expired(now_ms):
             return None
         return card
@@ -265,16 +324,38 @@ class Router:
                 peers.setdefault(card.peer_id, []).append(card.id)
         return Fanout(tuple(local), {p: tuple(ids) for p, ids in peers.items()})
 
-    def note_request(self, envelope: Envelope) -> None:
+    def note_request(self, envelope: Envelope, peer: PeerId | None = None) -> None:
         """Remember that this node let request (or task proposal) ``envelope`` through, so
-        its replies pass."""
-        self._allowed_requests.add(envelope.correlation_id or envelope.id)
+        its replies pass; and, for one from ``peer``, that its replies go to that peer."""
+        thread = envelope.correlation_id or envelope.id
+        self._allowed_requests.add(thread)
+        if peer is not None:
+            new = self._askers[0]
+            if len(new) >= _MAX_ASKERS:
+                self._askers = ({}, new)
+                new = self._askers[0]
+            new[thread] = peer
+
+    def reply_recipient(self, envelope: Envelope) -> str:
+        """Where a reply goes: ``agent@peer`` when ``envelope`` answers (or streams to) a
+        request that came from ``peer``, so the reply never reaches another owner of the
+        requester's id; else its recipient as it is."""
+        thread = envelope.correlation_id
+        if thread is None or (
+            envelope.type not in REPLY_TYPES and envelope.type not in REPLY_STREAM_TYPES
+        ):
+            return envelope.recipient
+        new, old = self._askers
+        peer = new.get(thread) or old.get(thread)
+        if peer is None or split_address(envelope.recipient)[1] is not None:
+            return envelope.recipient
+        return pinned_address(envelope.recipient, peer)
 
     # -- ingress --------------------------------------------------------------------------------
 
     def authenticate(self, peer_id: PeerId, envelope: Envelope) -> AgentCard | Refusal:
         """The source card when ``envelope``'s sender is an agent of ``peer_id``."""
-        source = self._registry.find(envelope.sender)
+        source = self._registry.find_owned(envelope.sender, peer_id)
         if source is None or source.origin is Origin.LOCAL or source.peer_id != peer_id:
             return Refusal(
                 ErrorCode.SENDER_MISMATCH,
@@ -345,6 +426,7 @@ __all__ = [
     "ANSWERED_TYPES",
     "REPLY_STREAM_TYPES",
     "REPLY_TYPES",
+    "AmbiguousAgentError",
     "BoundedSet",
     "Fanout",
     "HostedAgent",
@@ -357,4 +439,6 @@ __all__ = [
     "RoutingResult",
     "SeenSet",
     "capability_refusal",
+    "pinned_address",
+    "split_address",
 ]

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from p2pnode.agent import Agent
 from p2pnode.boundary import FailureBoundary
 from p2pnode.card import AgentCard, Origin
 from p2pnode.envelope import (
@@ -31,21 +28,20 @@ from p2pnode.envelope import (
     Envelope,
     EnvelopeFactory,
     MessageType,
-    Metadata,
     ThreadStore,
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
+from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import parse_address
 from p2pnode.node.discovery import Discovery
 from p2pnode.node.frames import (
-    MAX_FRAME_BYTES,
     EnvelopeBatch,
     Hello,
     decode_frame_untrusted,
     encode_envelope,
-    encode_envelopes,
 )
+from p2pnode.node.inbox import LocalAgent as LocalAgent  # re-exported
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
@@ -58,7 +54,11 @@ from p2pnode.node.router import (
     Router,
     RoutingResult,
     capability_refusal,
+    pinned_address,
+    split_address,
 )
+from p2pnode.node.routes import PendingRequest as PendingRequest  # re-exported
+from p2pnode.node.routes import Route, frames_of
 from p2pnode.registry import Registry
 
 logger = logging.getLogger("p2pnode.node")
@@ -67,79 +67,6 @@ Handler = Callable[[Envelope], Awaitable[Any]]
 
 #: Agent-id collisions remembered (to warn once each); a bound, not a limit.
 _MAX_COLLISIONS = 4096
-
-
-@dataclass(slots=True)
-class LocalAgent:
-    """An agent hosted by this node: its card, definition (handlers) and bounded inbox."""
-
-    card: AgentCard
-    definition: Agent
-    inbox_send: trio.MemorySendChannel[Envelope]
-    inbox_receive: trio.MemoryReceiveChannel[Envelope]
-    #: What its envelopes carry when the caller gives no metadata: built once per card.
-    metadata: Metadata = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        self.set_card(self.card)
-
-    def set_card(self, card: AgentCard) -> None:
-        self.card = card
-        self.metadata = Metadata(int(card.tier), card.sandbox_id)
-
-    async def deliver(self, envelope: Envelope) -> None:
-        """Queue ``envelope`` for the agent's handler; waits while the inbox is full
-        (back-pressure). Raises LocalError(CHANNEL_CLOSED) once the node closed it."""
-        try:
-            try:
-                self.inbox_send.send_nowait(envelope)
-            except trio.WouldBlock:
-                await self.inbox_send.send(envelope)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise LocalError(
-                ErrorCode.CHANNEL_CLOSED, f"agent {self.card.id} is closed: the node is closing"
-            ) from None
-
-
-@dataclass(slots=True)
-class _Route:
-    """An envelope routed to a remote agent, waiting for its peer's batch to be written."""
-
-    envelope: Envelope
-    target: AgentCard
-    start: float
-    result: RoutingResult | None = None
-
-    def done(self) -> RoutingResult:
-        assert self.result is not None, "results are read only after a successful write"
-        return self.result
-
-
-def _frames(envelopes: list[Envelope]) -> list[bytes]:
-    """One ENVELOPES frame for a burst; one ENVELOPE frame each when there is one, or
-    when together they exceed the frame limit (the channel then refuses only the
-    envelope that is too large by itself)."""
-    if len(envelopes) > 1:
-        frame = encode_envelopes(envelopes)
-        if len(frame) <= MAX_FRAME_BYTES:
-            return [frame]
-    return [encode_envelope(e) for e in envelopes]
-
-
-class PendingRequest:
-    """A request waiting for its response (or for its deadline, on the trio clock)."""
-
-    __slots__ = ("deadline", "event", "reply", "stream", "targets")
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.reply: Envelope | None = None
-        #: The parts of an answer streamed before the response (p2pnode.node.replystream).
-        self.stream: ReplyStream | None = None
-        # The agents that may answer (several for a broadcast); known once routing
-        # resolved the recipient.
-        self.targets: tuple[str, ...] | None = None
-        self.deadline = math.inf  # set once the request is on its way
 
 
 class Routing:
@@ -215,18 +142,26 @@ class Routing:
             event = self._hellos[peer_id] = trio.Event()
         return event
 
-    async def reply(self, sender: str, to: Envelope, type: MessageType, payload: Any) -> None:
-        """Answer ``to`` from local agent ``sender``; a reply that cannot be delivered is
-        logged, not raised (the requester times out)."""
+    async def reply(
+        self, sender: str, to: Envelope, type: MessageType, payload: Any, peer: str | None = None
+    ) -> ErrorCode | None:
+        """Answer ``to`` from local agent ``sender``; ``peer`` (the requester's peer, when
+        known) pins the reply to that owner of the requester's id. A reply that cannot be
+        delivered is logged, not raised (the requester times out); returns its code, None
+        when delivered."""
         reply = self._factory.reply(to, sender, type, payload)
+        if peer is not None:
+            reply = dataclasses.replace(reply, recipient=pinned_address(to.sender, peer))
         try:
             await self.send(reply)
         except P2PError as exc:
             logger.info("reply %s to %s not delivered: %s", reply.id, to.sender, exc)
+            return exc.code
+        return None
 
     async def reply_streamed(
-        self, sender: str, to: Envelope, type: MessageType, payload: Any
-    ) -> None:
+        self, sender: str, to: Envelope, type: MessageType, payload: Any, peer: str | None = None
+    ) -> ErrorCode | None:
         """Like :meth:`reply`, streaming a response too large for one envelope first
         (p2pnode.node.replystream); one too large even for that is answered with
         ``MESSAGE_TOO_LARGE``."""
@@ -234,13 +169,15 @@ class Routing:
             streamed = stream_parts(payload) if type is MessageType.RESPONSE else None
         except P2PError as exc:
             error = RemoteError(exc.code, exc.message, agentId=sender)
-            return await self.reply(sender, to, MessageType.ERROR, error.to_dict())
+            return await self.reply(sender, to, MessageType.ERROR, error.to_dict(), peer)
         if streamed is None:
-            return await self.reply(sender, to, type, payload)
+            return await self.reply(sender, to, type, payload, peer)
         parts, final = streamed
         for part_type, part in parts:
-            await self.reply(sender, to, part_type, part)
-        return await self.reply(sender, to, type, final)
+            code = await self.reply(sender, to, part_type, part, peer)
+            if code is not None:
+                return code
+        return await self.reply(sender, to, type, final, peer)
 
     async def expire_requests(self, interval: float) -> None:
         """Wake requests whose deadline passed, every ``interval`` seconds, forever."""
@@ -252,6 +189,23 @@ class Routing:
             for pending in list(self.pending.values()):
                 if pending.deadline <= now:
                     pending.event.set()
+            self.release_departed()
+
+    def release_departed(self) -> int:
+        """Release what peers this node has no channel to any more (they left) hold: their
+        thread envelopes are forgotten, and their queued inbox envelopes are skipped
+        unread. Returns the thread bytes released. Run with the request timer."""
+        present = {
+            str(link.peer_id) for link in self._links if link.state is not ChannelState.CLOSED
+        }
+        released = 0
+        for owner in self.threads.owners():
+            if owner and owner not in present:
+                released += self.threads.forget(owner)
+        for agent in self._agents.values():  # one budget for every inbox
+            agent.budget.departed = {p for p in agent.budget.peers() if p not in present}
+            break
+        return released
 
     async def send(self, envelope: Envelope) -> RoutingResult:
         """Route one envelope from a local agent (see the module docstring).
@@ -276,8 +230,8 @@ class Routing:
         stops at the first envelope that cannot be routed; the ones before it
         are still delivered, then the error is raised (what :meth:`send` raises).
         """
-        results: list[RoutingResult | _Route] = []
-        remote: dict[PeerId, list[_Route]] = {}
+        results: list[RoutingResult | Route] = []
+        remote: dict[PeerId, list[Route]] = {}
         error: P2PError | None = None
         for envelope in envelopes:
             if envelope.is_broadcast and remote:
@@ -291,7 +245,7 @@ class Routing:
             except P2PError as exc:
                 error = exc
                 break
-            if isinstance(routed, _Route):
+            if isinstance(routed, Route):
                 remote.setdefault(routed.target.peer_id, []).append(routed)
             results.append(routed)
         error = await self._write_routes(remote) or error
@@ -299,13 +253,13 @@ class Routing:
             raise error
         return [r if isinstance(r, RoutingResult) else r.done() for r in results]
 
-    async def _write_routes(self, remote: dict[PeerId, list[_Route]]) -> P2PError | None:
+    async def _write_routes(self, remote: dict[PeerId, list[Route]]) -> P2PError | None:
         """Write each peer's routed envelopes in one go; the first failure, if any."""
         error: P2PError | None = None
         for peer_id, routes in remote.items():
             peer = str(peer_id)
             try:
-                await self._links.link(peer_id).send_many(_frames([r.envelope for r in routes]))
+                await self._links.link(peer_id).send_many(frames_of([r.envelope for r in routes]))
             except P2PError as exc:
                 for route in routes:
                     self._note_failure(route.envelope, route.start, exc)
@@ -318,7 +272,7 @@ class Routing:
                 )
         return error
 
-    async def _route(self, envelope: Envelope) -> RoutingResult | _Route:
+    async def _route(self, envelope: Envelope) -> RoutingResult | Route:
         """Resolve and check ``envelope``; deliver it when the target is local (or it is a
         broadcast), else return the route for the caller to write. A refusal emits its
         routing event and is raised."""
@@ -329,7 +283,7 @@ class Routing:
             self._note_failure(envelope, start, exc)
             raise
 
-    async def _route_from(self, envelope: Envelope, start: float) -> RoutingResult | _Route:
+    async def _route_from(self, envelope: Envelope, start: float) -> RoutingResult | Route:
         source = self.router.source(envelope.sender)
         self.threads.add(envelope)
         if envelope.is_broadcast:
@@ -346,8 +300,11 @@ class Routing:
             )
         else:
             # The envelope was stamped by this node's clock as it was made: no second read.
-            found = self.router.known_target(envelope.recipient, envelope.timestamp)
-            target = found if found is not None else await self._resolve_agent(envelope.recipient)
+            recipient = self.router.reply_recipient(envelope)  # pinned to the asker
+            found = self.router.known_target(recipient, envelope.timestamp)
+            target = found if found is not None else await self._resolve_agent(recipient)
+            if target.id != envelope.recipient:  # agent@peer: the peer's agent is "agent"
+                envelope = dataclasses.replace(envelope, recipient=target.id)
         verdict = self.router.check(source, target, envelope)
         self._note_verdict(verdict, envelope, None)
         if verdict is not None and not verdict.allowed:
@@ -355,7 +312,7 @@ class Routing:
         if target.origin is not Origin.LOCAL:
             if envelope.type is MessageType.TASK_PROPOSAL:  # its answers pass ingress policy
                 self.router.note_request(envelope)
-            return _Route(envelope, target, start)
+            return Route(envelope, target, start)
         await self._deliver_local(envelope, [target.id])
         self._events.message_sent(envelope, RoutingPath.LOCAL, str(target.peer_id))
         return self._delivered(envelope, RoutingPath.LOCAL, target, start)
@@ -378,7 +335,7 @@ class Routing:
         self._events.routing_decision(envelope, path, outcome, latency, code=exc.code)
 
     async def _resolve_agent(self, agent_id: str) -> AgentCard:
-        for found in await self.discovery.find_agent(agent_id):
+        for found in await self.discovery.find_agent(split_address(agent_id)[0]):
             self.learn_card(found)
         card = self.router.known_target(agent_id, self._clock_ms())
         if card is None:
@@ -518,6 +475,19 @@ class Routing:
             else:
                 self._events.security(exc.code, exc.message, peer, None)
             return False
+        owners = self._registry.owners(card.id)
+        if len(owners) > 1:
+            # Kept, but the id is ambiguous now: routing by the bare id is refused.
+            others = ", ".join(str(c.peer_id) for c in owners if c.peer_id != card.peer_id)
+            self._note_collision(
+                card,
+                RemoteError(
+                    ErrorCode.INVALID_CARD,
+                    f"agent id {card.id!r} of peer {card.peer_id} is also claimed by peer "
+                    f"{others}: it is routed only as agent@peer from now on",
+                ),
+                peer,
+            )
         return True
 
     def _note_collision(self, card: AgentCard, exc: RemoteError, peer: str | None) -> None:
@@ -557,7 +527,7 @@ class Routing:
             return
         if not self._seen.add(envelope.id):
             return
-        self.threads.add(envelope)
+        self.threads.add(envelope, peer)
         self._events.message_received(envelope, peer=peer)
         if self._resolve_pending(envelope):
             return
@@ -579,14 +549,23 @@ class Routing:
             elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
                 await self._refuse(peer_id, envelope, agent_id, verdict.to_remote_error())
         if allowed and envelope.type in ANSWERED_TYPES:
-            self.router.note_request(envelope)
+            self.router.note_request(envelope, peer_id)
         interceptor = self._interceptor_for(envelope)
         if interceptor is not None:
             for agent in allowed:
                 await interceptor(source, agent.card.id, envelope)
             return
         for agent in allowed:
-            await agent.deliver(envelope)
+            try:
+                await agent.deliver(envelope, peer)
+            except LocalError as exc:
+                if exc.code is not ErrorCode.BUSY:
+                    raise
+                # Over the inbox budget (p2pnode.node.inbox): refused, not buffered.
+                self._events.security(exc.code, exc.message, peer, envelope)
+                if envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
+                    error = RemoteError(exc.code, exc.message, agent_id=agent.card.id)
+                    await self._refuse(peer_id, envelope, agent.card.id, error)
 
     async def _refuse(
         self, peer_id: PeerId, request: Envelope, sender: str, error: P2PError

@@ -1,0 +1,158 @@
+"""The inboxes of a node's local agents, bounded by count and by bytes.
+
+Each hosted agent (:class:`LocalAgent`) has a bounded memory channel that its
+own task reads (p2pnode.node.agents). The count bound (``inbox_size``) gives
+back-pressure; it does not bound memory, since an envelope may hold up to
+4 MiB. So every envelope queued is also charged, at its approximate size
+(:func:`p2pnode.envelope.envelope_size`), to the peer that sent it and to the
+node's total in one :class:`InboxBudget` shared by the node's agents; the
+charge is released when the agent's task takes the envelope. An envelope that
+would take its peer's or the total past the budget is refused with ``BUSY``
+instead of queued (docs/protocol/node.md "Limits"), so one peer cannot make
+the node hold more than its share of bytes. What a peer queued is released as
+the agent works through it, and once the peer left (no channel to it) its
+envelopes are taken out unread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import trio
+
+from p2pnode.agent import Agent
+from p2pnode.card import AgentCard
+from p2pnode.envelope import Envelope, Metadata, envelope_size
+from p2pnode.errors import ErrorCode, LocalError
+
+#: Bytes of envelopes from one peer queued in the node's inboxes at most.
+DEFAULT_INBOX_BYTES_PER_PEER = 16 * 1024 * 1024
+#: Bytes of envelopes queued in all of the node's inboxes at most.
+DEFAULT_INBOX_BYTES = 128 * 1024 * 1024
+#: The budget key of envelopes sent by the node's own agents.
+LOCAL = "local"
+
+
+class InboxBudget:
+    """Bytes queued in a node's inboxes, per sending peer and in total (see the module
+    docstring). Sync and exact: a charge is taken before an envelope is queued and
+    released when it is taken out."""
+
+    __slots__ = ("_by_peer", "_max_bytes", "_max_per_peer", "departed", "total")
+
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_INBOX_BYTES,
+        max_bytes_per_peer: int = DEFAULT_INBOX_BYTES_PER_PEER,
+    ) -> None:
+        self._max_bytes = max_bytes
+        self._max_per_peer = max_bytes_per_peer
+        self._by_peer: dict[str, int] = {}
+        self.total = 0
+        #: Peers that left with envelopes queued: those are taken out unread (routing's
+        #: sweep sets it, p2pnode.node.routing.Routing.release_departed).
+        self.departed: set[str] = set()
+
+    def charge(self, peer: str, size: int) -> None:
+        """Take ``size`` bytes for ``peer``. Raises LocalError(BUSY) over either budget."""
+        held = self._by_peer.get(peer, 0)
+        if held + size > self._max_per_peer or self.total + size > self._max_bytes:
+            raise LocalError(
+                ErrorCode.BUSY,
+                f"inboxes full: {held} bytes queued from {peer} (budget "
+                f"{self._max_per_peer}), {self.total} in all (budget {self._max_bytes})",
+                queued=held,
+                budget=self._max_per_peer,
+            )
+        self._by_peer[peer] = held + size
+        self.total += size
+
+    def release(self, peer: str, size: int) -> None:
+        left = self._by_peer.get(peer, 0) - size
+        if left > 0:
+            self._by_peer[peer] = left
+        else:
+            self._by_peer.pop(peer, None)
+        self.total -= size
+
+    def peers(self) -> list[str]:
+        """Remote peers with envelopes queued."""
+        return [p for p in self._by_peer if p != LOCAL]
+
+    def bytes_of(self, peer: str) -> int:
+        """Bytes queued from ``peer``."""
+        return self._by_peer.get(peer, 0)
+
+
+@dataclass(slots=True)
+class Queued:
+    """An envelope in an inbox, with the peer it came from (None: a local agent) and the
+    bytes charged for it."""
+
+    envelope: Envelope
+    peer: str | None
+    size: int
+
+
+@dataclass(slots=True)
+class LocalAgent:
+    """An agent hosted by this node: its card, definition (handlers) and bounded inbox."""
+
+    card: AgentCard
+    definition: Agent
+    inbox_send: trio.MemorySendChannel[Queued]
+    inbox_receive: trio.MemoryReceiveChannel[Queued]
+    budget: InboxBudget = dataclasses.field(default_factory=InboxBudget)
+    #: What its envelopes carry when the caller gives no metadata: built once per card.
+    metadata: Metadata = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.set_card(self.card)
+
+    def set_card(self, card: AgentCard) -> None:
+        self.card = card
+        self.metadata = Metadata(int(card.tier), card.sandbox_id)
+
+    async def deliver(self, envelope: Envelope, peer: str | None = None) -> None:
+        """Queue ``envelope`` (from ``peer``; None: a local agent) for the agent's handler;
+        waits while the inbox is full by count (back-pressure).
+
+        Raises LocalError(BUSY) when its bytes would exceed the peer's or the node's
+        inbox budget, LocalError(CHANNEL_CLOSED) once the node closed the inbox.
+        """
+        size = envelope_size(envelope)
+        key = LOCAL if peer is None else peer
+        self.budget.charge(key, size)
+        item = Queued(envelope, peer, size)
+        try:
+            try:
+                self.inbox_send.send_nowait(item)
+            except trio.WouldBlock:
+                await self.inbox_send.send(item)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.budget.release(key, size)
+            raise LocalError(
+                ErrorCode.CHANNEL_CLOSED, f"agent {self.card.id} is closed: the node is closing"
+            ) from None
+        except BaseException:
+            self.budget.release(key, size)  # cancelled while waiting: never queued
+            raise
+
+    def taken(self, item: Queued) -> Envelope | None:
+        """Release the charge of ``item``, just taken from the inbox; its envelope, or None
+        when its peer left meanwhile (nobody to answer: it is dropped unread)."""
+        self.budget.release(LOCAL if item.peer is None else item.peer, item.size)
+        if item.peer is not None and item.peer in self.budget.departed:
+            return None
+        return item.envelope
+
+
+__all__ = [
+    "DEFAULT_INBOX_BYTES",
+    "DEFAULT_INBOX_BYTES_PER_PEER",
+    "LOCAL",
+    "InboxBudget",
+    "LocalAgent",
+    "Queued",
+]
