@@ -94,7 +94,17 @@ async def test_a_squatter_never_receives_the_messages_of_the_real_owner(
         )
         owners = [c.peer_id for c in alice.registry.owners("carol")]
         assert owners == [squatter.peer_id, carol.peer_id]
-        # By name alone the id is ambiguous: refused, naming both owners.
+        # By name alone the id is ambiguous: refused, naming both owners. Nor does a
+        # reply to the squatter choose it.
+        asked = squatter.envelope("carol", "alice", MessageType.REQUEST, "hi")
+        answer_to_squatter = alice.envelope(
+            "alice",
+            pinned_address("carol", squatter.peer_id),
+            MessageType.RESPONSE,
+            "hello",
+            correlation_id=asked.id,
+        )
+        alice.routing.router.pin(answer_to_squatter)
         with pytest.raises(AmbiguousAgentError) as info:
             await alice.request("alice", "carol", "secret")
         assert info.value.code is ErrorCode.INVALID_ARGUMENT
@@ -117,9 +127,11 @@ async def test_a_squatter_never_receives_the_messages_of_the_real_owner(
         )
         assert alice.routing.router.reply_recipient(late) == pinned_address("carol", carol.peer_id)
         await alice.send(late)
-        note = alice.envelope("alice", "carol", MessageType.NOTIFICATION, "broadcast?")
-        with pytest.raises(AmbiguousAgentError):
-            await alice.send(note)
+        # Alice named carol's owner once: her bare "carol" goes there from now on (a reply
+        # never pins, or answering the squatter would hand it the name).
+        note = alice.envelope("alice", "carol", MessageType.NOTIFICATION, "bare")
+        await alice.send(note)
+        await wait_until(lambda: [e.payload for e in carol_inbox.received][-1] == "bare")
         assert squatter_inbox.received == []
         assert received(squatter) == 0
 

@@ -16,7 +16,8 @@ Egress (docs/protocol/node.md "Routing"):
   with two live owners is never routed by name alone (that would reach
   whichever claimed it first, maybe a squatter): ``agent@peer`` names the
   owner, and a bare ambiguous id raises :class:`AmbiguousAgentError`
-  naming every owner (docs/protocol/node.md "Agent ids and owners").
+  naming every owner unless the node's agents chose one before
+  (:meth:`Router.pin`; docs/protocol/node.md "Agent ids and owners").
 * :meth:`Router.candidates` — agents offering a capability that the source
   may discover and send a request to, local ones first; when there is none,
   :meth:`Router.refused` says why for each agent that offers it.
@@ -130,6 +131,8 @@ class BoundedSet:
 
 #: Inbound requests whose peer is remembered for their replies: at least this many.
 _MAX_ASKERS = 65_536
+#: Agent ids whose chosen owner is remembered (the oldest is forgotten first).
+_MAX_PINS = 4096
 
 
 class AmbiguousAgentError(LocalError):
@@ -220,7 +223,7 @@ class Ingress(NamedTuple):
 class Router:
     """Routing decisions over a registry view, a policy and the local agents' cards."""
 
-    __slots__ = ("_allowed_requests", "_askers", "_local", "_policy", "_registry")
+    __slots__ = ("_allowed_requests", "_askers", "_local", "_pins", "_policy", "_registry")
 
     def __init__(
         self,
@@ -236,6 +239,9 @@ class Router:
         #: The peer each inbound request came from, by thread: its replies are pinned to
         #: that owner of the requester's id. Two generations, as BoundedSet.
         self._askers: tuple[dict[str, PeerId], dict[str, PeerId]] = ({}, {})
+        #: The owner this node's agents named for an agent id (``agent@peer``): the one
+        #: a bare id goes to when it is ambiguous.
+        self._pins: dict[str, PeerId] = {}
 
     # -- egress ---------------------------------------------------------------------------------
 
@@ -257,11 +263,28 @@ class Router:
         else:
             owners = self._registry.owners(name, now_ms)
             if len(owners) > 1:
-                raise AmbiguousAgentError(name, owners)
+                pinned = self._pins.get(name)
+                chosen = [c for c in owners if c.peer_id == pinned]
+                if not chosen:
+                    raise AmbiguousAgentError(name, owners)
+                owners = chosen
             card = owners[0] if owners else None
         if card is not None and now_ms is not None and card.is_expired(now_ms):
             return None
         return card
+
+    def pin(self, envelope: Envelope) -> None:
+        """Remember the owner ``envelope`` names (``agent@peer``, in anything but a reply):
+        the sender chose it, so a bare ambiguous id goes there from now on. Replies never
+        pin (they go to whoever asked, maybe the squatter)."""
+        if envelope.type in REPLY_TYPES or envelope.type in REPLY_STREAM_TYPES:
+            return
+        name, owner = split_address(envelope.recipient)
+        if owner is None:
+            return
+        if name not in self._pins and len(self._pins) >= _MAX_PINS:
+            del self._pins[next(iter(self._pins))]  # the oldest pin
+        self._pins[name] = owner
 
     def candidates(
         self, source: AgentCard, capability: str, now_ms: int | None = None

@@ -304,6 +304,7 @@ class Routing:
             found = self.router.known_target(recipient, envelope.timestamp)
             target = found if found is not None else await self._resolve_agent(recipient)
             if target.id != envelope.recipient:  # agent@peer: the peer's agent is "agent"
+                self.router.pin(envelope)
                 envelope = dataclasses.replace(envelope, recipient=target.id)
         verdict = self.router.check(source, target, envelope)
         self._note_verdict(verdict, envelope, None)
