@@ -411,7 +411,14 @@ def envelope_size(envelope: Envelope) -> int:
     """About how many bytes ``envelope`` holds: its payload's strings and bytes, 16 per
     other value, plus :data:`ENVELOPE_OVERHEAD`. What memory budgets are charged; one
     pass over the payload (whose depth the wire limits already bound)."""
-    return ENVELOPE_OVERHEAD + _value_size(envelope.payload)
+    return payload_envelope_size(envelope.payload)
+
+
+def payload_envelope_size(payload: Any) -> int:
+    """:func:`envelope_size` of an envelope carrying ``payload``."""
+    if payload is None or type(payload) in (int, float, bool):
+        return ENVELOPE_OVERHEAD + 16
+    return ENVELOPE_OVERHEAD + _value_size(payload)
 
 
 def _value_size(value: Any) -> int:

@@ -147,6 +147,10 @@ class Registry:
             if len(self._cards) + self.rival_count() >= self._max_cards:
                 raise RemoteError(ErrorCode.INVALID_CARD, "registry full")
 
+    def is_contested(self, agent_id: str) -> bool:
+        """True when another owner also holds a live card for ``agent_id`` (a rival)."""
+        return agent_id in self._rivals
+
     def _merge_rival(self, card: AgentCard, now_ms: int) -> bool:
         rivals = self._rivals.get(card.id, {})
         held = rivals.get(card.peer_id)

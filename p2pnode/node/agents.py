@@ -29,7 +29,7 @@ import trio
 
 from p2pnode.agent import Agent, Message, agent_for_handler
 from p2pnode.card import AgentCard, Capability, Endpoint
-from p2pnode.envelope import MessageType, envelope_size
+from p2pnode.envelope import MessageType, payload_envelope_size
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity
 from p2pnode.lifetime import TaskOwner
@@ -318,7 +318,7 @@ class AgentHost:
         def job() -> Awaitable[ErrorCode | None]:
             return send(sender, to, type, payload, peer)
 
-        size = envelope_size(dataclasses.replace(to, payload=payload))
+        size = payload_envelope_size(payload)
         self._replying[sender] = self._replying.get(sender, 0) + 1
         if not self.replies.put(LOCAL if peer is None else peer, job, size, self._replied(sender)):
             self._replied(sender)()

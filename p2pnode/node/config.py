@@ -61,9 +61,11 @@ class NodeConfig:
     #: Failed connection attempts to one peer a minute (dials and redials, any address;
     #: an attempt that reaches the peer is not counted).
     dials_per_minute: int = 8
-    #: Envelopes one peer may send a second, and in a burst (None: no limit).
-    envelope_rate: float | None = 5000.0
-    envelope_burst: int = 10_000
+    #: Envelopes one peer may send a second, and in a burst (None: no limit). The
+    #: default admits what one link carries at full speed (pipelined send_many), so the
+    #: cap bounds a flood's cost without throttling honest bulk traffic.
+    envelope_rate: float | None = 100_000.0
+    envelope_burst: int = 200_000
     #: Bytes of frames queued for one peer that it has not read yet (None: no limit).
     max_link_queue_bytes: int | None = 16 * 1024 * 1024
 

@@ -6,12 +6,14 @@ many times and then vanished (or never reads) would make the agent spend a
 redial and a write timeout on every one of those replies before it could look
 at anyone else's request. So the agent's task only *queues* a reply, in
 :class:`ReplyQueues`: one FIFO per requesting peer, written by one task per
-peer that has replies queued (started on demand, ended when its queue is
-empty). Each peer's queue has its own bounds (replies and bytes), and each
-reply its own timeout; a reply that cannot be delivered (the peer is
-unreachable, or the write timed out) drops what is still queued for that peer,
-since it would fail the same way. What does not fit is dropped and counted:
-the requester times out, as it would had the reply been lost.
+peer that has replies queued (started on demand, ended when its queue has
+stayed empty for :data:`LINGER` seconds, so a peer asking one request after
+another reuses one task instead of starting one per reply). Each peer's queue
+has its own bounds (replies and bytes), and each reply its own timeout; a
+reply that cannot be delivered (the peer is unreachable, or the write timed
+out) drops what is still queued for that peer, since it would fail the same
+way. What does not fit is dropped and counted: the requester times out, as
+it would had the reply been lost.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ DEFAULT_REPLIES_PER_PEER = 64
 DEFAULT_REPLY_BYTES_PER_PEER = 16 * 1024 * 1024
 #: Requesting peers with replies queued at most.
 DEFAULT_REPLY_PEERS = 1024
+
+#: Seconds a peer's reply task waits for the next reply before it ends.
+LINGER = 1.0
 
 #: What a reply job returns: None when delivered, else the code of why not.
 ReplyJob = Callable[[], Awaitable[ErrorCode | None]]
@@ -60,6 +65,8 @@ class ReplyQueues:
         self._limits = limits
         self._queues: dict[str, deque[tuple[ReplyJob, int, Callable[[], None]]]] = {}
         self._bytes: dict[str, int] = {}
+        #: Set to wake a peer's task waiting, with its queue empty, for the next reply.
+        self._wake: dict[str, trio.Event] = {}
         #: Replies sent, dropped for want of room, and dropped as their peer was unreachable.
         self.sent = 0
         self.refused = 0
@@ -87,6 +94,9 @@ class ReplyQueues:
             return self._refuse(peer, f"{self._bytes[peer]} bytes of replies are queued for it")
         queue.append((job, size, done))
         self._bytes[peer] += size
+        wake = self._wake.pop(peer, None)
+        if wake is not None:
+            wake.set()
         return True
 
     def _refuse(self, peer: str, why: str) -> bool:
@@ -115,7 +125,13 @@ class ReplyQueues:
         self, peer: str, queue: deque[tuple[ReplyJob, int, Callable[[], None]]]
     ) -> None:
         try:
-            while queue:
+            while True:
+                if not queue:
+                    wake = self._wake[peer] = trio.Event()
+                    with trio.move_on_after(LINGER):
+                        await wake.wait()
+                    if not queue:
+                        return
                 job, size, done = queue[0]
                 code: ErrorCode | None = ErrorCode.TIMEOUT
                 with trio.move_on_after(self._limits.timeout):
@@ -138,12 +154,14 @@ class ReplyQueues:
             # starts a new task.
             del self._queues[peer]
             del self._bytes[peer]
+            self._wake.pop(peer, None)
 
 
 __all__ = [
     "DEFAULT_REPLIES_PER_PEER",
     "DEFAULT_REPLY_BYTES_PER_PEER",
     "DEFAULT_REPLY_PEERS",
+    "LINGER",
     "UNREACHABLE",
     "ReplyJob",
     "ReplyLimits",

@@ -85,6 +85,8 @@ class RegistryView(Protocol):
 
     def owners(self, agent_id: str, now_ms: int | None = None) -> list[AgentCard]: ...
 
+    def is_contested(self, agent_id: str) -> bool: ...
+
     def __iter__(self) -> Iterator[AgentCard]: ...
 
 
@@ -368,6 +370,8 @@ class Router:
             envelope.type not in REPLY_TYPES and envelope.type not in REPLY_STREAM_TYPES
         ):
             return envelope.recipient
+        if not self._registry.is_contested(envelope.recipient):
+            return envelope.recipient  # one owner: the bare name reaches the asker
         new, old = self._askers
         peer = new.get(thread) or old.get(thread)
         if peer is None or split_address(envelope.recipient)[1] is not None:

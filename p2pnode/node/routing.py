@@ -150,7 +150,8 @@ class Routing:
         delivered is logged, not raised (the requester times out); returns its code, None
         when delivered."""
         reply = self._factory.reply(to, sender, type, payload)
-        if peer is not None:
+        if peer is not None and self._registry.is_contested(to.sender):
+            # Two owners claim the requester's name: the reply names the one that asked.
             reply = dataclasses.replace(reply, recipient=pinned_address(to.sender, peer))
         try:
             await self.send(reply)
