@@ -423,7 +423,9 @@ async def test_an_attached_python_process_answers_requests_from_another_node(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("node") is None, reason="node.js not installed")
+@pytest.mark.skipif(
+    shutil.which("node") is None, reason="the Node.js example needs the node runtime, absent here"
+)
 async def test_the_nodejs_example_answers_requests_from_another_node(tmp_path: Path) -> None:
     with trio.fail_after(90):
         async with two_daemons(tmp_path) as (host, caller):

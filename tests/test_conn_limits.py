@@ -183,7 +183,9 @@ def _rss_mb(pid: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+@pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="reads the daemon's RSS from /proc (Linux only)"
+)
 async def test_junk_connection_floods_do_not_grow_the_daemon(tmp_path: Path) -> None:
     # 300 connections x 64 KB of junk, 4 rounds. Each handshake read used to ask for
     # 256 KiB; CPython allocates the whole buffer per recv and the allocator kept the

@@ -375,7 +375,10 @@ async def test_more_connections_than_file_descriptors(daemons: Daemons) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < CONNECTS + 256:
         if hard != resource.RLIM_INFINITY and hard < CONNECTS + 256:
-            pytest.skip(f"this test process may open only {hard} files")
+            pytest.skip(
+                f"the OS caps this process at {hard} descriptors, fewer than the "
+                f"{CONNECTS + 256} the attack holds open"
+            )
         resource.setrlimit(resource.RLIMIT_NOFILE, (CONNECTS + 256, hard))
     with trio.fail_after(TEST_TIMEOUT):
         victim = await daemons.start("victim", fd_limit=VICTIM_FDS)

@@ -13,12 +13,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import mcp_types as types
 import pytest
 import trio
-
-pytest.importorskip("mcp")
-
-import mcp_types as types
 from mcp import ClientSession
 from mcp.client import Client
 from mcp.client._memory import InMemoryTransport

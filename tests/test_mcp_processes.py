@@ -19,13 +19,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-import trio
-
-pytest.importorskip("mcp")
-
 import httpx2
 import mcp_types as types
+import pytest
+import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
