@@ -38,7 +38,7 @@ import struct
 from collections import deque
 from collections.abc import Sequence
 
-from p2pnode.aead import open_into, seal_in_place
+from p2pnode.aead import DEFAULT_BACKEND, AeadBackend
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.noise import MAX_NONCE, MAX_PLAINTEXT_LEN, TAGLEN, NoiseTransport
 from p2pnode.secure import SecureChannelError
@@ -90,11 +90,11 @@ class TransportCodec:
         "_msg",
         "_need",
         "_now",
+        "_open",
         "_record_since",
         "_record_timeout",
-        "_recv_key",
         "_recv_n",
-        "_send_key",
+        "_seal",
         "_send_n",
         "messages",
         "state",
@@ -109,10 +109,13 @@ class TransportCodec:
         idle_timeout: float | None = None,
         frame_timeout: float = 30.0,
         record_timeout: float = DEFAULT_RECORD_TIMEOUT,
+        aead: AeadBackend = DEFAULT_BACKEND,
     ) -> None:
         """Wrap the CipherStates of a finished handshake.
 
-        Raises LocalError(INVALID_ARGUMENT) on non-positive limits.
+        ``aead`` runs ChaCha20-Poly1305 (the bytes are the same with any
+        backend; see p2pnode.aead). Raises LocalError(INVALID_ARGUMENT) on
+        non-positive limits.
         """
         if max_message_size <= 0 or frame_timeout <= 0 or record_timeout <= 0:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "limits and timeouts must be positive")
@@ -123,8 +126,9 @@ class TransportCodec:
         send_key, recv_key = transport.send.key, transport.receive.key
         if send_key is None or recv_key is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "transport CipherStates need keys")
-        self._send_key: bytes = send_key
-        self._recv_key: bytes = recv_key
+        # Each direction's key becomes a cipher once; frames then call its bound methods.
+        self._seal = aead.cipher(send_key).seal_in_place
+        self._open = aead.cipher(recv_key).open_into
         self._send_n = transport.send.nonce
         self._recv_n = transport.receive.nonce
         self._max = max_message_size
@@ -170,7 +174,7 @@ class TransportCodec:
         out = bytearray(FRAME_HEADER + RECORD_HEADER + size + TAGLEN)
         _u32.pack_into(out, FRAME_HEADER, size)
         out[FRAME_HEADER + RECORD_HEADER : FRAME_HEADER + RECORD_HEADER + size] = message
-        seal_in_place(self._send_key, _nonce(self._nonces(1)), out, 0, RECORD_HEADER + size)
+        self._seal(_nonce(self._nonces(1)), out, 0, RECORD_HEADER + size)
         return out
 
     def encode_many(self, messages: Sequence[bytes]) -> bytes | bytearray:
@@ -185,16 +189,16 @@ class TransportCodec:
         if total <= MAX_PLAINTEXT_LEN:
             # One frame: let bytearray.join lay it out in C.
             out = _one_frame(messages)
-            seal_in_place(self._send_key, _nonce(self._nonces(1)), out, 0, total)
+            self._seal(_nonce(self._nonces(1)), out, 0, total)
             return out
         frames = -(-total // MAX_PLAINTEXT_LEN)
         out = _frame_bodies(messages, total, frames)
         n = self._nonces(frames)
-        key = self._send_key
+        seal = self._seal
         stride = FRAME_HEADER + MAX_PLAINTEXT_LEN + TAGLEN
         for i in range(frames):
             size = min(MAX_PLAINTEXT_LEN, total - i * MAX_PLAINTEXT_LEN)
-            seal_in_place(key, _nonce(n + i), out, i * stride, size)
+            seal(_nonce(n + i), out, i * stride, size)
         return out
 
     # --- receiving ------------------------------------------------------------
@@ -268,7 +272,6 @@ class TransportCodec:
         if not data:
             return
         self._idle_from = self._now = now
-        key = self._recv_key
         pos = 0
         try:
             if self._buf:
@@ -287,9 +290,7 @@ class TransportCodec:
                 stop = pos + FRAME_HEADER + size
                 if stop > end:
                     break
-                self._open_frame_untrusted(
-                    key, self._next_recv_nonce(), data, pos + FRAME_HEADER, size
-                )
+                self._open_frame_untrusted(self._next_recv_nonce(), data, pos + FRAME_HEADER, size)
                 pos = stop
         except RemoteError as exc:
             self._fail(exc)
@@ -328,7 +329,6 @@ class TransportCodec:
         if len(buf) == FRAME_HEADER + size:
             self._buf = bytearray()
             self._open_frame_untrusted(
-                key=self._recv_key,
                 nonce=self._next_recv_nonce(),
                 src=buf,
                 start=FRAME_HEADER,
@@ -337,7 +337,7 @@ class TransportCodec:
         return pos
 
     def _open_frame_untrusted(
-        self, key: bytes, nonce: bytes, src: bytes | bytearray, start: int, size: int
+        self, nonce: bytes, src: bytes | bytearray, start: int, size: int
     ) -> None:
         length = size - TAGLEN
         msg = self._msg
@@ -346,14 +346,14 @@ class TransportCodec:
             # frame's plaintext and decrypt straight into the new room.
             filled = len(msg)
             msg += _ZEROS[:length]
-            if not open_into(key, nonce, src, start, size, msg, filled):
+            if not self._open(nonce, src, start, size, msg, filled):
                 raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
             if len(msg) == self._need:
                 self.messages.append(bytes(msg))
                 self._msg = None
             return
         plaintext = bytearray(length)
-        if not open_into(key, nonce, src, start, size, plaintext, 0):
+        if not self._open(nonce, src, start, size, plaintext, 0):
             raise SecureChannelError(ErrorCode.DECRYPT_FAILED, "frame authentication failed")
         self._records_untrusted(plaintext)
 

@@ -11,7 +11,6 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.aead import seal_in_place
 from p2pnode.channel import (
     ChannelConfig,
     ChannelState,
@@ -267,7 +266,7 @@ def test_frame_announcing_too_much(size: int) -> None:
             header = size.to_bytes(4, "big") + b"tail"
             frame = bytearray(2 + len(header) + 16)
             frame[2 : 2 + len(header)] = header
-            seal_in_place(codec._send_key, bytes(12), frame, 0, len(header))
+            codec._seal(bytes(12), frame, 0, len(header))  # nonce 0: the first frame
             await stream.send_all(bytes(frame))
 
         exc = await transport_expecting_failure(script, within=0.0)
