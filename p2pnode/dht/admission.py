@@ -30,6 +30,14 @@ themselves without knowing any of this.
   honest node that joins during a flood from many ports of one loopback
   or unlimited host is checked once the flood's checks free their slots,
   rather than only when it next sends a request.
+* A check whose ping went unanswered is tried again, up to ``attempts``
+  pings in all: under a flood the receiver's socket buffer overflows, and
+  the lost datagram may be the honest node's answer (or our ping), which
+  sends one request when it joins and may send none for minutes after.
+  The retry waits for a slot like a sender does; only after the last
+  unanswered ping is the address left alone for ``retry_after`` seconds. A
+  silent flood still costs at most the slots' pings in flight: a retry
+  takes a slot like any check.
 * The table applies its own limits to whatever is proven: one id per
   address, a few ids per host (:meth:`~p2pnode.dht.routing.RoutingTable.refusal`).
 
@@ -61,12 +69,14 @@ class Admission:
     """Decides which unproven senders to check, and remembers the checks."""
 
     __slots__ = (
+        "_attempts",
         "_checking",
         "_limit_loopback",
         "_per_host",
         "_recent",
         "_slots",
         "_waiting",
+        "attempts",
         "max_checks",
         "max_checks_per_host",
         "max_waiting",
@@ -84,11 +94,12 @@ class Admission:
         retry_after: float = 60.0,
         memory: int = 4096,
         max_waiting: int = 256,
+        attempts: int = 3,
         limit_loopback: bool = True,
     ) -> None:
         """Raises LocalError(INVALID_ARGUMENT) for a bound below 1 or a time below 0."""
         if (
-            min(max_checks, max_checks_per_host, memory, max_waiting) < 1
+            min(max_checks, max_checks_per_host, memory, max_waiting, attempts) < 1
             or min(retry_after, slot_time) < 0
         ):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "admission bounds must be >= 1")
@@ -98,9 +109,13 @@ class Admission:
         self.retry_after = retry_after
         self.memory = memory
         self.max_waiting = max_waiting
+        self.attempts = attempts
         self._limit_loopback = limit_loopback
-        # Addresses with a check out, until check_done().
-        self._checking: set[Address] = set()
+        # Addresses with a check out, until check_done(): address -> claimed id.
+        self._checking: dict[Address, bytes] = {}
+        # Unanswered pings of checks still to be tried again: address -> how many.
+        # Oldest first; bounded by ``memory`` (a forgotten one starts over).
+        self._attempts: OrderedDict[Address, int] = OrderedDict()
         # Checks holding a slot, until their slot time is over (insertion order is
         # deadline order); a reply after that still counts, the slot is free.
         self._slots: OrderedDict[Address, float] = OrderedDict()
@@ -131,14 +146,18 @@ class Admission:
         """
         verdict = self._verdict(node_id, source, table, now)
         if verdict is Verdict.BUSY and len(self._slots) >= self.max_checks:
-            self._waiting.pop(source, None)
-            self._waiting[source] = node_id
-            while len(self._waiting) > self.max_waiting:
-                self._waiting.popitem(last=False)
+            self._wait(source, node_id)
         return verdict
 
+    def _wait(self, source: Address, node_id: bytes) -> None:
+        self._waiting.pop(source, None)
+        self._waiting[source] = node_id
+        while len(self._waiting) > self.max_waiting:
+            self._waiting.popitem(last=False)
+
     def next_waiting(self, table: RoutingTable, now: float) -> tuple[bytes, Address] | None:
-        """A waiting sender to check now (its check is out, as after CHECK), or None."""
+        """A waiting sender (or a check to try again) to check now (its check is out,
+        as after CHECK), or None."""
         while self._waiting:
             self._free_slots(now)
             if len(self._slots) >= self.max_checks:
@@ -148,19 +167,33 @@ class Admission:
                 return node_id, source
         return None
 
-    def check_done(self, source: Address, now: float) -> None:
-        """The check of ``source`` ended (answered or not): it is not checked again for
-        ``retry_after`` seconds. An address without a check out is ignored."""
-        if source not in self._checking:
-            return
-        self._checking.discard(source)
+    def check_done(self, source: Address, now: float, *, answered: bool = True) -> bool:
+        """The ping of ``source``'s check ended, ``answered`` or not.
+
+        Returns True when an unanswered check is to be tried again: the address
+        then waits for a slot (:meth:`next_waiting`), ahead of nobody. Otherwise
+        the address is not checked again for ``retry_after`` seconds. An address
+        without a check out is ignored (False).
+        """
+        node_id = self._checking.pop(source, None)
+        if node_id is None:
+            return False
         if source in self._slots:
             del self._slots[source]
             self._release(source)
+        failed = 0 if answered else self._attempts.pop(source, 0) + 1
+        if 0 < failed < self.attempts:
+            self._attempts[source] = failed
+            if len(self._attempts) > self.memory:
+                self._attempts.popitem(last=False)
+            self._wait(source, node_id)
+            return True
+        self._attempts.pop(source, None)
         self._recent.pop(source, None)
         self._recent[source] = now + self.retry_after
         while len(self._recent) > self.memory:
             self._recent.popitem(last=False)
+        return False
 
     def _verdict(self, node_id: bytes, source: Address, table: RoutingTable, now: float) -> Verdict:
         held = table.get(node_id)
@@ -181,7 +214,7 @@ class Admission:
             key is not None and self._per_host.get(key, 0) >= self.max_checks_per_host
         ):
             return Verdict.BUSY
-        self._checking.add(source)
+        self._checking[source] = node_id
         self._slots[source] = now + self.slot_time
         if key is not None:
             self._per_host[key] = self._per_host.get(key, 0) + 1

@@ -29,11 +29,13 @@ class DhtConfig:
     max_ids_per_host: int = 2
     limit_loopback: bool = False
     #: Checks of unproven senders: slots in all and per host, how long a check
-    #: holds its slot, and how long a checked address is not checked again
+    #: holds its slot, pings per check (an unanswered one is tried again, after
+    #: the RPC hard timeout), and how long a checked address is not checked again
     #: (remembering ``check_memory`` addresses).
     max_checks: int = 32
     max_checks_per_host: int = 2
     check_slot_time: float = 1.0
+    check_attempts: int = 3
     check_retry_after: float = 60.0
     check_memory: int = 4096
     #: Least time between two summary lines of dropped input in the log.
@@ -60,12 +62,14 @@ class DhtStatistics:
     dropped_requests: int = 0
     dropped_replies: int = 0
     #: Admission (dht.md §5.1): contacts that entered the table; pings sent to
-    #: check unproven senders, and those unanswered; senders not checked (a check
-    #: out already, too many out, checked recently, host full); proven contacts
-    #: the table refused (address held by another id, host full).
+    #: check unproven senders, those unanswered, and checks tried again after an
+    #: unanswered ping; senders not checked (a check out already, too many out,
+    #: checked recently, host full); proven contacts the table refused (address
+    #: held by another id, host full).
     contacts_admitted: int = 0
     checks_sent: int = 0
     checks_failed: int = 0
+    checks_retried: int = 0
     checks_skipped: int = 0
     admissions_refused: int = 0
 

@@ -82,6 +82,7 @@ class Gate:
             slot_time=config.check_slot_time,
             retry_after=config.check_retry_after,
             memory=config.check_memory,
+            attempts=config.check_attempts,
             limit_loopback=config.limit_loopback,
         )
         #: Restored contacts not proven yet, by id.
@@ -115,8 +116,11 @@ class Gate:
 
         def checked(value: Any) -> None:
             now = trio.current_time()
-            self.admission.check_done(source, now)
             answered = ping_reply(value)
+            # A ping lost under a flood is tried again (up to check_attempts), once a
+            # slot is free: check_waiting below sends it.
+            if self.admission.check_done(source, now, answered=answered is not None):
+                host.stats.checks_retried += 1
             if answered is None:
                 host.stats.checks_failed += 1
             else:

@@ -81,6 +81,8 @@ from p2pnode.net import Address, DatagramEndpoint, Network
 log = logging.getLogger("p2pnode.dht")
 
 _DEFAULT_CONFIG = DhtConfig()
+#: Rounds of pings of the bootstrap addresses when none answers (dht.md §5.2).
+BOOTSTRAP_ROUNDS = 2
 
 
 def _text(address: Address) -> str:
@@ -435,8 +437,21 @@ class DhtPeer:
     async def bootstrap(self, addresses: Iterable[Address]) -> int:
         """Join through ``addresses``: ping them all, then look up our own id.
 
-        Returns how many bootstrap nodes answered.
+        When none answers (and the table is still empty), they are pinged once
+        more: one lost datagram (a flooded bootstrap node's full socket buffer)
+        must not leave the node alone. Returns how many bootstrap nodes answered.
         """
+        addresses = list(addresses)
+        answered = 0
+        for _ in range(BOOTSTRAP_ROUNDS):
+            answered = await self._ping_all(addresses)
+            if answered or len(self.table):
+                await self.find_node(self.node_id)
+                break
+        return answered
+
+    async def _ping_all(self, addresses: list[Address]) -> int:
+        """Ping every address at once; how many answered."""
         answered = 0
 
         async def one(a: Address) -> None:
@@ -447,8 +462,6 @@ class DhtPeer:
         async with trio.open_nursery() as nursery:
             for a in addresses:
                 nursery.start_soon(one, a)
-        if answered or len(self.table):
-            await self.find_node(self.node_id)
         return answered
 
     async def find_node(self, target: bytes) -> list[Contact]:

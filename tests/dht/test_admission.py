@@ -157,6 +157,63 @@ def test_a_sender_is_checked_once_at_a_time_then_not_for_a_while() -> None:
     assert adm.on_request(_id(3), src, table, 61.0) is Verdict.CHECK
 
 
+def test_an_unanswered_check_is_tried_again_before_the_address_rests() -> None:
+    # Under a flood the ping or its answer may be lost in a full socket buffer: the
+    # check is tried again (waiting for a slot like a sender), up to `attempts` pings.
+    table = RoutingTable(OWN)
+    adm = Admission(max_checks=1, attempts=3, retry_after=60.0)
+    src, other = ("10.0.0.1", 5000), ("10.0.0.2", 5000)
+    assert adm.on_request(_id(1), src, table, 0.0) is Verdict.CHECK
+    assert adm.check_done(src, 5.0, answered=False) is True
+    assert adm.waiting == 1 and adm.checking == 0
+    # A request from elsewhere that finds the slot free takes it; the retry waits.
+    assert adm.on_request(_id(2), other, table, 5.0) is Verdict.CHECK
+    assert adm.next_waiting(table, 5.0) is None
+    assert adm.check_done(other, 5.1) is False  # answered: done
+    assert adm.next_waiting(table, 5.1) == (_id(1), src)
+    assert adm.check_done(src, 10.1, answered=False) is True
+    assert adm.next_waiting(table, 10.1) == (_id(1), src)
+    # The third unanswered ping is the last: the address rests for retry_after.
+    assert adm.check_done(src, 15.1, answered=False) is False
+    assert adm.waiting == 0
+    assert adm.on_request(_id(1), src, table, 20.0) is Verdict.RECENT
+    assert adm.on_request(_id(1), src, table, 76.0) is Verdict.CHECK
+    # An answer ends the count: the next check starts afresh.
+    assert adm.check_done(src, 76.5, answered=False) is True
+    assert adm.next_waiting(table, 76.5) == (_id(1), src)
+    assert adm.check_done(src, 77.0) is False
+    assert adm.on_request(_id(1), src, table, 140.0) is Verdict.CHECK
+    assert adm.check_done(src, 145.0, answered=False) is True
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    answers=st.lists(st.booleans(), min_size=1, max_size=30),
+    attempts=st.integers(1, 4),
+)
+def test_pings_per_check_never_exceed_attempts(answers: list[bool], attempts: int) -> None:
+    # However pings are answered, one address gets at most `attempts` pings in a row
+    # without an answer before it rests for retry_after.
+    table = RoutingTable(OWN)
+    adm = Admission(max_checks=2, attempts=attempts, retry_after=60.0)
+    src = ("10.0.0.1", 1)
+    now, unanswered = 0.0, 0
+    assert adm.on_request(_id(1), src, table, now) is Verdict.CHECK
+    for answered in answers:
+        now += 5.0
+        again = adm.check_done(src, now, answered=answered)
+        unanswered = 0 if answered else unanswered + 1
+        assert unanswered <= attempts
+        assert again == (not answered and unanswered < attempts)
+        if again:
+            assert adm.next_waiting(table, now) == (_id(1), src)
+        else:
+            assert adm.on_request(_id(1), src, table, now + 1.0) is Verdict.RECENT
+            now += 61.0
+            unanswered = 0
+            assert adm.on_request(_id(1), src, table, now) is Verdict.CHECK
+
+
 def test_a_contact_held_at_its_address_is_known() -> None:
     table = RoutingTable(OWN)
     table.observe(Contact(_id(1), "10.0.0.1", 5000), 0.0)
@@ -242,6 +299,8 @@ def test_bad_bounds_are_caller_errors() -> None:
         Admission(retry_after=-1.0)
     with pytest.raises(LocalError):
         Admission(max_waiting=0)
+    with pytest.raises(LocalError):
+        Admission(attempts=0)
 
 
 # ---------------------------------------------------------------------- the log summary

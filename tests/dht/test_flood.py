@@ -109,6 +109,7 @@ async def _flood_the_bootstrap_node(
             f"answered by the attacker {flood.answered}; victim: contacts {len(ids)} "
             f"(junk {junk_table}), junk in 50 find_node replies {junk_served}, "
             f"checks sent {stats.checks_sent} failed {stats.checks_failed} "
+            f"retried {stats.checks_retried} "
             f"skipped {stats.checks_skipped}, refused {stats.admissions_refused}, "
             f"dropped {stats.datagrams_dropped}, records rejected {stats.records_rejected}, "
             f"INFO lines {len(info)}"

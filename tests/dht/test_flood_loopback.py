@@ -77,7 +77,8 @@ async def _flood(*, responsive: bool, hosts: list[str], attacker: str, config: D
             print(
                 f"\nloopback flood ({'responsive' if responsive else 'silent'}): sent {flood.sent} "
                 f"from {PORTS} ports; victim handled {stats.requests_handled} requests, "
-                f"dropped {stats.datagrams_dropped}, checks sent {stats.checks_sent}; "
+                f"dropped {stats.datagrams_dropped}, checks sent {stats.checks_sent} "
+                f"(retried {stats.checks_retried}); "
                 f"contacts {len(ids)} (junk {junk_in(ids, flood)}), junk served "
                 f"{junk_in(served, flood)}"
             )
