@@ -17,8 +17,19 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 SLOW = "slow"
+
+# The suite runs on small shared machines (2 cores, often with other work): how fast
+# hypothesis draws inputs there says nothing about the code, so neither a draw's
+# speed nor an example's duration fails a test. What the properties assert is unchanged.
+settings.register_profile(
+    "shared-machine",
+    suppress_health_check=[HealthCheck.too_slow],
+    deadline=None,
+)
+settings.load_profile("shared-machine")
 
 #: What a fast test may not call: (owner, attribute, description).
 GUARDED: tuple[tuple[Any, str, str], ...] = (
