@@ -8,10 +8,17 @@ Theory of operation:
   the router and the routing driver read).
 * Each hosted agent has a bounded inbox (by count, and by bytes per sending
   peer and in total: p2pnode.node.inbox) and one task, in the node's nursery,
-  that feeds its handler in arrival order. A reply its handler returns is
-  queued for the requester's peer (p2pnode.node.replies) and written by that
-  peer's own task, so a requester that vanished or never reads costs the
-  agent nothing: it goes on with the next envelope at once.
+  that feeds its handler in arrival order. A requester that vanished or never
+  reads must not hold the agent up, yet handing every reply to another task
+  costs a scheduler pass per request. So a small reply (at most
+  :data:`INLINE_REPLY_BYTES`) is written by the agent's own task when it can
+  leave at once: nothing is queued for the requester's peer and its link is
+  open with no write waiting. That write gets :data:`INLINE_REPLY_WAIT`
+  seconds; a peer that cannot take it by then has stopped reading, its
+  channel is dropped as after a stalled write, and the reply is lost (the
+  requester times out, as for any lost reply). Every other reply is queued
+  for the requester's peer (p2pnode.node.replies) and written by that peer's
+  own task, so the agent goes on with the next envelope at once.
 * Every card change (an agent added, replaced, given a capability, removed)
   is announced: a HELLO of the current cards to each open link, and a
   discovery ``provide`` of the new card.
@@ -50,6 +57,10 @@ logger = logging.getLogger("p2pnode.node")
 
 #: Seconds between checks for expired remote cards (local ones are renewed on time).
 CARD_CHECK_INTERVAL = 30.0
+#: Replies up to this many bytes may be written by the agent's own task (module docstring).
+INLINE_REPLY_BYTES = 64 * 1024
+#: Seconds such a reply may take to leave before its peer's channel is dropped.
+INLINE_REPLY_WAIT = 0.25
 
 
 def _renewal_due(card: AgentCard) -> int:
@@ -302,26 +313,42 @@ class AgentHost:
         ):
             reply = await self._tool_audit.serve(agent.definition, envelope, meta.capability)
             if reply is not None:  # None: forwarded to the agent's process, which answers
-                self._queue_reply(agent, item, reply.type, reply.payload, streamed=True)
+                await self._reply(agent, item, reply.type, reply.payload, streamed=True)
             return
         answer = await agent.definition.handle(envelope)
         if answer is not None:
-            self._queue_reply(agent, item, answer.type, answer.payload, streamed=False)
+            await self._reply(agent, item, answer.type, answer.payload, streamed=False)
 
-    def _queue_reply(
+    async def _reply(
         self, agent: LocalAgent, item: Queued, type: MessageType, payload: object, *, streamed: bool
     ) -> None:
-        """Queue the answer to ``item`` for its requester's peer (the module docstring)."""
+        """Answer ``item``: written at once when it can leave at once, else queued for its
+        requester's peer (the module docstring)."""
         sender, to, peer = agent.card.id, item.envelope, item.peer
         send = self._routing.reply_streamed if streamed else self._routing.reply
+        size = payload_envelope_size(payload)
+        key = LOCAL if peer is None else peer
+        if size <= INLINE_REPLY_BYTES and self.replies.queued(key) == 0 and self._writable(item):
+            code: ErrorCode | None = ErrorCode.TIMEOUT
+            with trio.move_on_after(INLINE_REPLY_WAIT):
+                code = await send(sender, to, type, payload, peer)
+            self.replies.note(key, code)
+            return
 
         def job() -> Awaitable[ErrorCode | None]:
             return send(sender, to, type, payload, peer)
 
-        size = payload_envelope_size(payload)
         self._replying[sender] = self._replying.get(sender, 0) + 1
-        if not self.replies.put(LOCAL if peer is None else peer, job, size, self._replied(sender)):
+        if not self.replies.put(key, job, size, self._replied(sender)):
             self._replied(sender)()
+
+    def _writable(self, item: Queued) -> bool:
+        """True when an answer to ``item`` would be written at once: to a local requester,
+        or over an open link with nothing waiting to be written."""
+        if item.peer_id is None:
+            return item.peer is None
+        link = self._links.get(item.peer_id)
+        return link is not None and link.writable_now
 
     def _replied(self, agent_id: str) -> Callable[[], None]:
         def done() -> None:

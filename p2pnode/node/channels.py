@@ -248,6 +248,17 @@ class PeerLink:
         return self._machine.state
 
     @property
+    def writable_now(self) -> bool:
+        """True when a send would be written at once: the channel is open and no frame
+        waits for the writer or is being written inline."""
+        return (
+            self._channel is not None
+            and self._queued == 0
+            and not self._inline_busy
+            and self._machine.state is ChannelState.OPEN
+        )
+
+    @property
     def queued_bytes(self) -> int:
         """Bytes of frames waiting for the writer."""
         return self._queued_bytes

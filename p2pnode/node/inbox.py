@@ -25,6 +25,7 @@ from p2pnode.agent import Agent
 from p2pnode.card import AgentCard
 from p2pnode.envelope import Envelope, Metadata, envelope_size
 from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.identity import PeerId
 
 #: Bytes of envelopes from one peer queued in the node's inboxes at most.
 DEFAULT_INBOX_BYTES_PER_PEER = 16 * 1024 * 1024
@@ -93,6 +94,8 @@ class Queued:
     envelope: Envelope
     peer: str | None
     size: int
+    #: The sending peer's id (``peer`` is its text): the link an answer is written to.
+    peer_id: PeerId | None = None
 
 
 @dataclass(slots=True)
@@ -114,9 +117,11 @@ class LocalAgent:
         self.card = card
         self.metadata = Metadata(int(card.tier), card.sandbox_id)
 
-    async def deliver(self, envelope: Envelope, peer: str | None = None) -> None:
-        """Queue ``envelope`` (from ``peer``; None: a local agent) for the agent's handler;
-        waits while the inbox is full by count (back-pressure).
+    async def deliver(
+        self, envelope: Envelope, peer: str | None = None, peer_id: PeerId | None = None
+    ) -> None:
+        """Queue ``envelope`` (from ``peer``, whose id is ``peer_id``; None: a local agent)
+        for the agent's handler; waits while the inbox is full by count (back-pressure).
 
         Raises LocalError(BUSY) when its bytes would exceed the peer's or the node's
         inbox budget, LocalError(CHANNEL_CLOSED) once the node closed the inbox.
@@ -124,7 +129,7 @@ class LocalAgent:
         size = envelope_size(envelope)
         key = LOCAL if peer is None else peer
         self.budget.charge(key, size)
-        item = Queued(envelope, peer, size)
+        item = Queued(envelope, peer, size, peer_id)
         try:
             try:
                 self.inbox_send.send_nowait(item)

@@ -99,6 +99,15 @@ class ReplyQueues:
             wake.set()
         return True
 
+    def note(self, peer: str, code: ErrorCode | None) -> None:
+        """Count a reply to ``peer`` written without the queue: sent (``code`` None) or
+        abandoned."""
+        if code is None:
+            self.sent += 1
+        else:
+            self.abandoned += 1
+            logger.info("reply to %s dropped: %s", peer, code)
+
     def _refuse(self, peer: str, why: str) -> bool:
         # A counter (statistics()), not a line per reply: a flood of requests would
         # bury the log.

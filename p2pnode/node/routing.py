@@ -559,7 +559,7 @@ class Routing:
             return
         for agent in allowed:
             try:
-                await agent.deliver(envelope, peer)
+                await agent.deliver(envelope, peer, peer_id)
             except LocalError as exc:
                 if exc.code is not ErrorCode.BUSY:
                     raise
