@@ -35,12 +35,20 @@ Theory of operation:
   node's agent task in trio hands the envelope to an asyncio task that runs
   the definition's dispatch (:meth:`p2pnode.agent.Agent.handle`, so input
   validation and typed errors are the same as in trio) and awaits its
-  reply. So a handler may await anything asyncio (``asyncio.sleep``, an
-  asyncio HTTP client, an MCP session); ``asyncio.current_task()`` is its
-  task, and it sees the context variables of the code that opened the
-  node. It must not call trio. The agent's envelopes are still handled one
-  at a time in arrival order, as in trio. If the node closes while a
-  handler runs, its asyncio task is cancelled.
+  reply. The task starts eagerly, as Python 3.12's eager tasks do: its first
+  step runs at once, in the trio tick that delivered the envelope, so a
+  handler that answers without waiting is answered in that tick; one that
+  waits goes on as its task from the loop. So a handler may await anything
+  asyncio (``asyncio.sleep``, an asyncio HTTP client, an MCP session);
+  ``asyncio.current_task()`` is its task, and it sees the context variables
+  of the code that opened the node. It must not call trio. The agent's
+  envelopes are still handled one at a time in arrival order, as in trio.
+  If the node closes while a handler runs, its asyncio task is cancelled.
+* **Few loop passes.** trio's ticks run several in one loop callback while
+  only trio has work, and the loop gets its turn as soon as trio hands it a
+  result or a waiting handler (:mod:`p2pnode.aiohandoff`): a request to an
+  agent of the same node costs one pass of the loop, not one per trio task
+  it crosses.
 * **Closing.** Leaving ``async with`` cancels the node's calls, closes the
   node (and its DHT), and waits for it, and for the guest run when it was
   the loop's last node; each wait is bounded (``CLOSE_TIMEOUT``) and goes on

@@ -18,6 +18,7 @@ import trio
 import trio.testing
 
 from p2pnode.agent import Agent, Reply
+from p2pnode.aiohandoff import TickDriver, start_eagerly
 from p2pnode.card import Capability
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
@@ -138,12 +139,14 @@ class Linger:
     such passes the run goes idle as usual.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, driver: TickDriver) -> None:
         self.rounds = 0
         self._parked: trio.Event | None = None
+        self._driver = driver
 
     def poke(self) -> None:
         self.rounds = LINGER_ROUNDS
+        self._driver.yield_to_host()  # a call settled: its caller runs in the loop
         if self._parked is not None:
             self._parked.set()
             self._parked = None
@@ -153,6 +156,7 @@ class Linger:
             if self.rounds > 0:
                 self.rounds -= 1
                 await trio.testing.wait_all_tasks_blocked()
+                self._driver.yield_to_host()  # trio has nothing else to do: the loop's turn
             else:
                 self._parked = trio.Event()
                 await self._parked.wait()
@@ -267,7 +271,8 @@ class Guest:
         self.users = 0
         self.finished: asyncio.Future[outcome.Outcome[None]] = loop.create_future()
         self._stop = trio.Event()
-        self.linger = Linger()
+        self.driver = TickDriver(loop)
+        self.linger = Linger(self.driver)
         #: Runs each node's task (one worker per open node, so they run side by side).
         self.pool = Pool(loop, self.linger)
         self._ready: asyncio.Future[None] = loop.create_future()
@@ -275,7 +280,7 @@ class Guest:
             trio.lowlevel.start_guest_run(
                 self._main,
                 run_sync_soon_threadsafe=loop.call_soon_threadsafe,
-                run_sync_soon_not_threadsafe=loop.call_soon,
+                run_sync_soon_not_threadsafe=self.driver.soon,
                 done_callback=self._done,
                 # asyncio (and uvloop) own signal.set_wakeup_fd; trio must not take it.
                 host_uses_signal_set_wakeup_fd=True,
@@ -352,8 +357,17 @@ class Guest:
         caller: Caller | None = None,
     ) -> Reply | None:
         """Run ``definition.handle(envelope, caller)`` as an asyncio task and await it
-        (trio side)."""
-        task = context.run(self.loop.create_task, definition.handle(envelope, caller))
+        (trio side). The task's first step runs here (see :func:`start_eagerly`): a
+        handler that answers without waiting is answered in this tick."""
+        started = start_eagerly(self.loop, definition.handle(envelope, caller), context)
+        if isinstance(started, outcome.Outcome):
+            if isinstance(started, outcome.Error) and isinstance(
+                started.error, asyncio.CancelledError
+            ):
+                return _cancelled(definition, envelope)
+            return started.unwrap()
+        task = started
+        self.driver.yield_to_host()  # the handler goes on in the loop: its turn
         done = trio.Event()
         try:
             # A quick handler ends within a pass or two of the loop: look at each tick
@@ -374,13 +388,18 @@ class Guest:
                     scope.shield = True  # give the handler its chance to end before we go on
                     await done.wait()
             raise
-        if task.cancelled():  # cancelled from outside: answer as a failed handler would
-            logger.error("%s: the handler's asyncio task was cancelled", definition.id)
-            if envelope.type is not MessageType.REQUEST:
-                return None
-            failed = f"the handler of agent {definition.id!r} failed"
-            return Reply(MessageType.ERROR, RemoteError(ErrorCode.HANDLER_FAILED, failed).to_dict())
+        if task.cancelled():
+            return _cancelled(definition, envelope)
         return task.result()
+
+
+def _cancelled(definition: Agent, envelope: Envelope) -> Reply | None:
+    """A handler's task cancelled from outside: answered as a failed handler would be."""
+    logger.error("%s: the handler's asyncio task was cancelled", definition.id)
+    if envelope.type is not MessageType.REQUEST:
+        return None
+    failed = f"the handler of agent {definition.id!r} failed"
+    return Reply(MessageType.ERROR, RemoteError(ErrorCode.HANDLER_FAILED, failed).to_dict())
 
 
 class InAsyncio(Agent):

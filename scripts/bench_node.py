@@ -1,6 +1,9 @@
 """Benchmark: node-to-node envelopes vs a bare secure channel vs raw TCP, on 127.0.0.1.
 
-Usage: python scripts/bench_node.py [--scale 1.0]
+Usage: python scripts/bench_node.py [--scale 1.0] [--only embedded|attach]
+
+``--only embedded`` or ``--only attach`` runs just those rows (with their baselines and
+floors), to iterate on the agent runtime faster.
 
 The node path is measured in full: envelope creation and encoding, egress
 policy, routing events, the Noise channel, frame and envelope decoding with
@@ -350,11 +353,18 @@ class Layout:
         )
 
 
-async def measure(ports: Ports, layout: str, scale: float) -> Layout:
+async def measure(ports: Ports, layout: str, scale: float, attach_only: bool = False) -> Layout:
     def n(base: int) -> int:
         return max(BATCH * 10, int(base * scale))
 
     rows: list[Row] = []
+    if attach_only:
+        async with Node(Identity.generate(), TrioNetwork()) as node:
+            await node.add_agent("client", echo, tier=3)
+            await node.connect((HOST, ports.node))
+            node_rtt = await node_round_trips(node, n(5000))
+            attached_rtt = await node_round_trips(node, n(5000), "attached")
+        return Layout(layout, rows, node_rtt[0], 0.0, attached_rtt[0])
     raw, channel = await connect_raw(ports), await connect_channel(ports)
     raw_rtt = await message_round_trips(raw, n(5000))
     channel_rtt = await message_round_trips(channel, n(5000))
@@ -385,22 +395,22 @@ async def measure(ports: Ports, layout: str, scale: float) -> Layout:
     return Layout(layout, rows, node_rtt[0], batch_rate, attached_rtt[0])
 
 
-async def in_one_process(scale: float) -> Layout:
+async def in_one_process(scale: float, attach_only: bool = False) -> Layout:
     async with trio.open_nursery() as nursery:
         ports = await start_servers(nursery)
-        layout = await measure(ports, "1 process", scale)
+        layout = await measure(ports, "1 process", scale, attach_only)
         nursery.cancel_scope.cancel()
     return layout
 
 
-def in_two_processes(scale: float) -> Layout:
+def in_two_processes(scale: float, attach_only: bool = False) -> Layout:
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert server.stdout is not None
         ports = Ports.parse(server.stdout.readline())
-        return trio.run(measure, ports, "2 processes", scale)
+        return trio.run(measure, ports, "2 processes", scale, attach_only)
     finally:
         server.kill()
         server.wait()
@@ -499,7 +509,15 @@ def print_embedded(rows: list[EmbeddedRow]) -> None:
         print(f"  {name.split(', ')[1] + ':':<13} {asyncio_p50 / trio_p50:.2f}x {met}")
 
 
-def main(scale: float) -> None:
+def main(scale: float, only: str | None) -> None:
+    if only == "embedded":
+        print_embedded(embedded_rows(scale))
+        return
+    if only == "attach":
+        layouts = [trio.run(in_one_process, scale, True), in_two_processes(scale, True)]
+        echo_p50 = trio.run(unix_echo_round_trips, max(BATCH * 10, int(5000 * scale)))
+        print_attached(layouts, echo_p50)
+        return
     layouts = [trio.run(in_one_process, scale), in_two_processes(scale)]
     header = (
         f"{'metric':<38}{'raw TCP':>11}{'channel':>11}{'node':>11}{'node/raw':>10}{'node/chan':>10}"
@@ -531,9 +549,12 @@ def main(scale: float) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    parser.add_argument(
+        "--only", choices=["embedded", "attach"], help="run only the agent runtime's rows"
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         trio.run(serve_until_killed)
     else:
-        main(args.scale)
+        main(args.scale, args.only)

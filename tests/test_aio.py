@@ -24,7 +24,7 @@ import trio
 from p2pnode import Agent, Identity, Message, NodeConfig, TrioNetwork, aio
 from p2pnode.crdt.ops import CounterAdd
 from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from tests.test_agent import check_planner, planner
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -143,6 +143,37 @@ def test_handlers_run_as_asyncio_tasks_and_see_the_openers_context(
             assert reply.payload == {"library": "asyncio", "task": True, "who": "opener"}
             reply = await node.request("asker", "probe.sync", None, capability=True)
             assert reply.payload == "asyncio"
+
+    run(factory, main)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", LOOPS)
+def test_a_handler_task_cancelled_in_its_first_step_or_later_fails_its_request(
+    factory: LoopFactory,
+) -> None:
+    agent = Agent("quitter")
+
+    @agent.on_request("quit.at-once")
+    async def at_once(message: Message) -> None:
+        raise asyncio.CancelledError  # in the step run inline, before any wait
+
+    @agent.on_request("quit.later")
+    async def later(message: Message) -> None:
+        await asyncio.sleep(0)
+        raise asyncio.CancelledError  # in a step the loop ran
+
+    async def main() -> None:
+        async with open_node() as node:
+            await node.add_agent(agent)
+            await node.add_agent("asker", ignore)
+            for capability in ("quit.at-once", "quit.later"):
+                with pytest.raises(RemoteError) as info:
+                    await node.request("asker", capability, None, capability=True)
+                assert info.value.code is ErrorCode.HANDLER_FAILED
+            # The agent goes on answering.
+            with pytest.raises(RemoteError):
+                await node.request("asker", "quit.at-once", None, capability=True)
 
     run(factory, main)
 
