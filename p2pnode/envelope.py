@@ -435,6 +435,12 @@ def _value_size(value: Any) -> int:
 #: them, or the node itself), by default.
 DEFAULT_THREAD_BYTES = 64 * 1024 * 1024
 DEFAULT_THREAD_BYTES_PER_OWNER = 8 * 1024 * 1024
+#: Seconds a finished thread (its last envelope a final answer) is kept, by default.
+DEFAULT_FINISHED_TTL = 60.0
+#: Envelope types that end a request's thread: after one, the thread is finished.
+FINAL_TYPES = frozenset(
+    {MessageType.RESPONSE, MessageType.ERROR, MessageType.STREAM_END, MessageType.TASK_REJECT}
+)
 
 
 class ThreadStore:
@@ -449,6 +455,15 @@ class ThreadStore:
     own; over ``max_bytes`` in all, the least recently touched threads go. An
     envelope larger than an owner's budget is not kept. :meth:`forget` drops
     what an owner left, when it leaves.
+
+    Bounded by age: a *finished* thread, one whose last envelope is a final
+    answer (:data:`FINAL_TYPES`), is dropped ``finished_ttl`` seconds later
+    (on ``clock``, injected; read once per :meth:`add`) unless another
+    envelope touched it meanwhile. Request and answer threads are most of the
+    traffic and nobody reads them after the answer, so under steady load the
+    store holds a minute of them instead of filling to its count and byte
+    bounds over many minutes: memory levels off early, and a node's RSS says
+    whether something else grows.
     """
 
     def __init__(
@@ -458,10 +473,16 @@ class ThreadStore:
         *,
         max_bytes: int = DEFAULT_THREAD_BYTES,
         max_bytes_per_owner: int = DEFAULT_THREAD_BYTES_PER_OWNER,
+        finished_ttl: float = DEFAULT_FINISHED_TTL,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # Entries: (timestamp, seq, envelope, owner, size); seq is unique, so tuples
         # never compare the envelopes themselves.
         self._threads: OrderedDict[str, list[tuple[int, int, Envelope, str, int]]] = OrderedDict()
+        #: Finished threads: key -> when it finished (on ``clock``), oldest first.
+        self._finished: OrderedDict[str, float] = OrderedDict()
+        self._finished_ttl = finished_ttl
+        self._clock = clock
         #: Each owner's entries, oldest first: seq -> thread key.
         self._owned: dict[str, OrderedDict[int, str]] = {}
         self._owner_bytes: dict[str, int] = {}
@@ -479,9 +500,16 @@ class ThreadStore:
         key = envelope.correlation_id
         if key is None:
             return
+        now = self._clock()
+        finished = self._finished
+        if finished:
+            self._expire(now)
         size = envelope_size(envelope)
         if size > self._max_per_owner:
             return
+        finished.pop(key, None)  # the thread goes on, or finishes (again) now
+        if envelope.type in FINAL_TYPES:
+            finished[key] = now
         thread = self._threads.get(key)
         if thread is None:
             thread = self._threads[key] = []
@@ -502,6 +530,17 @@ class ThreadStore:
             self._remove(oldest, seq)
         while self.bytes > self._max_bytes and self._threads:
             self._drop_thread(next(iter(self._threads)))
+
+    def _expire(self, now: float) -> None:
+        """Drop the threads that finished ``finished_ttl`` or more before ``now``."""
+        finished = self._finished
+        limit = now - self._finished_ttl
+        # Each step drops one thread: bounded by the threads held.
+        while finished:
+            key, when = next(iter(finished.items()))
+            if when > limit:
+                return
+            self._drop_thread(key)  # takes it out of _finished too
 
     def forget(self, owner: str) -> int:
         """Drop every envelope ``owner`` left; returns the bytes released."""
@@ -529,8 +568,10 @@ class ThreadStore:
                 break
         if not thread:
             del self._threads[key]
+            self._finished.pop(key, None)
 
     def _drop_thread(self, key: str) -> None:
+        self._finished.pop(key, None)
         for entry in self._threads.pop(key, []):
             self._uncharge(entry[3], entry[1], entry[4])
 
@@ -549,6 +590,8 @@ class ThreadStore:
 
     def thread(self, correlation_id: str) -> list[Envelope]:
         """Every stored envelope of ``correlation_id``, oldest first (ties in arrival order)."""
+        if self._finished:
+            self._expire(self._clock())
         return [entry[2] for entry in self._threads.get(correlation_id, [])]
 
     def __len__(self) -> int:

@@ -22,11 +22,16 @@ minute (the second), the last minute's RSS and descriptor count against that
 minute's (FLAT when within ``--tolerance``, 10%), and whether the document
 converged on every node (its value read from each). Linux only (/proc).
 
-A node's bounded caches fill during the first minutes of load (the duplicate
-window of 2 x 65,536 envelope ids, the thread store's 10,000 threads, the
-router's 2 x 65,536 askers): under this script's default load (about 16,000
-envelopes a node a minute) that takes about 8 minutes, after which RSS is
-flat. Compare against a later ``--baseline`` to judge the plateau.
+What a node remembers per envelope is also bounded by age, so that under
+steady load memory levels off within the first two minutes rather than when
+the count bounds are reached: finished request threads leave the thread
+store a minute after their answer, and the duplicate window holds the ids of
+the last one to two minutes. (Before, the thread store's 10,000 threads and
+the duplicate window filled over about 8 minutes, and RSS rose from 41-45 MB
+at minute 2 to 57-58 MB.) What is still bounded by count only grows slowly
+toward its bound: the ids of requests the node let through (whose answers,
+a task's among them, may come much later) and the router's askers, about
+0.2 MB a minute under this load.
 
 Usage: python scripts/soak.py [--minutes 10] [--nodes 20] [--churn 0.1]
 """
@@ -74,6 +79,7 @@ class Counters:
     updates_ok: int = 0
     updates_failed: int = 0
     added: int = 0  # total of the counter increments acknowledged
+    sent: int = 0  # increments sent, acknowledged or not (one may land unacknowledged)
 
 
 def rss_mb(pid: int) -> float:
@@ -133,6 +139,7 @@ class Soak:
                 continue
             writer = self.rng.choice(up)
             update = {"op": "counter.add", "path": "hits", "amount": 1}
+            self.counters.sent += 1
             try:
                 await self.call(writer, {"op": "doc.update", "doc": DOC, "update": update})
             except (P2PError, OSError, trio.TooSlowError):
@@ -221,8 +228,10 @@ class Soak:
         return self.report(converged)
 
     async def converged(self) -> bool:
-        # Wait (bounded) for every replica to hold every acknowledged increment.
-        want = self.counters.added
+        # Wait (bounded) for every replica to hold the same value, with every
+        # acknowledged increment in it. An increment whose call failed or was cut
+        # short by the end of the load (sent, not acknowledged) may have landed too.
+        low, high = self.counters.added, self.counters.sent
         values: list[Any] = []
         for _ in range(60):
             values = []
@@ -232,10 +241,10 @@ class Soak:
                     values.append(read["value"].get("hits"))
                 except (P2PError, OSError, trio.TooSlowError, AttributeError):
                     values.append(None)
-            if all(v == want for v in values):
+            if len(set(values)) == 1 and isinstance(values[0], int) and low <= values[0] <= high:
                 return True
             await trio.sleep(1.0)
-        print(f"document not converged: want {want}, replicas hold {values}")
+        print(f"document not converged: want {low}..{high}, replicas hold {values}")
         return False
 
     def report(self, converged: bool) -> int:

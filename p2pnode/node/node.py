@@ -144,9 +144,10 @@ class Node(TaskOwner):
 
     def _make_routing(self, discovery: Discovery | None) -> Routing:
         """The routing driver over the node's agents, registry, policy and links."""
-        router = Router(
-            self.registry, self.policy, self._agents, BoundedSet(self.config.dedup_window)
-        )
+        # Requests the node let through: their answers (a task's may come hours later)
+        # pass for as long as the window holds them, so no age here.
+        allowed = BoundedSet(self.config.dedup_window, max_age=None)
+        router = Router(self.registry, self.policy, self._agents, allowed)
         return Routing(
             router,
             self._agents,

@@ -1,4 +1,5 @@
-"""Routing decisions, pure: no trio, no I/O, no clock.
+"""Routing decisions, pure: no trio, no I/O, no clock but an injected one (the age of
+remembered ids).
 
 The :class:`Router` answers every question the node's routing driver
 (:mod:`p2pnode.node.routing`) asks about an envelope, from what it is given:
@@ -38,6 +39,8 @@ request, and from an agent that request may be answered by.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -105,25 +108,50 @@ class SeenSet(Protocol):
     def __contains__(self, key: object) -> bool: ...
 
 
-class BoundedSet:
-    """Remembers at least the last ``size`` keys, and at most twice as many.
+#: Seconds a BoundedSet generation collects keys before it becomes the older one.
+DEFAULT_MAX_AGE = 60.0
 
-    Two generations of plain sets: when the newer one fills up it becomes the
-    older one and the previous older one is forgotten. Set operations are the
-    cheapest membership test Python has, and this runs for every envelope.
+
+class BoundedSet:
+    """Remembers keys for at least ``max_age`` seconds or until ``size`` newer keys
+    came, whichever is first; never more than ``2 * size`` keys.
+
+    Two generations of plain sets: when the newer one is full, or has collected
+    for ``max_age`` seconds (``None``: no age), it becomes the older one and the
+    previous older one is forgotten. Set operations are the cheapest membership
+    test Python has, and this runs for every envelope; the age costs one read
+    of ``clock`` (injected, monotonic by default) per key added. Without the
+    age a slow stream of keys fills both generations over hours, and a node's
+    memory rises all that while; with it the set holds a minute or two of
+    keys, reached within two minutes of steady traffic.
     """
 
-    def __init__(self, size: int) -> None:
+    __slots__ = ("_clock", "_max_age", "_new", "_old", "_rotate_at", "_size")
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        max_age: float | None = DEFAULT_MAX_AGE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._size = size
+        self._max_age = max_age
+        self._clock = clock
         self._new: set[str] = set()
         self._old: set[str] = set()
+        self._rotate_at = math.inf if max_age is None else clock() + max_age
 
     def add(self, key: str) -> bool:
         """Add ``key``; False when it was already there."""
         if key in self._new or key in self._old:
             return False
-        if len(self._new) >= self._size:
+        if len(self._new) >= self._size or (
+            self._max_age is not None and self._clock() >= self._rotate_at
+        ):
             self._old, self._new = self._new, set()
+            if self._max_age is not None:
+                self._rotate_at = self._clock() + self._max_age
         self._new.add(key)
         return True
 
@@ -259,9 +287,16 @@ class Router:
         owner); None when only discovery can tell (also when the card expired at
         ``now_ms``: an expired card is never routed to). Raises AmbiguousAgentError for
         a bare id that more than one live owner claims."""
+        registry = self._registry
+        if "@" not in agent_id and not registry.is_contested(agent_id):
+            # The common case, a bare id with one owner: no address to parse, no list.
+            card = registry.find(agent_id)
+            if card is not None and now_ms is not None and card.is_expired(now_ms):
+                return None
+            return card
         name, owner = split_address(agent_id)
         if owner is not None:
-            card = self._registry.find_owned(name, owner)
+            card = registry.find_owned(name, owner)
         else:
             owners = self._registry.owners(name, now_ms)
             if len(owners) > 1:
