@@ -21,6 +21,7 @@ CORES = [
     "p2pnode.dht.handlers",
     "p2pnode.dht.lookup",
     "p2pnode.dht.records",
+    "p2pnode.dht.rejoin",
     "p2pnode.dht.routing",
     "p2pnode.dht.rpc",
     "p2pnode.dht.rpcwire",

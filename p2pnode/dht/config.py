@@ -38,6 +38,11 @@ class DhtConfig:
     check_attempts: int = 3
     check_retry_after: float = 60.0
     check_memory: int = 4096
+    #: Joining again with an empty table (dht.md §5.2): the first attempt this long
+    #: after the table emptied, each later one twice as long after the last, at most
+    #: ``rejoin_max_delay`` (each ±25%).
+    rejoin_delay: float = 2.0
+    rejoin_max_delay: float = 300.0
     #: Least time between two summary lines of dropped input in the log.
     log_summary_interval: float = 60.0
 
@@ -72,6 +77,8 @@ class DhtStatistics:
     checks_retried: int = 0
     checks_skipped: int = 0
     admissions_refused: int = 0
+    #: Attempts to join again from the bootstrap and snapshot addresses (dht.md §5.2).
+    rejoins: int = 0
 
 
 __all__ = ["DhtConfig", "DhtStatistics"]

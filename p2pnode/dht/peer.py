@@ -22,7 +22,11 @@ Everything protocol-shaped happens in sans-IO objects it drives:
   without a task per request: each request's callback puts its reply on the
   lookup's memory channel, and the lookup wakes at its own
   ``next_deadline()`` to mark slow nodes. When a lookup ends, its
-  outstanding calls are abandoned in the core.
+  outstanding calls run on to their reply or hard timeout for the routing
+  table's sake only (a dead contact must fail to be evicted).
+* **Rejoining** (§5.2): when the table is empty, :class:`~p2pnode.dht.rejoin.Rejoin`
+  schedules attempts to join again from the bootstrap and snapshot
+  addresses, with backoff.
 * **Admission** (§5.1): a reply to one of our calls proves its sender
   receives at its address, and only proven contacts enter the table; a
   request from a sender not in the table is answered, and its address is
@@ -62,6 +66,7 @@ from p2pnode.dht.lookup import Lookup, RecordCollector, RttEstimator, merge_reco
 from p2pnode.dht.maintenance import MaintenanceSchedule, maintenance_pass, mark_fresh
 from p2pnode.dht.publish import Publisher
 from p2pnode.dht.records import RecordError, RecordStore, SignedRecord
+from p2pnode.dht.rejoin import Rejoin
 from p2pnode.dht.routing import Contact, RoutingTable
 from p2pnode.dht.rpc import (
     CallTimedOut,
@@ -95,7 +100,10 @@ def _wall_ms() -> int:
 
 def _to_channel(send: trio.MemorySendChannel[tuple[Contact, Any]], c: Contact) -> OnResult:
     def deliver(value: Any) -> None:
-        send.send_nowait((c, value))
+        try:
+            send.send_nowait((c, value))
+        except trio.BrokenResourceError:
+            pass  # the lookup ended; the routing table was told (Gate.informing)
 
     return deliver
 
@@ -171,6 +179,10 @@ class DhtPeer:
             republish_interval=config.republish_interval,
         )
         self.schedule = MaintenanceSchedule(config.maintenance_interval, self._rng)
+        #: Joining again from the bootstrap and snapshot addresses when the table is empty.
+        self.rejoin = Rejoin(
+            self._rng, first_delay=config.rejoin_delay, max_delay=config.rejoin_max_delay
+        )
         self.calls = Calls(self.rpc, self.stats)
         #: Admission to the routing table (§5.1).
         self.gate = Gate(self, config)
@@ -257,7 +269,11 @@ class DhtPeer:
 
     def _next_wake(self) -> float:
         deadline = self.rpc.next_deadline()
-        wake = min(self.schedule.next_deadline(), self._summary.next_deadline())
+        wake = min(
+            self.schedule.next_deadline(),
+            self._summary.next_deadline(),
+            self.rejoin.next_deadline(),
+        )
         return wake if deadline is None or deadline > wake else deadline
 
     def _summarise(self, now: float) -> None:
@@ -282,6 +298,11 @@ class DhtPeer:
         if self.schedule.handle_timer(now):
             assert self._nursery is not None
             self._nursery.start_soon(self._maintenance_task)
+        # Contacts leave the table only as calls time out, which is handled here.
+        self.rejoin.observe(len(self.table), now)
+        if self.rejoin.handle_timer(now):
+            assert self._nursery is not None
+            self._nursery.start_soon(self._rejoin_task)
         self._summarise(now)
         await self.calls.flush()
 
@@ -348,7 +369,6 @@ class DhtPeer:
         args = [self.node_id, target]
         collector = RecordCollector(target, self.records.known)
         send, recv = trio.open_memory_channel[tuple[Contact, Any]](math.inf)
-        asked: list[bytes] = []
         try:
             # Bounded: the lookup asks at most max_queries nodes, and each call
             # ends in a reply or its hard timeout.
@@ -357,9 +377,7 @@ class DhtPeer:
                 lookup.handle_timer(now)
                 for c in lookup.next_requests(now):
                     deliver = self.gate.informing(c, _to_channel(send, c))
-                    msg_id = self.calls.call_nowait(c.address, method, args, deliver)
-                    if msg_id is not None:
-                        asked.append(msg_id)
+                    self.calls.call_nowait(c.address, method, args, deliver)
                 await self.calls.flush()
                 if lookup.done:
                     break
@@ -368,9 +386,10 @@ class DhtPeer:
                     c, value = await recv.receive()
                     self._take_reply(lookup, collector, method, c, value, quorum)
         finally:
-            # Calls still out belong to a finished lookup: a late reply is dropped.
-            for msg_id in asked:
-                self.calls.abandon(msg_id)
+            # Calls still out belong to a finished lookup: it takes no more answers, but
+            # each still tells the routing table how its contact did (§6: a request is
+            # a failure at the hard timeout), or contacts that died are never evicted.
+            recv.close()
         return lookup, collector.records()
 
     def _take_reply(
@@ -442,6 +461,7 @@ class DhtPeer:
         must not leave the node alone. Returns how many bootstrap nodes answered.
         """
         addresses = list(addresses)
+        self.rejoin.remember_bootstrap(addresses)
         answered = 0
         for _ in range(BOOTSTRAP_ROUNDS):
             answered = await self._ping_all(addresses)
@@ -505,6 +525,22 @@ class DhtPeer:
         finally:
             self.schedule.finished()
 
+    async def _rejoin_task(self) -> None:
+        """One attempt to join again (dht.md §5.2): ping the seeds, then look up our id
+        through those that answered."""
+        seeds = self.rejoin.seeds
+        self.stats.rejoins += 1
+        log.info("dht.rejoin table empty: trying %d bootstrap and snapshot addresses", len(seeds))
+        try:
+            if await self._ping_all(seeds) or len(self.table):
+                await self.find_node(self.node_id)
+        finally:
+            self.rejoin.finished(len(self.table), trio.current_time())
+            # The receive loop sleeps to a deadline set before this attempt: pull it in.
+            wake = self.calls.wake
+            if wake is not None and self.rejoin.next_deadline() < wake.deadline:
+                wake.deadline = self.rejoin.next_deadline()
+
     def snapshot(self) -> bytes:
         """The routing table (and restored contacts not yet proven) as bytes
         (``[[id, host, port], ...]``) for a fast rejoin."""
@@ -521,6 +557,7 @@ class DhtPeer:
         if self._nursery is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
         contacts = parse_snapshot(data)
+        self.rejoin.remember_snapshot(c.address for c in contacts)
         self.gate.add_candidates(contacts)
         self._nursery.start_soon(self.gate.check_candidates)
         return len(contacts)
