@@ -23,13 +23,18 @@ asyncio and trio::
 Theory of operation:
 
 * :class:`AgentClient` connects, sends ``attach`` with the card the
-  :class:`~p2pnode.agent.Agent` definition describes, and then serves it: one
-  reader task reads every line the node writes, hands each ``envelope``
-  event to one handler task (arrival order, as the node runs an in-process
-  agent) and matches op replies to their callers by ``id``. The handler task
-  runs the definition's own dispatch, :meth:`Agent.handle`, so input
-  validation and typed errors are the same as in-process, and sends its
-  :class:`~p2pnode.agent.Reply` as a ``reply`` line.
+  :class:`~p2pnode.agent.Agent` definition describes, and then serves it:
+  every complete line the node wrote is handled as soon as it is read,
+  before the reader waits again. Each ``envelope`` event goes to one handler
+  task (arrival order, as the node runs an in-process agent) and op replies
+  wake their callers by ``id``. The handler task runs the definition's own
+  dispatch, :meth:`Agent.handle`, so input validation and typed errors are
+  the same as in-process, and writes its :class:`~p2pnode.agent.Reply` as a
+  ``reply`` line at once, from its own task.
+* On asyncio the connection is an :class:`asyncio.Protocol` (lines are handled
+  in the loop pass that read them, and written without a task hop: one loop
+  pass per envelope); on trio it is anyio's socket stream
+  (:mod:`p2pnode.clientlink`). The protocol on the wire is the same.
 * The reader never waits for the handler: envelopes beyond ``queue_size``
   waiting for it are refused here as the node refuses them (a request is
   answered ``BUSY``, anything else is dropped and logged), so a handler that
@@ -41,18 +46,24 @@ Theory of operation:
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import itertools
 import logging
 import signal
+from collections import deque
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+import outcome
+import sniffio
 
 from p2pnode.agent import Agent
+from p2pnode.aiohandoff import start_eagerly
+from p2pnode.clientlink import Link, ProtocolLink, StreamLink
 from p2pnode.envelope import Envelope, EnvelopeError, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import default_data_dir
@@ -72,7 +83,6 @@ logger = logging.getLogger("p2pnode.client")
 
 #: Seconds ``detach`` may take when the client closes.
 DETACH_TIMEOUT = 5.0
-_READ_SIZE = 65536
 
 
 def socket_path(data_dir: Path | str | None = None) -> Path:
@@ -147,12 +157,20 @@ class AgentClient:
         self._queue_size = queue_size
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
-        self._stream: anyio.abc.SocketStream | None = None
-        self._write_lock = anyio.Lock()
+        self._lines = LineBuffer(MAX_LINE)
+        self._link: Link | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
         self._closed = anyio.Event()
         self._failure: P2PError | None = None
-        self._inbox_send: MemoryObjectSendStream[_Delivered] | None = None
+        # Envelopes waiting for the handler task (at most queue_size), and what wakes it.
+        self._inbox: deque[_Delivered] = deque()
+        self._inbox_ready: anyio.Event | None = None  # the handler task waits on it (trio)
+        # On asyncio the handler task runs while the inbox holds envelopes and starts
+        # eagerly (see _start_handling): None on other backends.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._context = contextvars.copy_context()
+        self._handling = False
+        self._handler: asyncio.Task[None] | None = None
 
     @property
     def agent_id(self) -> str:
@@ -164,20 +182,23 @@ class AgentClient:
         """Connect and attach. Raises LocalError(CONFIG_ERROR) when no node listens at the
         path, and the node's error (INVALID_CARD, PROTOCOL_VERSION_MISMATCH, ...) when it
         refuses the agent."""
+        if _on_asyncio():
+            self._loop = asyncio.get_running_loop()
+            self._context = contextvars.copy_context()  # what handlers see: the opener's
+        connect = ProtocolLink.connect if self._loop is not None else StreamLink.connect
         try:
-            self._stream = await anyio.connect_unix(self.path)
+            self._link = await connect(self.path, self._received)
         except OSError as exc:
             raise LocalError(
                 ErrorCode.CONFIG_ERROR,
                 f"no node answers on {self.path} ({exc}); is `p2pnode run` running?",
             ) from exc
-        send, receive = anyio.create_memory_object_stream[_Delivered](self._queue_size)
-        self._inbox_send = send
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         try:
             self._tasks.start_soon(self._read_loop)
-            self._tasks.start_soon(self._handle_loop, receive)
+            if self._loop is None:
+                self._tasks.start_soon(self._handle_loop)
             result = await self._call(
                 {"v": PROTOCOL_VERSION, "op": "attach", "card": card_template(self.agent)}
             )
@@ -208,8 +229,7 @@ class AgentClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        assert self._tasks is not None and self._stream is not None
-        assert self._inbox_send is not None
+        assert self._tasks is not None and self._link is not None
         self._tasks.cancel_scope.cancel()
         try:
             # The body's own exception passes unwrapped (not in an ExceptionGroup of the
@@ -219,9 +239,13 @@ class AgentClient:
             await self._tasks.__aexit__(None, None, None)
             return None
         finally:
-            self._inbox_send.close()
+            self._inbox.clear()
             with anyio.CancelScope(shield=True):
-                await self._stream.aclose()
+                handler = self._handler
+                if handler is not None and not handler.done():
+                    handler.cancel()  # as the task group cancels the handler task on trio
+                    await asyncio.wait({handler})
+                await self._link.aclose()
             self._end(LocalError(ErrorCode.CHANNEL_CLOSED, "the client is closed"))
 
     async def wait_closed(self) -> None:
@@ -355,40 +379,44 @@ class AgentClient:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not JSON data: {exc}") from None
         if len(line) > MAX_LINE + 1:
             raise LocalError(ErrorCode.MESSAGE_TOO_LARGE, f"a line exceeds {MAX_LINE} bytes")
-        assert self._stream is not None
-        try:
-            async with self._write_lock:
-                await self._stream.send(line)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            raise LocalError(ErrorCode.CHANNEL_CLOSED, f"the node is gone: {exc}") from None
+        assert self._link is not None
+        await self._link.send(line)
 
     # -- the reader and the handler ---------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        assert self._stream is not None
-        lines = LineBuffer(MAX_LINE)
+        assert self._link is not None
         try:
-            while True:  # until the node closes the connection
-                line = lines.next_line()
-                if line is None:
-                    try:
-                        data = await self._stream.receive(_READ_SIZE)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                        return
-                    lines.feed(data)
-                elif line.strip():
-                    await self._on_line(line)
-        except AttachError as exc:
-            logger.warning("the node sent a bad line: %s", exc.message)
-            self._end(exc)
+            await self._link.serve()
         finally:
             self._end(LocalError(ErrorCode.CHANNEL_CLOSED, "the node closed the connection"))
 
-    async def _on_line(self, line: bytes) -> None:
+    def _received(self, data: bytes) -> list[bytes] | None:
+        """Bytes from the node: every complete line is handled now. Returns the lines to
+        write back at once (refusals), or None when the node sent a bad line (the
+        connection ends)."""
+        lines = self._lines
+        lines.feed(data)
+        refusals: list[bytes] = []
+        try:
+            for _ in range(len(lines) + 1):  # bounded: each turn takes a line, or stops
+                line = lines.next_line()
+                if line is None:
+                    break
+                if line.strip():
+                    self._on_line(line, refusals)
+        except AttachError as exc:
+            logger.warning("the node sent a bad line: %s", exc.message)
+            self._end(exc)
+            return None
+        return refusals
+
+    def _on_line(self, line: bytes, refusals: list[bytes]) -> None:
         obj = object_untrusted(line)
         event = obj.get("event")
         if event == "envelope":
-            await self._on_envelope(obj.get("envelope"), caller_from_plain(obj.get("caller")))
+            caller = caller_from_plain(obj.get("caller"))
+            self._on_envelope(obj.get("envelope"), caller, refusals)
         elif event == "overflow":
             logger.warning("%s: the node dropped %s envelopes", self.agent_id, obj.get("dropped"))
         elif "ok" in obj:
@@ -406,30 +434,75 @@ class AgentClient:
         elif error is not None:  # a reply line the node could not deliver, say
             logger.warning("%s: %s failed: %s", self.agent_id, reply.get("op"), error)
 
-    async def _on_envelope(self, plain: object, caller: Caller | None) -> None:
+    def _on_envelope(self, plain: object, caller: Caller | None, refusals: list[bytes]) -> None:
         try:
             envelope = Envelope.from_dict_untrusted(plain)
         except EnvelopeError as exc:
             logger.warning("%s: unreadable envelope from the node: %s", self.agent_id, exc)
             return
-        assert self._inbox_send is not None
-        try:
-            self._inbox_send.send_nowait((envelope, caller))
-        except anyio.WouldBlock:
+        if len(self._inbox) >= self._queue_size:
             logger.warning("%s: %d envelopes wait: dropping", self.agent_id, self._queue_size)
             if envelope.type is MessageType.REQUEST:
                 busy = RemoteError(ErrorCode.BUSY, f"agent {self.agent_id!r} is not keeping up")
-                await self._reply(envelope, MessageType.ERROR, busy.to_dict())
+                refusals.append(_reply_line(envelope, MessageType.ERROR, busy.to_dict()))
+            return
+        self._inbox.append((envelope, caller))
+        if self._loop is not None:
+            if not self._handling:
+                self._start_handling()
+            return
+        ready = self._inbox_ready
+        if ready is not None:
+            self._inbox_ready = None
+            ready.set()
 
-    async def _handle_loop(self, inbox: MemoryObjectReceiveStream[_Delivered]) -> None:
-        async with inbox:
-            async for envelope, caller in inbox:
-                reply = await self.agent.handle(envelope, caller)
-                if reply is not None:
-                    await self._reply(envelope, reply.type, reply.payload)
+    async def _handle_loop(self) -> None:
+        """The handler task on trio (and other non-asyncio backends)."""
+        while True:  # until the client closes (its task group is cancelled)
+            if not self._inbox:
+                ready = self._inbox_ready = anyio.Event()
+                await ready.wait()
+                continue
+            await self._handle(*self._inbox.popleft())
+
+    def _start_handling(self) -> None:
+        """(asyncio) Handle the inbox in a task whose first step runs now, in the loop
+        pass that read the envelope: a handler that answers without waiting is
+        answered in that pass, with no pass spent waking a task (as the node hosts
+        asyncio agents, :mod:`p2pnode.aiohandoff`). The task ends once the inbox is
+        empty; one at a time, so envelopes are still handled in arrival order."""
+        assert self._loop is not None
+        self._handling = True
+        started = start_eagerly(self._loop, self._handle_inbox(), self._context)
+        if isinstance(started, outcome.Outcome):
+            self._handler_ended(started)
+            return
+        self._handler = started
+        started.add_done_callback(lambda task: self._handler_ended(outcome.capture(task.result)))
+
+    async def _handle_inbox(self) -> None:
+        try:
+            while self._inbox:  # what arrives while a handler waits is handled next
+                await self._handle(*self._inbox.popleft())
+        finally:
+            self._handling = False
+
+    def _handler_ended(self, result: outcome.Outcome[None]) -> None:
+        self._handler = None
+        if isinstance(result, outcome.Error) and not isinstance(
+            result.error, asyncio.CancelledError
+        ):
+            # Agent.handle contains what handlers raise: this is a defect of ours.
+            logger.error("%s: the handler task failed", self.agent_id, exc_info=result.error)
+            self._end(LocalError(ErrorCode.INTERNAL, "the handler task failed"))
+
+    async def _handle(self, envelope: Envelope, caller: Caller | None) -> None:
+        reply = await self.agent.handle(envelope, caller)
+        if reply is not None:
+            await self._reply(envelope, reply.type, reply.payload)
 
     async def _reply(self, envelope: Envelope, type_: MessageType, payload: Any) -> None:
-        line = {"op": "reply", "to": envelope.id, "type": type_.value, "payload": payload}
+        line = _reply_op(envelope, type_, payload)
         try:
             await self._write(line)
         except LocalError as exc:
@@ -450,6 +523,22 @@ class AgentClient:
         self._closed.set()
         for call in self._calls.values():
             call.done.set()  # no reply: the caller raises the failure
+
+
+def _reply_op(envelope: Envelope, type_: MessageType, payload: Any) -> dict[str, Any]:
+    return {"op": "reply", "to": envelope.id, "type": type_.value, "payload": payload}
+
+
+def _reply_line(envelope: Envelope, type_: MessageType, payload: Any) -> bytes:
+    """A ``reply`` line whose payload is JSON data already (a refusal's error)."""
+    return encode_line(_reply_op(envelope, type_, payload))
+
+
+def _on_asyncio() -> bool:
+    try:
+        return sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
 
 
 def run_agent(
