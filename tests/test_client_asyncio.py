@@ -20,7 +20,7 @@ import sniffio
 from p2pnode import Agent, Identity, Message, NodeConfig, TrioNetwork, aio
 from p2pnode.client import AgentClient
 from p2pnode.clientlink import ProtocolLink
-from p2pnode.envelope import Envelope
+from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, RemoteError
 from p2pnode.node.agentsocket import AgentSocket
 from p2pnode.node.attachwire import AGENT_SOCKET_NAME
@@ -60,12 +60,16 @@ def test_on_asyncio_envelopes_are_handled_in_arrival_order_by_asyncio_tasks(
     seen: list[Any] = []
     tasks: set[asyncio.Task[Any] | None] = set()
 
-    @agent.on_request()
-    async def work(message: Message) -> dict[str, Any]:
-        seen.append(message.payload)
+    @agent.on_notification
+    async def note(message: Message) -> None:
         tasks.add(asyncio.current_task())
         if message.payload == 0:
             await asyncio.sleep(0.01)  # the others arrive meanwhile and wait their turn
+        seen.append(message.payload)  # as each ends: handled one at a time, in order
+
+    @agent.on_request()
+    async def work(message: Message) -> dict[str, Any]:
+        tasks.add(asyncio.current_task())
         return {"n": message.payload, "who": who.get(), "lib": sniffio.current_async_library()}
 
     async def main() -> None:
@@ -73,11 +77,12 @@ def test_on_asyncio_envelopes_are_handled_in_arrival_order_by_asyncio_tasks(
             who.set("opener")
             async with AgentClient(agent, data_dir=tmp_path) as client:
                 assert isinstance(client._link, ProtocolLink)  # the asyncio fast path
-                asks = [node.request("asker", "worker", n) for n in range(5)]
-                replies = await asyncio.gather(*asks)
-        assert [r.payload for r in replies] == [
-            {"n": n, "who": "opener", "lib": "asyncio"} for n in range(5)
-        ]
+                notes = [
+                    node.envelope("asker", "worker", MessageType.NOTIFICATION, n) for n in range(5)
+                ]
+                await node.send_many(notes)  # routed, and written to the process, in order
+                reply = await node.request("asker", "worker", 5)  # answered after them
+        assert reply.payload == {"n": 5, "who": "opener", "lib": "asyncio"}
         assert seen == [0, 1, 2, 3, 4]
         assert None not in tasks  # every handler ran as an asyncio task
 
