@@ -416,7 +416,10 @@ def envelope_size(envelope: Envelope) -> int:
 
 def payload_envelope_size(payload: Any) -> int:
     """:func:`envelope_size` of an envelope carrying ``payload``."""
-    if payload is None or type(payload) in (int, float, bool):
+    kind = type(payload)
+    if kind is str or kind is bytes:  # most payloads: no walk
+        return ENVELOPE_OVERHEAD + len(payload)
+    if payload is None or kind in (int, float, bool):
         return ENVELOPE_OVERHEAD + 16
     return ENVELOPE_OVERHEAD + _value_size(payload)
 
