@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import math
 import os
 import time
 from collections import OrderedDict
@@ -485,6 +486,8 @@ class ThreadStore:
         #: Finished threads: key -> when it finished (on ``clock``), oldest first.
         self._finished: OrderedDict[str, float] = OrderedDict()
         self._finished_ttl = finished_ttl
+        #: When the oldest finished thread is due (or earlier): no expiry pass before it.
+        self._expire_at = math.inf
         self._clock = clock
         #: Each owner's entries, oldest first: seq -> thread key.
         self._owned: dict[str, OrderedDict[int, str]] = {}
@@ -497,42 +500,54 @@ class ThreadStore:
         #: Bytes held in all.
         self.bytes = 0
 
-    def add(self, envelope: Envelope, owner: str = "") -> None:
+    def add(self, envelope: Envelope, owner: str = "", size: int | None = None) -> None:
         """File ``envelope`` (from ``owner``) under its correlation id (envelopes without
-        one are ignored)."""
+        one are ignored). ``size`` is its :func:`envelope_size` when the caller has it."""
         key = envelope.correlation_id
         if key is None:
             return
         now = self._clock()
-        finished = self._finished
-        if finished:
+        if now >= self._expire_at:
             self._expire(now)
-        size = envelope_size(envelope)
+        if size is None:
+            size = envelope_size(envelope)
         if size > self._max_per_owner:
             return
+        finished = self._finished
         finished.pop(key, None)  # the thread goes on, or finishes (again) now
         if envelope.type in FINAL_TYPES:
+            if not finished:
+                self._expire_at = now + self._finished_ttl
             finished[key] = now
-        thread = self._threads.get(key)
+        threads = self._threads
+        thread = threads.get(key)
         if thread is None:
-            thread = self._threads[key] = []
-            if len(self._threads) > self._max_threads:
-                self._drop_thread(next(iter(self._threads)))
+            thread = threads[key] = []
+            if len(threads) > self._max_threads:
+                self._drop_thread(next(iter(threads)))
         else:
-            self._threads.move_to_end(key)
-        self._seq += 1
-        bisect.insort(thread, (envelope.timestamp, self._seq, envelope, owner, size))
-        self._owned.setdefault(owner, OrderedDict())[self._seq] = key
-        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
+            threads.move_to_end(key)
+        seq = self._seq = self._seq + 1
+        entry = (envelope.timestamp, seq, envelope, owner, size)
+        if not thread or thread[-1][0] <= entry[0]:
+            thread.append(entry)  # in order already: seq is the largest yet
+        else:
+            bisect.insort(thread, entry)
+        owned = self._owned.get(owner)
+        if owned is None:
+            owned = self._owned[owner] = OrderedDict()
+        owned[seq] = key
+        held = self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
         self.bytes += size
         if len(thread) > self._max_per_thread:
             self._remove(key, thread[0][1])
-        owned = self._owned.get(owner)
-        while owned and self._owner_bytes.get(owner, 0) > self._max_per_owner:
+            held = self._owner_bytes.get(owner, 0)
+        while owned and held > self._max_per_owner:
             seq, oldest = owned.popitem(last=False)
             self._remove(oldest, seq)
-        while self.bytes > self._max_bytes and self._threads:
-            self._drop_thread(next(iter(self._threads)))
+            held = self._owner_bytes.get(owner, 0)
+        while self.bytes > self._max_bytes and threads:
+            self._drop_thread(next(iter(threads)))
 
     def _expire(self, now: float) -> None:
         """Drop the threads that finished ``finished_ttl`` or more before ``now``."""
@@ -542,8 +557,10 @@ class ThreadStore:
         while finished:
             key, when = next(iter(finished.items()))
             if when > limit:
+                self._expire_at = when + self._finished_ttl
                 return
             self._drop_thread(key)  # takes it out of _finished too
+        self._expire_at = math.inf
 
     def forget(self, owner: str) -> int:
         """Drop every envelope ``owner`` left; returns the bytes released."""

@@ -118,15 +118,21 @@ class LocalAgent:
         self.metadata = Metadata(int(card.tier), card.sandbox_id)
 
     async def deliver(
-        self, envelope: Envelope, peer: str | None = None, peer_id: PeerId | None = None
+        self,
+        envelope: Envelope,
+        peer: str | None = None,
+        peer_id: PeerId | None = None,
+        size: int | None = None,
     ) -> None:
         """Queue ``envelope`` (from ``peer``, whose id is ``peer_id``; None: a local agent)
         for the agent's handler; waits while the inbox is full by count (back-pressure).
+        ``size`` is its :func:`~p2pnode.envelope.envelope_size` when the caller has it.
 
         Raises LocalError(BUSY) when its bytes would exceed the peer's or the node's
         inbox budget, LocalError(CHANNEL_CLOSED) once the node closed the inbox.
         """
-        size = envelope_size(envelope)
+        if size is None:
+            size = envelope_size(envelope)
         key = LOCAL if peer is None else peer
         self.budget.charge(key, size)
         item = Queued(envelope, peer, size, peer_id)

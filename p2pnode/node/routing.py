@@ -29,18 +29,14 @@ from p2pnode.envelope import (
     EnvelopeFactory,
     MessageType,
     ThreadStore,
+    envelope_size,
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import parse_address
 from p2pnode.node.discovery import Discovery
-from p2pnode.node.frames import (
-    EnvelopeBatch,
-    Hello,
-    decode_frame_untrusted,
-    encode_envelope,
-)
+from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted, encode_envelope
 from p2pnode.node.inbox import LocalAgent as LocalAgent  # re-exported
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
@@ -529,7 +525,8 @@ class Routing:
             return
         if not self._seen.add(envelope.id):
             return
-        self.threads.add(envelope, peer)
+        size = envelope_size(envelope)  # one walk for the thread store and the inbox
+        self.threads.add(envelope, peer, size)
         self._events.message_received(envelope, peer=peer)
         if self._resolve_pending(envelope):
             return
@@ -559,7 +556,7 @@ class Routing:
             return
         for agent in allowed:
             try:
-                await agent.deliver(envelope, peer, peer_id)
+                await agent.deliver(envelope, peer, peer_id, size)
             except LocalError as exc:
                 if exc.code is not ErrorCode.BUSY:
                     raise
