@@ -405,7 +405,9 @@ class Observability:
             code,
             peer,
         )
-        if detail or not self._is_quiet(_routing_level(outcome)):
+        if detail or not self._is_quiet(
+            logging.DEBUG if outcome is Outcome.DELIVERED else _routing_level(outcome)
+        ):
             self.emit(Event(*fields, detail=detail))
         else:
             self._recent.append(fields)

@@ -417,8 +417,9 @@ class Router:
 
     def authenticate(self, peer_id: PeerId, envelope: Envelope) -> AgentCard | Refusal:
         """The source card when ``envelope``'s sender is an agent of ``peer_id``."""
+        # find_owned matches the owner: no second comparison of peer ids.
         source = self._registry.find_owned(envelope.sender, peer_id)
-        if source is None or source.origin is Origin.LOCAL or source.peer_id != peer_id:
+        if source is None or source.origin is Origin.LOCAL:
             return Refusal(
                 ErrorCode.SENDER_MISMATCH,
                 f"peer {peer_id} sent an envelope as {envelope.sender!r}, not one of its agents",
