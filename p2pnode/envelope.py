@@ -425,14 +425,43 @@ def payload_envelope_size(payload: Any) -> int:
     return ENVELOPE_OVERHEAD + _value_size(payload)
 
 
+#: Exact types sized by their length, and scalars sized 16: no isinstance needed for them.
+_SIZED_BY_LENGTH = (str, bytes, bytearray)
+_SCALARS = (int, float, bool, type(None))
+
+
 def _value_size(value: Any) -> int:
+    # Exact type tests first, and the members of a map or list sized in this frame when
+    # they are strings or scalars: tool arguments and results are maps of those, and this
+    # runs for every envelope. Subclasses take the isinstance tests at the end.
+    kind = type(value)
+    if kind in _SIZED_BY_LENGTH:
+        return len(value)
+    if kind in _SCALARS:
+        return 16
+    if kind is dict or isinstance(value, dict):
+        total = 0
+        for key, item in value.items():
+            total += len(key) if type(key) is str else _value_size(key)
+            total += _member_size(item)
+        return total
+    if kind is list or kind is tuple or isinstance(value, list | tuple):
+        total = 16
+        for item in value:
+            total += _member_size(item)
+        return total
     if isinstance(value, str | bytes | bytearray):
         return len(value)
-    if isinstance(value, dict):
-        return sum(_value_size(k) + _value_size(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return 16 + sum(_value_size(v) for v in value)
     return 16
+
+
+def _member_size(item: Any) -> int:
+    kind = type(item)
+    if kind is str or kind is bytes:
+        return len(item)
+    if kind in _SCALARS:
+        return 16
+    return _value_size(item)
 
 
 #: Bytes of envelopes the thread store keeps in all, and per owner (the peer that sent

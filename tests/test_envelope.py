@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.envelope import (
+    ENVELOPE_OVERHEAD,
     SCHEMA_VERSION,
     Envelope,
     EnvelopeError,
@@ -19,6 +20,7 @@ from p2pnode.envelope import (
     ThreadStore,
     _well_formed_envelope,
     envelope_problems,
+    payload_envelope_size,
 )
 from p2pnode.errors import ErrorCode, RemoteError
 from p2pnode.wire import pack
@@ -306,3 +308,20 @@ def test_json_payload_with_64_bit_extremes_is_accepted() -> None:
     decoded = Envelope.from_json_untrusted(env.to_json())
     assert decoded == env
     assert Envelope.from_msgpack_untrusted(decoded.to_msgpack()) == env
+
+
+def _reference_size(value: object) -> int:
+    """The size rule of docs and budgets, written plainly: strings and bytes by their
+    length, a map by its keys and values, a list 16 plus its items, anything else 16."""
+    if isinstance(value, str | bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_reference_size(k) + _reference_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return 16 + sum(_reference_size(v) for v in value)
+    return 16
+
+
+@given(json_values | st.dictionaries(st.binary(max_size=4), json_values, max_size=4))
+def test_payload_size_follows_the_reference_rule(payload: object) -> None:
+    assert payload_envelope_size(payload) == ENVELOPE_OVERHEAD + _reference_size(payload)
