@@ -1,0 +1,306 @@
+"""Memory attacks against a real ``p2pnode run`` daemon, measured as its RSS.
+
+The node's memory bounds (inbox and thread-store byte budgets, reply queues,
+handshake reads) are tested in the simulator through the structures' own byte
+counts. This script measures what the operating system sees instead: it
+starts a *victim* daemon and an *honest* one that joined through it, records
+the victim's resident memory (VmRSS) once it has served some honest traffic,
+then runs each attack in turn:
+
+* ``notifications``: an authenticated peer sends ``--notifications`` (617)
+  notifications of 3.8 MiB, each with its own correlation id;
+* ``requests``: an authenticated peer sends ``--requests`` (120) requests of
+  3.8 MiB in a loop, reading the 3.8 MiB echoes the victim's agent sends back;
+* ``junk``: 300 TCP connections each write 64 KB of junk, 4 rounds.
+
+During each attack the honest daemon sends the victim a request every
+``--probe-every`` seconds; every one must be answered (``honest ok``/``failed``
+and the slowest answer are printed). When the attacker has left, the victim's
+RSS must come back within ``--slack`` (50) MB of the baseline within
+``--settle`` seconds. Each attack prints one row: the RSS before, at its
+peak, and after; exit status 1 if any attack left the victim above the
+baseline plus the slack or an honest request failed. Linux only (/proc).
+
+Usage: python scripts/memory_attacks.py [--attacks notifications,requests,junk]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from p2pnode.card import AgentCard, Capability
+from p2pnode.channel import SecureChannel, connect_secure
+from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
+from p2pnode.errors import P2PError
+from p2pnode.identity import Identity
+from p2pnode.node.config import parse_address
+from p2pnode.node.frames import encode_envelope, encode_hello
+from p2pnode.process import NodeProcess
+from p2pnode.secure import SecureIdentity
+
+MIB = 1024 * 1024
+BIG = int(3.8 * MIB)  # fits one 4 MiB node frame with the envelope around it
+ATTACKER = "mallory"
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+@dataclass
+class Row:
+    """What one attack did to the victim."""
+
+    name: str
+    sent: int = 0
+    before: float = 0.0
+    peak: float = 0.0
+    after: float = 0.0
+    settled_in: float = math.inf
+    honest_ok: int = 0
+    honest_failed: int = 0
+    slowest: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class Bench:
+    """The victim, the honest daemon and the measurements."""
+
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args = args
+        self.root = root
+        self.victim = NodeProcess(root / "victim", log_lines=200)
+        self.honest = NodeProcess(root / "honest", log_lines=200)
+        self.baseline = 0.0
+        self.nonce = 0
+
+    def rss(self) -> float:
+        assert self.victim.process is not None
+        return rss_mb(self.victim.process.pid)
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        for node, name in ((self.victim, "victim"), (self.honest, "honest")):
+            node.prepare(name, 3, [{"id": f"{name}.echo", "name": "Echo", "description": "echo"}])
+        await self.victim.start(nursery, None)
+        await self.honest.start(nursery, self.victim.address)
+        for _ in range(20):  # warm the paths an honest request takes
+            await self.ask()
+        self.baseline = self.rss()
+
+    async def ask(self) -> float:
+        """One honest request to the victim; seconds it took. Raises on failure."""
+        self.nonce += 1
+        started = trio.current_time()
+        ask = {"op": "send", "from": "honest", "to": "victim", "type": "request"}
+        reply = await self.honest.call({**ask, "payload": {"nonce": self.nonce}})
+        if reply.get("payload", {}).get("echo") != {"nonce": self.nonce}:
+            raise AssertionError(f"wrong answer {reply!r}")
+        return trio.current_time() - started
+
+    async def probe(self, row: Row, done: trio.Event) -> None:
+        """An honest request every probe_every seconds until ``done``; sample the RSS."""
+        while not done.is_set():
+            row.peak = max(row.peak, self.rss())
+            try:
+                with trio.fail_after(self.args.honest_timeout):
+                    row.slowest = max(row.slowest, await self.ask())
+                row.honest_ok += 1
+            except (
+                P2PError,
+                OSError,
+                trio.TooSlowError,
+                trio.BrokenResourceError,
+                AssertionError,
+            ) as exc:
+                row.honest_failed += 1
+                row.errors.append(repr(exc))
+            with trio.move_on_after(self.args.probe_every):
+                await done.wait()
+
+    async def run(self, name: str, attack: Callable[[Row], Awaitable[None]]) -> Row:
+        row = Row(name, before=self.rss())
+        row.peak = row.before
+        done = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.probe, row, done)
+            try:
+                await attack(row)
+            finally:
+                done.set()
+        # The attacker has left: wait (bounded) for the victim to give the memory back.
+        started = trio.current_time()
+        while True:
+            row.after = self.rss()
+            if row.after <= self.baseline + self.args.slack:
+                row.settled_in = trio.current_time() - started
+                break
+            if trio.current_time() - started > self.args.settle:
+                break
+            await trio.sleep(0.5)
+        with trio.fail_after(self.args.honest_timeout):  # and it still serves
+            await self.ask()
+        row.honest_ok += 1
+        return row
+
+    # -- attackers ----------------------------------------------------------------------------
+
+    async def attacker(self) -> tuple[SecureChannel, Identity]:
+        """An authenticated peer whose agent ``mallory`` the victim knows."""
+        identity = Identity.generate()
+        now = wall_clock_ms()
+        card = AgentCard(
+            id=ATTACKER,
+            name="Mallory",
+            version="1.0.0",
+            public_key=identity.public_key,
+            capabilities=(Capability(f"{ATTACKER}.echo", "echo"),),
+            issued_at=now,
+            expires_at=now + 3_600_000,
+            revision=now,
+        ).signed(identity)
+        host, port = parse_address(self.victim.address)
+        stream = await trio.open_tcp_stream(host, port)
+        channel = await connect_secure(stream, SecureIdentity(identity))
+        await channel.send_message(encode_hello([card], []))
+        peer = str(identity.peer_id)
+        for _ in range(100):  # bounded: 10 s
+            if peer in (await self.victim.call({"op": "status"}))["peers"]:
+                break
+            await trio.sleep(0.1)
+        return channel, identity
+
+    async def envelopes(self, row: Row, kind: MessageType, count: int) -> None:
+        channel, _ = await self.attacker()
+        factory = EnvelopeFactory(wall_clock_ms)
+        payload = "x" * BIG
+        async with channel, trio.open_nursery() as nursery:
+            nursery.start_soon(_drain, channel)  # read what the victim answers
+            for n in range(count):
+                envelope = factory.create(
+                    ATTACKER,
+                    "victim",
+                    kind,
+                    payload,
+                    correlation_id=f"note-{n}" if kind is MessageType.NOTIFICATION else None,
+                    metadata=Metadata(tier=3),
+                )
+                await channel.send_message(encode_envelope(envelope))
+                row.sent += 1
+            await trio.sleep(self.args.linger)  # the victim works through what it read
+            nursery.cancel_scope.cancel()
+
+    async def notifications(self, row: Row) -> None:
+        await self.envelopes(row, MessageType.NOTIFICATION, self.args.notifications)
+
+    async def requests(self, row: Row) -> None:
+        await self.envelopes(row, MessageType.REQUEST, self.args.requests)
+
+    async def junk(self, row: Row) -> None:
+        junk = bytes(range(256)) * 256  # 64 KiB; fails the handshake's first read
+        address = parse_address(self.victim.address)
+
+        async def one() -> None:
+            try:
+                stream = await trio.open_tcp_stream(*address)
+            except OSError:
+                return
+            try:
+                await stream.send_all(junk)
+                with trio.move_on_after(3):
+                    while await stream.receive_some(65536):
+                        pass
+            except trio.BrokenResourceError:
+                pass
+            finally:
+                await trio.aclose_forcefully(stream)
+
+        for _ in range(4):
+            async with trio.open_nursery() as flood:
+                for _ in range(300):
+                    flood.start_soon(one)
+                    row.sent += 1
+            row.peak = max(row.peak, self.rss())
+
+
+async def _drain(channel: SecureChannel) -> None:
+    try:
+        while True:
+            await channel.receive_message()
+    except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError):
+        return
+
+
+def print_row(row: Row, baseline: float) -> None:
+    print(
+        f"{row.name:<14} sent {row.sent:>5}  RSS before {row.before:6.1f} peak {row.peak:6.1f} "
+        f"after {row.after:6.1f} MB (baseline {baseline:.1f}, back in "
+        f"{row.settled_in:.1f} s)  honest {row.honest_ok} ok {row.honest_failed} failed, "
+        f"slowest {row.slowest:.2f} s",
+        flush=True,
+    )
+    for error in row.errors[:3]:
+        print(f"  honest request failed: {error}")
+
+
+async def main_async(args: argparse.Namespace, root: Path) -> int:
+    bench = Bench(args, root)
+    rows: list[Row] = []
+    async with trio.open_nursery() as nursery:
+        await bench.start(nursery)
+        print(f"victim up, baseline RSS {bench.baseline:.1f} MB", flush=True)
+        for name in args.attacks:
+            row = await bench.run(name, getattr(bench, name))
+            print_row(row, bench.baseline)
+            rows.append(row)
+        for node in (bench.honest, bench.victim):
+            await node.stop()
+        nursery.cancel_scope.cancel()
+    bad = [r for r in rows if r.after > bench.baseline + args.slack or r.honest_failed]
+    print(f"{'OK' if not bad else 'FAILED: ' + ', '.join(r.name for r in bad)}")
+    return 1 if bad else 0
+
+
+ATTACKS = ("notifications", "requests", "junk")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated, in order")
+    parser.add_argument("--notifications", type=int, default=617)
+    parser.add_argument("--requests", type=int, default=120)
+    parser.add_argument("--slack", type=float, default=50.0, help="MB above the baseline")
+    parser.add_argument("--settle", type=float, default=30.0, help="seconds to give it back")
+    parser.add_argument("--linger", type=float, default=2.0, help="attacker stays after sending")
+    parser.add_argument("--probe-every", type=float, default=0.5)
+    parser.add_argument("--honest-timeout", type=float, default=15.0)
+    args = parser.parse_args(argv)
+    args.attacks = [a for a in args.attacks.split(",") if a]
+    unknown = set(args.attacks) - set(ATTACKS)
+    if unknown:
+        parser.error(f"unknown attacks {sorted(unknown)}; known: {', '.join(ATTACKS)}")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="p2pnode-memory-") as root:
+        code = trio.run(main_async, args, Path(root))
+    print(f"done in {time.monotonic() - started:.0f} s")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
