@@ -55,6 +55,30 @@ def is_json_value(value: object, depth: int = 0) -> bool:
     return False
 
 
+def is_flat_json_map(value: object, max_str_len: int, max_items: int) -> bool:
+    """True when ``value`` is a dict of at most ``max_items`` string keys whose values are
+    strings of at most ``max_str_len`` characters or JSON scalars: JSON data at a glance,
+    with no recursive walk (most tool arguments). False says only "look closer"."""
+    if type(value) is not dict or len(value) > max_items:
+        return False
+    for key, item in value.items():
+        if type(key) is not str:
+            return False
+        kind = type(item)
+        if kind is str:
+            if len(item) > max_str_len:
+                return False
+        elif kind is int:
+            if not _MIN_INT <= item <= _MAX_INT:
+                return False
+        elif kind is float:
+            if item != item or item in (float("inf"), float("-inf")):
+                return False
+        elif kind is not bool and item is not None:
+            return False
+    return True
+
+
 def dumps(obj: JsonValue) -> str:
     """Compact, deterministic JSON text."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

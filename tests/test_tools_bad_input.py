@@ -28,11 +28,12 @@ from p2pnode.dht.records import ProviderInfo, RecordKind, SignedRecord, capabili
 from p2pnode.envelope import Metadata
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity
-from p2pnode.jsonutil import b64encode
+from p2pnode.jsonutil import b64encode, is_flat_json_map, is_json_value
 from p2pnode.node.discovery import DhtDiscovery
 from p2pnode.node.events import EventKind
 from p2pnode.node.frames import FrameKind
 from p2pnode.node.node import Node
+from p2pnode.node.toolclient import _past_frame_limits
 from p2pnode.node.toolclient import MAX_LISTED
 from p2pnode.tools import (
     PROMPTS_GET,
@@ -562,3 +563,25 @@ def test_a_catalog_answers_any_params_or_raises_a_typed_error(case: tuple[str, A
             ErrorCode.RESOURCE_NOT_FOUND,
         )
         assert exc.details["agentId"] == "calc"
+
+
+_FLAT_VALUES = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+    | st.binary(max_size=4)
+    | st.lists(st.integers(), max_size=2)
+)
+
+
+@given(st.dictionaries(st.text(max_size=6) | st.integers(), _FLAT_VALUES, max_size=6))
+def test_the_flat_arguments_shortcut_admits_only_what_both_walks_admit(value: Any) -> None:
+    # is_flat_json_map lets the caller skip the JSON and frame-limit walks: whatever it
+    # admits, both walks must admit too.
+    if is_flat_json_map(value, max_str_len=8, max_items=4):
+        assert is_json_value(value)
+        assert _past_frame_limits(value) is None
+        assert len(value) <= 4
+        assert all(len(v) <= 8 for v in value.values() if isinstance(v, str))

@@ -29,7 +29,7 @@ import trio
 from p2pnode.card import MAX_PROMPTS, MAX_RESOURCES, MAX_TEXT, MAX_TOOLS, NAME_PATTERN, AgentCard
 from p2pnode.envelope import MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.jsonutil import is_json_value
+from p2pnode.jsonutil import is_flat_json_map, is_json_value
 from p2pnode.node.service import ServiceHost
 from p2pnode.tools import (
     PROMPTS_GET,
@@ -236,6 +236,9 @@ def _json_object(arguments: Mapping[str, Any] | None) -> dict[str, Any]:
     if arguments is None:
         return {}
     value = arguments if type(arguments) is dict else dict(arguments)
+    limits = DEFAULT_LIMITS
+    if is_flat_json_map(value, limits.max_str_len // 4, limits.max_array_len):
+        return value  # within both checks below by construction: no walk
     if not is_json_value(value):
         raise LocalError(ErrorCode.INVALID_ARGUMENT, "arguments must be JSON data")
     problem = _past_frame_limits(value)
