@@ -33,8 +33,7 @@ from p2pnode.node.discovery import DhtDiscovery
 from p2pnode.node.events import EventKind
 from p2pnode.node.frames import FrameKind
 from p2pnode.node.node import Node
-from p2pnode.node.toolclient import _past_frame_limits
-from p2pnode.node.toolclient import MAX_LISTED
+from p2pnode.node.toolclient import MAX_LISTED, _past_frame_limits
 from p2pnode.tools import (
     PROMPTS_GET,
     PROMPTS_LIST,
