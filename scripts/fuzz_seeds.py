@@ -26,7 +26,7 @@ from p2pnode.card import AgentCard, Capability, Endpoint
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.dots import DotContext
-from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, Digest
+from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, Digest, Graft, IHave, Prune
 from p2pnode.crdt.ops import CounterAdd, MapRemove, RegisterSet, SetAdd, SetRemove
 from p2pnode.crdt.replica import Document, Replica
 from p2pnode.crdt.types import DocState
@@ -297,6 +297,13 @@ def gossip_frames() -> tuple[bytes, ...]:
         DeltaBatch(tuple(d.sealed for d in ds[:4])).encode(),
         DeltaPush.of(ds[-1]).encode(),  # the checkpoint
         DeltaPush.of(ds[5], hops=3).encode(),
+        # The broadcast tree's control frames (gossip version 3).
+        IHave(DOC, tuple((d.origin, d.first, d.seq) for d in ds[:3])).encode(),
+        Graft(DOC).encode(),
+        Graft(
+            DOC, ((ds[0].origin, ds[0].first, ds[0].seq), (ds[-1].origin, 1, ds[-1].seq))
+        ).encode(),
+        Prune(DOC).encode(),
     )
 
 

@@ -18,7 +18,8 @@ def test_public_names() -> None:
         "Signer", "Sealed", "ForgedDeltaError",
         # gossip
         "GossipNode", "GossipConfig", "GossipStats", "GossipMessage", "GossipError", "Received",
-        "DeltaPush", "Digest", "DeltaBatch", "GossipSimulation", "NetConfig",
+        "DeltaPush", "Digest", "DeltaBatch", "IHave", "Graft", "Prune", "GossipSimulation",
+        "NetConfig",
     }  # fmt: skip
     # Durable storage (sqlite3, trio) is imported from p2pnode.crdt.store, not the namespace.
     assert set(crdt.__all__) == expected

@@ -106,20 +106,37 @@ def test_random_bytes_raise_only_gossip_error(data: bytes) -> None:
     [
         {"v": 1, "t": 2, "doc": "d", "vc": {}, "r": False},  # version 1: unsigned deltas
         {"v": 1, "t": 1, "doc": "d", "o": "A", "s": 1, "d": b"", "h": 0},
-        {"v": 3, "t": 2, "doc": "d", "vc": {}, "r": False},
-        {"v": 2, "t": 9},
-        {"v": 2, "t": 2, "doc": "d", "vc": {}, "r": False, "x": 1},
-        {"v": 2, "t": 2, "doc": "", "vc": {}, "r": False},
-        {"v": 2, "t": 2, "doc": "d", "vc": {"a": 0}, "r": False},
-        {"v": 2, "t": 2, "doc": "d", "vc": {}, "r": 1},
-        {"v": 2, "t": 1, "doc": "d", "o": "A", "f": 0, "s": 0, "d": b"", "h": 0},
-        {"v": 2, "t": 1, "doc": "d", "o": "A", "f": 2, "s": 3, "d": b"", "h": 0},  # f not 1 or s
-        {"v": 2, "t": 1, "doc": "d", "o": "A", "s": 1, "d": b"", "h": 0},  # no f
-        {"v": 2, "t": 1, "doc": "d", "o": "A", "f": 1, "s": 1, "d": "str", "h": 0},
-        {"v": 2, "t": 1, "doc": "d", "o": "A", "f": 1, "s": 1, "d": b"", "h": 256},
-        {"v": 2, "t": 3, "ds": [b"", 1]},
-        {"v": 2, "t": 3, "ds": [b""] * 1025},
-        {"v": 2, "t": 4, "s": b""},  # StatePush (an unsigned full state) is retired
+        {"v": 2, "t": 2, "doc": "d", "vc": {}, "r": False},  # version 2: no tree frames
+        {"v": 4, "t": 2, "doc": "d", "vc": {}, "r": False},
+        {"v": 3, "t": 9},
+        {"v": 3, "t": 2, "doc": "d", "vc": {}, "r": False, "x": 1},
+        {"v": 3, "t": 2, "doc": "", "vc": {}, "r": False},
+        {"v": 3, "t": 2, "doc": "d", "vc": {"a": 0}, "r": False},
+        {"v": 3, "t": 2, "doc": "d", "vc": {}, "r": 1},
+        {"v": 3, "t": 1, "doc": "d", "o": "A", "f": 0, "s": 0, "d": b"", "h": 0},
+        {"v": 3, "t": 1, "doc": "d", "o": "A", "f": 2, "s": 3, "d": b"", "h": 0},  # f not 1 or s
+        {"v": 3, "t": 1, "doc": "d", "o": "A", "s": 1, "d": b"", "h": 0},  # no f
+        {"v": 3, "t": 1, "doc": "d", "o": "A", "f": 1, "s": 1, "d": "str", "h": 0},
+        {"v": 3, "t": 1, "doc": "d", "o": "A", "f": 1, "s": 1, "d": b"", "h": 256},
+        {"v": 3, "t": 3, "ds": [b"", 1]},
+        {"v": 3, "t": 3, "ds": [b""] * 1025},
+        {"v": 3, "t": 4, "s": b""},  # StatePush (an unsigned full state) is retired
+        {"v": 3, "t": 5, "doc": "d", "ids": []},  # IHave announces at least one delta
+        {"v": 3, "t": 5, "doc": "d", "ids": [["A", 1, 1]] * 257},
+        {"v": 3, "t": 5, "doc": "d", "ids": [["A", 1]]},
+        {"v": 3, "t": 5, "doc": "d", "ids": [["A", 2, 3]]},  # f not 1 or s
+        {"v": 3, "t": 5, "doc": "d", "ids": [["A", 0, 0]]},
+        {"v": 3, "t": 5, "doc": "d", "ids": [["", 1, 1]]},
+        {"v": 3, "t": 5, "doc": "d", "ids": [{"o": "A"}]},
+        {"v": 3, "t": 5, "doc": "", "ids": [["A", 1, 1]]},
+        {"v": 3, "t": 5, "doc": "d", "ids": [["A", 1, 1]], "x": 1},
+        {"v": 3, "t": 6, "doc": "d"},  # Graft without ids
+        {"v": 3, "t": 6, "doc": "d", "ids": "A"},
+        {"v": 3, "t": 6, "doc": "d", "ids": [["A", 1, 1.0]]},
+        {"v": 3, "t": 6, "doc": 7, "ids": []},
+        {"v": 3, "t": 7, "doc": "d", "ids": []},
+        {"v": 3, "t": 7, "doc": b"d"},
+        {"v": 3, "t": 7},
         [1, 2],
     ],
 )
@@ -131,7 +148,9 @@ def test_tampered_frames_rejected(obj: object) -> None:
 
 def test_push_goes_to_fanout_random_peers_and_new_deltas_are_forwarded_once() -> None:
     names = [f"p{i}" for i in range(10)]
-    nodes = {rid(name): node(name, names, seed=i, fanout=3) for i, name in enumerate(names)}
+    nodes = {
+        rid(name): node(name, names, seed=i, fanout=3, tree=False) for i, name in enumerate(names)
+    }
     p0 = rid("p0")
     _, targets = nodes[p0].local_update("doc", CounterAdd(("n",), 1))
     assert len(targets) == 3
@@ -229,7 +248,7 @@ def test_replies_are_bounded_and_progress() -> None:
 
 
 def test_outbox_is_bounded_drop_oldest() -> None:
-    n = node("A", ["B"], max_outbox=3, fanout=1)
+    n = node("A", ["B"], max_outbox=3, fanout=1, tree=False)
     deltas = [n.local_update("doc", SetAdd(("s",), i))[0] for i in range(5)]
     out = n.pop_outgoing(B)
     assert [m.seq for m in out if isinstance(m, DeltaPush)] == [d.seq for d in deltas[2:]]
@@ -320,11 +339,11 @@ def test_local_update_requires_subscription() -> None:
 @pytest.mark.parametrize(
     ("obj", "code"),
     [
-        # {"v": 2, "t": []}: the type used to reach a dict lookup unhashed (TypeError).
-        ({"v": 2, "t": []}, ErrorCode.MALFORMED_MESSAGE),
-        ({"v": 2, "t": {"a": 1}}, ErrorCode.MALFORMED_MESSAGE),
-        ({"v": 2, "t": True, "ds": []}, ErrorCode.MALFORMED_MESSAGE),
-        ({"v": 2, "t": 3.0, "ds": []}, ErrorCode.MALFORMED_MESSAGE),
+        # {"v": 3, "t": []}: the type used to reach a dict lookup unhashed (TypeError).
+        ({"v": 3, "t": []}, ErrorCode.MALFORMED_MESSAGE),
+        ({"v": 3, "t": {"a": 1}}, ErrorCode.MALFORMED_MESSAGE),
+        ({"v": 3, "t": True, "ds": []}, ErrorCode.MALFORMED_MESSAGE),
+        ({"v": 3, "t": 3.0, "ds": []}, ErrorCode.MALFORMED_MESSAGE),
         ({"v": [], "t": 3, "ds": []}, ErrorCode.PROTOCOL_VERSION_MISMATCH),
         ({"v": True, "t": 3, "ds": []}, ErrorCode.PROTOCOL_VERSION_MISMATCH),
         ({"v": 1.0, "t": 3, "ds": []}, ErrorCode.PROTOCOL_VERSION_MISMATCH),
@@ -338,9 +357,9 @@ def test_frame_version_and_type_must_be_integers(obj: object, code: ErrorCode) -
 
 def test_unhashable_frame_type_regression_bytes() -> None:
     with pytest.raises(GossipError) as info:
-        decode_untrusted(bytes.fromhex("82a17602a17490"))  # {"v": 2, "t": []}
+        decode_untrusted(bytes.fromhex("82a17603a17490"))  # {"v": 3, "t": []}
     assert info.value.code is ErrorCode.MALFORMED_MESSAGE
-    assert decode_untrusted(pack({"v": 2, "t": 3, "ds": []})) == DeltaBatch(())
+    assert decode_untrusted(pack({"v": 3, "t": 3, "ds": []})) == DeltaBatch(())
 
 
 def test_updates_a_document_cannot_encode_are_refused_and_the_batch_goes_on() -> None:

@@ -170,7 +170,7 @@ def core(name: str, peers: list[str], **config: object) -> GossipNode:
 
 
 def test_the_core_drops_a_forged_push_without_applying_or_forwarding_it() -> None:
-    middle = core("B", ["A", "C", "D", "E"], fanout=3)
+    middle = core("B", ["A", "C", "D", "E"], fanout=3, tree=False)
     forged = Replica(A).update("doc", SetAdd(("s",), "forged")).sign(identity("C"))
     res = middle.receive_untrusted(C, DeltaPush.of(forged).encode())
     assert (res.new, res.forwarded_to) == (0, ())

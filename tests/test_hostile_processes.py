@@ -342,7 +342,7 @@ async def test_hello_frames_with_invalid_cards(daemons: Daemons) -> None:
 
 async def test_gossip_message_that_is_not_a_gossip_frame(daemons: Daemons) -> None:
     """A subscribed peer whose card the victim knows sends gossip bytes
-    ``82a17602a17490`` ({"v": 2, "t": []}: gossip version 2) to the victim's subscribed agent."""
+    ``82a17603a17490`` ({"v": 3, "t": []}: gossip version 3) to the victim's subscribed agent."""
     with trio.fail_after(TEST_TIMEOUT):
         victim, honest = await daemons.pair()
         await honest.call({"op": "doc.subscribe", "doc": DOC})
@@ -358,7 +358,7 @@ async def test_gossip_message_that_is_not_a_gossip_frame(daemons: Daemons) -> No
 
             await wait_for("the victim knows the evil card", knows_evil)
             before = await security(victim)
-            payload = {"crdt": DOC, "frame": bytes.fromhex("82a17602a17490")}
+            payload = {"crdt": DOC, "frame": bytes.fromhex("82a17603a17490")}
             envelope = EnvelopeFactory(wall_clock_ms).create(
                 "evil", "victim", MessageType.STREAM_DATA, payload, metadata=Metadata(tier=3)
             )

@@ -245,7 +245,7 @@ async def test_garbage_gossip_does_not_stop_sync(autojump_clock: Any) -> None:
             gossip_payload(DOC, pack({"v": 9, "t": 2, "doc": DOC, "vc": {}, "r": False})),
             gossip_payload(DOC, bad_delta.encode()),  # good frame, bad delta
             gossip_payload(DOC, DeltaBatch((b"\x00", good.sealed)).encode()),  # one bad, one good
-            gossip_payload(DOC, bytes.fromhex("82a17602a17490")),  # {"v": 2, "t": []}
+            gossip_payload(DOC, bytes.fromhex("82a17603a17490")),  # {"v": 3, "t": []}
         ]
         for payload in payloads:
             env = evil.node.envelope(evil.agent, victim.agent, MessageType.STREAM_DATA, payload)

@@ -17,6 +17,9 @@ from p2pnode.crdt.gossip import (
     GossipMessage,
     GossipNode,
     GossipStats,
+    Graft,
+    IHave,
+    Prune,
     Received,
 )
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
@@ -56,6 +59,8 @@ __all__ = [
     "GossipNode",
     "GossipSimulation",
     "GossipStats",
+    "Graft",
+    "IHave",
     "Kind",
     "LWWRegister",
     "MapEntry",
@@ -67,6 +72,7 @@ __all__ = [
     "Opened",
     "Ordering",
     "PNCounter",
+    "Prune",
     "Received",
     "RegisterSet",
     "Replica",

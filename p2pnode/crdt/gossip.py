@@ -1,18 +1,20 @@
-"""Sans-IO epidemic gossip of CRDT deltas with anti-entropy (R9.1-9.5).
+"""Sans-IO gossip of CRDT deltas: a broadcast tree with anti-entropy (R9.1-9.5).
 
 Theory of operation
 -------------------
-Two complementary mechanisms (Demers et al., "Epidemic Algorithms for
-Replicated Database Maintenance", PODC 1987):
+Three complementary mechanisms:
 
-* **Rumor mongering (push).** A local update is pushed to ``fanout`` peers
-  chosen uniformly at random (the RNG is injected). A node that receives a
-  delta it had not applied forwards it once to ``fanout`` random peers other
-  than the sender and the origin ("infect and die", §3 of the paper). A delta
-  already applied — same ``(origin, seq)`` — is a duplicate: counted, not
-  forwarded. With fanout *f* each node receives about *f* copies, so the
-  redundancy per node is bounded by the fanout, and the update reaches all but
-  about ``N·e^-f`` nodes in ``O(log N)`` hops.
+* **Eager push along a broadcast tree** (Leitao, Pereira, Rodrigues,
+  "Epidemic Broadcast Trees", SRDS 2007; :mod:`p2pnode.crdt.plumtree`). Per
+  document a node links to its ring successor and random peers (``fanout``
+  links, at most ``max_links``); a new delta is pushed to every eager link but
+  its sender and origin. Duplicates prune links to lazy, so the eager links
+  become a spanning tree and each node receives each delta about once.
+* **Lazy push.** New deltas are announced by id (:class:`IHave`, batched,
+  ``lazy_delay``) to the lazy links; one still missing ``graft_timeout`` later
+  is asked for with a :class:`Graft`, which repairs the tree. With
+  ``tree=False`` the core instead pushes to ``fanout`` random peers and new
+  receivers forward once ("infect and die", Demers et al., PODC 1987, §3).
 * **Anti-entropy (push-pull).** Every ``interval`` (jittered ±50 %), for each
   subscribed document the node sends a :class:`Digest` — its vector clock — to
   one random peer. The receiver answers with the deltas the sender lacks
@@ -21,17 +23,16 @@ Replicated Database Maintenance", PODC 1987):
   checkpoint where its log was compacted past the sender's clock. If the digest
   shows the sender knows something the receiver lacks, the receiver also
   returns its own digest (``reply=True``, which is never answered with another
-  digest). This repairs everything rumor mongering lost: message drops,
+  digest). This repairs everything the pushes lost: message drops,
   partitions, overflowing outboxes, restarts.
 
 The core reads no clock and touches no socket: the driver passes ``now`` in,
-calls :meth:`GossipNode.handle_timer` at :meth:`GossipNode.next_deadline`, and
-drains bounded per-peer outboxes (:meth:`GossipNode.take_outgoing`), which drop
-their oldest message when full (anti-entropy repairs the loss). Messages are
-small frozen dataclasses with msgpack ``encode`` / ``decode_untrusted``; the
-wire format is in docs/protocol/gossip.md. Deltas travel as opaque sealed
-bytes inside a frame (:mod:`p2pnode.crdt.signing`), so a node forwards them
-without re-encoding. A delta that is news is verified — signed by its
+calls :meth:`GossipNode.handle_timer` at :meth:`GossipNode.next_deadline`
+(which moves earlier when a frame queues an announcement or awaits a delta),
+and drains bounded per-peer outboxes (:meth:`GossipNode.take_outgoing`), which
+drop their oldest message when full (anti-entropy repairs the loss). Frames
+are in :mod:`p2pnode.crdt.frames`; the wire format is in
+docs/protocol/gossip.md. A delta that is news is verified — signed by its
 origin, written only in its origin's name — before it is applied or
 forwarded; duplicates are dropped on their clear-text ids before any
 signature is checked. A malformed or forged delta is skipped on its own
@@ -44,184 +45,40 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from p2pnode.crdt.clock import CRDTError, VectorClock
 from p2pnode.crdt.delta import Delta, Opened
+from p2pnode.crdt.frames import (
+    FRAME_LIMITS,
+    GOSSIP_VERSION,
+    MAX_BATCH,
+    MAX_HOPS,
+    MAX_IDS,
+    DeltaBatch,
+    DeltaId,
+    DeltaPush,
+    Digest,
+    GossipError,
+    GossipMessage,
+    Graft,
+    IHave,
+    Prune,
+    decode_untrusted,
+)
 from p2pnode.crdt.ops import Op
+from p2pnode.crdt.plumtree import Tree
 from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.signing import ForgedDeltaError
-from p2pnode.crdt.types import MAX_KEY_LEN
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
-
-#: Protocol version carried in every frame (2: deltas are sealed by their origin).
-GOSSIP_VERSION = 2
-#: Limits for one gossip frame (a full state can be the largest).
-FRAME_LIMITS = WireLimits(max_size=4 * 1024 * 1024 + 1024, max_depth=4)
-#: Most deltas one batch frame may carry.
-MAX_BATCH = 1024
-#: Hop counts saturate here (informational only).
-MAX_HOPS = 255
-
-
-class GossipError(RemoteError):
-    """A peer sent a gossip frame that is malformed or out of protocol."""
-
-
-def _fail(message: str) -> GossipError:
-    return GossipError(ErrorCode.MALFORMED_MESSAGE, message)
-
-
-@dataclass(frozen=True, slots=True)
-class GossipMessage:
-    """Base of the gossip frames."""
-
-    TYPE: ClassVar[int] = 0
-
-    def _fields(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def encode(self) -> bytes:
-        """msgpack bytes of the frame ``{"v": 1, "t": type, ...fields}``."""
-        return pack({"v": GOSSIP_VERSION, "t": self.TYPE, **self._fields()})
-
-    @staticmethod
-    def decode_untrusted(data: bytes) -> GossipMessage:
-        """Decode one frame from a peer (see :func:`decode_untrusted`). Raises GossipError."""
-        return decode_untrusted(data)
-
-
-@dataclass(frozen=True, slots=True)
-class DeltaPush(GossipMessage):
-    """Rumor: one sealed :class:`~p2pnode.crdt.delta.Delta` (or checkpoint), forwarded
-    once by new receivers."""
-
-    TYPE: ClassVar[int] = 1
-    #: Document, origin, first and last operation of the delta, in clear so a receiver
-    #: drops duplicates without decoding the payload (checked against it when new).
-    doc: str
-    origin: str
-    first: int
-    seq: int
-    #: The sealed delta (``Delta.sealed_bytes()``).
-    delta: bytes
-    #: Hops travelled from the origin (0 when pushed by the origin); informational.
-    hops: int = 0
-
-    @classmethod
-    def of(cls, delta: Delta, hops: int = 0) -> DeltaPush:
-        """The push frame for ``delta``."""
-        return cls(delta.doc, delta.origin, delta.first, delta.seq, delta.sealed_bytes(), hops)
-
-    def _fields(self) -> dict[str, Any]:
-        return {
-            "doc": self.doc,
-            "o": self.origin,
-            "f": self.first,
-            "s": self.seq,
-            "d": self.delta,
-            "h": self.hops,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Digest(GossipMessage):
-    """Anti-entropy request: "this is my clock for ``doc``; send what I lack"."""
-
-    TYPE: ClassVar[int] = 2
-    doc: str
-    clock: VectorClock
-    #: True when sent in answer to a digest (must not be answered with a digest).
-    reply: bool = False
-
-    def _fields(self) -> dict[str, Any]:
-        return {"doc": self.doc, "vc": self.clock.to_wire(), "r": self.reply}
-
-
-@dataclass(frozen=True, slots=True)
-class DeltaBatch(GossipMessage):
-    """Anti-entropy answer: sealed deltas and checkpoints the digest's sender lacks
-    (not forwarded)."""
-
-    TYPE: ClassVar[int] = 3
-    deltas: tuple[bytes, ...]
-
-    def _fields(self) -> dict[str, Any]:
-        return {"ds": list(self.deltas)}
-
-
-def _bytes(obj: object, what: str) -> bytes:
-    if not isinstance(obj, bytes):
-        raise _fail(f"{what} is not bin")
-    return obj
-
-
-def _push(f: dict[str, Any]) -> GossipMessage:
-    hops = f.get("h")
-    if type(hops) is not int or not 0 <= hops <= MAX_HOPS:
-        raise _fail("bad hop count")
-    try:
-        ids = {"doc": f["doc"], "o": f["o"], "f": f["f"], "s": f["s"], "vc": None, "st": None}
-        doc, origin, first, seq = Delta.peek_id_untrusted(ids)
-    except CRDTError as exc:
-        raise _fail(f"bad push id: {exc.message}") from exc
-    return DeltaPush(doc, origin, first, seq, _bytes(f.get("d"), "delta"), hops)
-
-
-def _digest(f: dict[str, Any]) -> GossipMessage:
-    doc, reply = f.get("doc"), f.get("r")
-    if not isinstance(doc, str) or not 0 < len(doc) <= MAX_KEY_LEN or type(reply) is not bool:
-        raise _fail("bad digest")
-    try:
-        clock = VectorClock.from_wire_untrusted(f.get("vc"))
-    except CRDTError as exc:
-        raise _fail(f"bad digest clock: {exc.message}") from exc
-    return Digest(doc, clock, reply)
-
-
-def _batch(f: dict[str, Any]) -> GossipMessage:
-    ds = f.get("ds")
-    if not isinstance(ds, list) or len(ds) > MAX_BATCH:
-        raise _fail("bad delta batch")
-    return DeltaBatch(tuple(_bytes(d, "delta") for d in ds))
-
-
-# Type 4 (StatePush, an unsigned full state in version 1) is retired: unknown in version 2.
-_DECODERS = {
-    1: (_push, {"doc", "o", "f", "s", "d", "h"}),
-    2: (_digest, {"doc", "vc", "r"}),
-    3: (_batch, {"ds"}),
-}
-
-
-def decode_untrusted(data: bytes) -> GossipMessage:
-    """Decode one gossip frame from a peer. Raises GossipError (MALFORMED_MESSAGE,
-    MESSAGE_TOO_LARGE, or PROTOCOL_VERSION_MISMATCH)."""
-    try:
-        obj = unpack_untrusted(data, FRAME_LIMITS)
-    except WireError as exc:
-        raise GossipError(exc.code, exc.message) from exc
-    if not isinstance(obj, dict):
-        raise _fail("frame is not a map")
-    version, kind = obj.get("v"), obj.get("t")
-    if type(version) is not int or version != GOSSIP_VERSION:
-        raise GossipError(ErrorCode.PROTOCOL_VERSION_MISMATCH, f"gossip version {version!r:.20}")
-    # The type is checked before the table lookup: a peer's list or map is unhashable.
-    entry = _DECODERS.get(kind) if type(kind) is int else None
-    if entry is None:
-        raise _fail(f"unknown frame type {kind!r:.20}")
-    decoder, names = entry
-    if set(obj) != names | {"v", "t"}:
-        raise _fail("frame fields do not match its type")
-    return decoder(obj)
+from p2pnode.errors import ErrorCode, LocalError
 
 
 @dataclass(frozen=True, slots=True)
 class GossipConfig:
     """Tuning knobs (see docs/protocol/gossip.md for the defaults' rationale)."""
 
+    #: Links per document (tree) or random push targets (``tree=False``).
     fanout: int = 4
     #: Mean anti-entropy period, seconds (each wait is jittered to 0.5x-1.5x).
     interval: float = 1.0
@@ -233,12 +90,26 @@ class GossipConfig:
     forward: bool = True
     #: Run anti-entropy at all (False only for measurements).
     anti_entropy: bool = True
+    #: Disseminate along a broadcast tree (False: push to ``fanout`` random peers).
+    tree: bool = True
+    #: Most links per document (link requests beyond it are refused with a Prune).
+    max_links: int = 16
+    #: Seconds a new delta's announcement to lazy links waits, to batch them.
+    lazy_delay: float = 0.2
+    #: Seconds an announced delta may stay missing before it is grafted.
+    graft_timeout: float = 0.5
+    #: Announced deltas awaited per document (more are left to anti-entropy).
+    max_missing: int = 1024
 
     def __post_init__(self) -> None:
         if self.fanout < 1 or self.interval <= 0 or self.max_outbox < 1:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "fanout, interval, max_outbox must be > 0")
         if not 1 <= self.max_reply_deltas <= min(MAX_BATCH, self.max_outbox * 64):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "bad max_reply_deltas")
+        if self.max_links <= self.fanout or self.max_missing < 1:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "need max_links > fanout, max_missing > 0")
+        if self.lazy_delay < 0 or self.graft_timeout <= 0:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "bad lazy_delay or graft_timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +144,12 @@ class GossipStats:
     #: Deltas rejected because their origin did not sign them (a subset of ``errors``).
     forged: int = 0
     received_by_type: dict[str, int] = field(default_factory=dict)
+    #: New deltas learnt from an anti-entropy batch (the rest came by push).
+    new_by_batch: int = 0
+    #: Tree control frames sent.
+    ihaves_sent: int = 0
+    grafts_sent: int = 0
+    prunes_sent: int = 0
 
 
 class GossipNode:
@@ -291,9 +168,13 @@ class GossipNode:
         self.replica = replica
         self.config = config or GossipConfig()
         self._rng = rng
+        self._now = now
         self._peers: list[str] = []
         self._peer_set: set[str] = set()
+        self._sorted: list[str] | None = []  # None: to sort again (peers changed)
         self._docs: set[str] = set()
+        self._trees: dict[str, Tree] = {}
+        self._filled: set[str] = set()  # documents whose links match the peer list
         self._outbox: dict[str, deque[GossipMessage]] = {}
         self._stats = GossipStats()
         self._rejected: list[CRDTError] = []
@@ -310,13 +191,19 @@ class GossipNode:
         if peer != self.replica.replica_id and peer not in self._peer_set:
             self._peer_set.add(peer)
             self._peers.append(peer)
+            self._sorted = None
+            self._filled.clear()
 
     def remove_peer(self, peer: str) -> None:
-        """Stop gossiping with ``peer`` and discard its outbox."""
+        """Stop gossiping with ``peer`` and discard its outbox and links."""
         if peer in self._peer_set:
             self._peer_set.discard(peer)
             self._peers.remove(peer)
             self._outbox.pop(peer, None)
+            self._sorted = None
+            self._filled.clear()
+            for tree in self._trees.values():
+                tree.remove(peer)
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -326,11 +213,29 @@ class GossipNode:
     def subscribe(self, doc: str) -> None:
         """Replicate ``doc``: accept its deltas and run anti-entropy for it."""
         self._docs.add(doc)
+        if doc not in self._trees:
+            c = self.config
+            self._trees[doc] = Tree(
+                self.replica.replica_id,
+                rng=self._rng,
+                fanout=c.fanout,
+                max_links=c.max_links,
+                lazy_delay=c.lazy_delay,
+                graft_timeout=c.graft_timeout,
+                max_missing=c.max_missing,
+            )
 
     def unsubscribe(self, doc: str) -> None:
         """Stop replicating ``doc`` (its data stays in the replica)."""
         self._docs.discard(doc)
         self._seen.pop(doc, None)
+        self._trees.pop(doc, None)
+        self._filled.discard(doc)
+
+    def links(self, doc: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The eager and the lazy links of ``doc`` (both empty when not subscribed)."""
+        tree = self._trees.get(doc)
+        return ((), ()) if tree is None else (tuple(tree.eager), tuple(tree.lazy))
 
     # Helpers --------------------------------------------------------------------------
     def _jitter(self) -> float:
@@ -352,11 +257,35 @@ class GossipNode:
             self._stats.dropped += 1  # deque drops the oldest; anti-entropy repairs it
         box.append(msg)
 
+    def _tree(self, doc: str) -> Tree:
+        """The document's tree, its links completed first (a link request to each new one)."""
+        tree = self._trees[doc]
+        if doc not in self._filled:
+            if self._sorted is None:
+                self._sorted = sorted(self._peers)
+            for peer in tree.fill(self._sorted):
+                self._send(peer, Graft(doc))
+                self._stats.grafts_sent += 1
+            self._filled.add(doc)
+        return tree
+
+    def _targets(self, doc: str, did: DeltaId, sender: str | None) -> list[str]:
+        """Where a new delta goes: the tree's eager links, or random peers."""
+        if self.config.tree:
+            return self._tree(doc).delivered(did, sender, self._now)
+        return self._choose(self.config.fanout, exclude=(sender or "", did[0]))
+
+    def _clock(self, now: float | None) -> None:
+        if now is not None and now > self._now:
+            self._now = now
+
     # Events ---------------------------------------------------------------------------
-    def publish(self, delta: Delta) -> tuple[str, ...]:
+    def publish(self, delta: Delta, now: float | None = None) -> tuple[str, ...]:
         """Push a delta this replica produced (already applied and, if durable
-        storage is used, committed) to ``fanout`` random peers; returns them. The
-        checkpoint the replica made with it, if any, goes to the same peers.
+        storage is used, committed) to its eager links (or ``fanout`` random peers);
+        returns them. The checkpoint the replica made with it, if any, goes to the
+        same peers. ``now`` (default: the latest time the core was given) dates the
+        announcements.
 
         Raises LocalError(INVALID_ARGUMENT) when not subscribed to the document or
         the replica does not sign its deltas (peers would refuse them).
@@ -365,33 +294,40 @@ class GossipNode:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {delta.doc!r}")
         if not self.replica.signed:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "the replica has no signer")
-        targets = self._choose(self.config.fanout)
+        self._clock(now)
         msgs = [DeltaPush.of(delta)]
         cp = self.replica.checkpoint(delta.doc, delta.origin)
         if cp is not None and cp.seq == delta.seq and cp.is_checkpoint:
             msgs.append(DeltaPush.of(cp))
+        targets = self._targets(delta.doc, msgs[0].id, None)
+        if len(msgs) > 1 and self.config.tree:
+            self._tree(delta.doc).delivered(msgs[1].id, None, self._now)
         for p in targets:
             for msg in msgs:
                 self._send(p, msg)
         self._stats.pushed += 1
         return tuple(targets)
 
-    def local_update(self, doc: str, op: Op) -> tuple[Delta, tuple[str, ...]]:
+    def local_update(
+        self, doc: str, op: Op, now: float | None = None
+    ) -> tuple[Delta, tuple[str, ...]]:
         """Apply a local operation (in memory only) and push its delta; returns the
         delta and the peers it goes to. Use :meth:`publish` after a durable commit
         instead when updates must survive a crash."""
         if doc not in self._docs:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not subscribed to {doc!r}")
         delta = self.replica.update(doc, op)
-        return delta, self.publish(delta)
+        return delta, self.publish(delta, now)
 
-    def receive_untrusted(self, peer: str, data: bytes) -> Received:
+    def receive_untrusted(self, peer: str, data: bytes, now: float | None = None) -> Received:
         """Decode and handle one frame from ``peer``. Raises GossipError on a bad frame;
         bad deltas inside a good frame are logged, recorded and skipped (R9.5)."""
-        return self.receive(peer, decode_untrusted(data))
+        return self.receive(peer, decode_untrusted(data), now)
 
-    def receive(self, peer: str, msg: GossipMessage) -> Received:
-        """Handle one decoded frame from ``peer``."""
+    def receive(self, peer: str, msg: GossipMessage, now: float | None = None) -> Received:
+        """Handle one decoded frame from ``peer`` at ``now`` (default: the latest time
+        the core was given)."""
+        self._clock(now)
         name = type(msg).__name__
         self._stats.received_by_type[name] = self._stats.received_by_type.get(name, 0) + 1
         handler = self._HANDLERS[type(msg)]
@@ -430,7 +366,7 @@ class GossipNode:
         if msg.doc not in self._docs:
             return Received(0, 0)
         if not self.replica.is_news(msg.doc, msg.origin, msg.first, msg.seq):
-            return Received(0, 1)
+            return self._on_duplicate(peer, msg)
         ids = (msg.doc, msg.origin, msg.first, msg.seq)
         got = self._apply_encoded(peer, msg.delta, ids)
         if got is False:
@@ -438,14 +374,66 @@ class GossipNode:
         if got is None:
             return Received(0, 1)
         assert isinstance(got, Delta)
-        targets: list[str] = []
-        if self.config.forward:
-            targets = self._choose(self.config.fanout, exclude=(peer, got.origin))
-            fwd = DeltaPush(*ids, msg.delta, min(msg.hops + 1, MAX_HOPS))
-            for p in targets:
-                self._send(p, fwd)
-            self._stats.forwarded += 1
-        return Received(1, 0, tuple(targets))
+        return Received(1, 0, self._forward(peer, msg))
+
+    def _forward(self, peer: str, msg: DeltaPush) -> tuple[str, ...]:
+        if not self.config.forward:
+            return ()
+        targets = self._targets(msg.doc, msg.id, peer)
+        fwd = DeltaPush(msg.doc, *msg.id, msg.delta, min(msg.hops + 1, MAX_HOPS))
+        for p in targets:
+            self._send(p, fwd)
+        self._stats.forwarded += 1
+        return tuple(targets)
+
+    def _on_duplicate(self, peer: str, msg: DeltaPush) -> Received:
+        if not self.config.tree:
+            return Received(0, 1)
+        verdict = self._trees[msg.doc].duplicate(msg.id, peer)
+        if verdict is None:  # learnt by anti-entropy first: the tree's delivery goes on
+            return Received(0, 1, self._forward(peer, msg))
+        self._send(peer, Prune(msg.doc))
+        self._stats.prunes_sent += 1
+        return Received(0, 1)
+
+    def _on_ihave(self, peer: str, msg: IHave) -> Received:
+        if msg.doc not in self._docs or not self.config.tree or peer not in self._peer_set:
+            return Received(0, 0)
+        tree = self._tree(msg.doc)
+        for origin, first, seq in msg.ids:
+            if self.replica.is_news(msg.doc, origin, first, seq):
+                tree.announced((origin, first, seq), peer, self._now)
+        return Received(0, 0)
+
+    def _on_graft(self, peer: str, msg: Graft) -> Received:
+        if msg.doc not in self._docs or peer not in self._peer_set:
+            return Received(0, 0)
+        tree = self._tree(msg.doc)
+        if self.config.tree and not tree.linked(peer) and tree.full():
+            self._send(peer, Prune(msg.doc))  # no room for another link
+            self._stats.prunes_sent += 1
+        elif self.config.tree:
+            tree.make_eager(peer)
+        for did in msg.ids:
+            delta = self._logged(msg.doc, did)
+            if delta is not None:
+                self._send(peer, DeltaPush.of(delta))
+        return Received(0, 0)
+
+    def _logged(self, doc: str, did: DeltaId) -> Delta | None:
+        """The delta or checkpoint ``did`` if this replica still holds it."""
+        origin, first, seq = did
+        if doc not in self.replica.documents():
+            return None
+        if first == seq:
+            return self.replica.document(doc).log.get((origin, seq))
+        cp = self.replica.checkpoint(doc, origin)
+        return cp if cp is not None and cp.seq == seq else None
+
+    def _on_prune(self, peer: str, msg: Prune) -> Received:
+        if msg.doc in self._docs:
+            self._trees[msg.doc].make_lazy(peer)
+        return Received(0, 0)
 
     def _on_digest(self, peer: str, msg: Digest) -> Received:
         if msg.doc not in self._docs:
@@ -465,40 +453,69 @@ class GossipNode:
         return Received(0, 0)
 
     def _on_batch(self, peer: str, msg: DeltaBatch) -> Received:
-        new = dup = 0
+        new: list[Delta] = []
+        dup = 0
         for data in msg.deltas:
             got = self._apply_encoded(peer, data)
             if isinstance(got, Delta):
-                new += 1
+                new.append(got)
             elif got is None:
                 dup += 1
-        return Received(new, dup)
+        self._stats.new_by_batch += len(new)
+        if self.config.tree:
+            for delta in new:  # its push, when it comes, is forwarded (Tree.duplicate)
+                self._trees[delta.doc].learnt_by_batch((delta.origin, delta.first, delta.seq))
+        return Received(len(new), dup)
 
     _HANDLERS: ClassVar[dict[type[GossipMessage], Any]] = {
         DeltaPush: _on_push,
         Digest: _on_digest,
         DeltaBatch: _on_batch,
+        IHave: _on_ihave,
+        Graft: _on_graft,
+        Prune: _on_prune,
     }
 
     # Timers ---------------------------------------------------------------------------
     def next_deadline(self) -> float:
-        """When :meth:`handle_timer` should next run (``inf`` without anti-entropy)."""
-        return self._deadline if self.config.anti_entropy else float("inf")
+        """When :meth:`handle_timer` should next run (``inf``: nothing is due). It moves
+        earlier when a frame queues an announcement or announces a missing delta."""
+        soonest = self._deadline if self.config.anti_entropy else float("inf")
+        for tree in self._trees.values():
+            soonest = min(soonest, tree.next_deadline())
+        return soonest
 
     def handle_timer(self, now: float) -> list[tuple[str, str]]:
-        """Run anti-entropy if due: one digest per subscribed document to a random
-        peer. Returns ``(doc, peer)`` pairs; ``[]`` if not yet due."""
+        """Send the announcements and grafts due, and run anti-entropy if due: one
+        digest per subscribed document to a random peer. Returns the ``(doc, peer)``
+        pairs digests went to (``[]`` if anti-entropy was not due)."""
+        self._clock(now)
+        for doc in sorted(self._trees):
+            self._tree_timers(doc, now)
         if now < self._deadline or not self.config.anti_entropy:
             return []
         self._deadline = now + self._jitter()
         sent: list[tuple[str, str]] = []
         for doc in sorted(self._docs):
+            if self.config.tree:
+                self._tree(doc)  # links lost peers are replaced at this pace
             target = self._choose(1)
             if target:
                 self._send(target[0], Digest(doc, self.replica.clock(doc)))
                 self._stats.digests_sent += 1
                 sent.append((doc, target[0]))
         return sent
+
+    def _tree_timers(self, doc: str, now: float) -> None:
+        tree = self._trees[doc]
+        for peer, ids in tree.take_announcements(now).items():
+            for i in range(0, len(ids), MAX_IDS):
+                self._send(peer, IHave(doc, tuple(ids[i : i + MAX_IDS])))
+                self._stats.ihaves_sent += 1
+        awaited = {did: self.replica.is_news(doc, *did) for did in tree.missing_ids()}
+        for peer, ids in tree.take_grafts(now, awaited).items():
+            self._send(peer, Graft(doc, tuple(ids)))
+            self._stats.grafts_sent += 1
 
     # Output ---------------------------------------------------------------------------
     def pop_outgoing(self, peer: str, max_messages: int | None = None) -> list[GossipMessage]:
@@ -526,17 +543,28 @@ class GossipNode:
 
     def statistics(self) -> GossipStats:
         """A copy of the counters."""
-        s = self._stats
-        return GossipStats(
-            s.pushed,
-            s.forwarded,
-            s.new_deltas,
-            s.duplicates,
-            s.digests_sent,
-            s.deltas_served,
-            s.checkpoints_served,
-            s.dropped,
-            s.errors,
-            s.forged,
-            dict(s.received_by_type),
-        )
+        copy = replace(self._stats)
+        copy.received_by_type = dict(self._stats.received_by_type)
+        return copy
+
+
+__all__ = [
+    "FRAME_LIMITS",
+    "GOSSIP_VERSION",
+    "MAX_BATCH",
+    "MAX_HOPS",
+    "MAX_IDS",
+    "DeltaBatch",
+    "DeltaPush",
+    "Digest",
+    "GossipConfig",
+    "GossipError",
+    "GossipMessage",
+    "GossipNode",
+    "GossipStats",
+    "Graft",
+    "IHave",
+    "Prune",
+    "Received",
+    "decode_untrusted",
+]

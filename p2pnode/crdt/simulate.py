@@ -88,17 +88,23 @@ class GossipSimulation:
         self._group: list[int] | None = None
         self.lost = 0
         self.tracked: set[tuple[str, int]] = set()
-        for i, node in enumerate(self.nodes):
-            self._schedule_timer(i, node.next_deadline())
+        self._timer_at = [float("inf")] * n  # the earliest timer event queued per node
+        for i in range(n):
+            self._schedule_timer(i)
 
     # Scheduling -----------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: int, b: int = 0, data: bytes = b"") -> None:
         self._seq += 1
         heapq.heappush(self._events, (t, self._seq, kind, a, b, data))
 
-    def _schedule_timer(self, i: int, deadline: float) -> None:
-        if deadline != float("inf"):
-            self._push(deadline, _TIMER, i)
+    def _schedule_timer(self, i: int) -> None:
+        """Queue a timer event for node ``i``'s deadline unless one is queued earlier
+        (a frame can move the deadline earlier: an announcement, an awaited delta)."""
+        deadline = self.nodes[i].next_deadline()
+        if deadline < self._timer_at[i] or self._timer_at[i] < self.now:
+            self._timer_at[i] = deadline
+            if deadline != float("inf"):
+                self._push(deadline, _TIMER, i)
 
     def _flush(self, i: int) -> None:
         """Put node ``i``'s queued frames on the wire."""
@@ -122,9 +128,10 @@ class GossipSimulation:
     # Control --------------------------------------------------------------------------
     def update(self, i: int, doc: str, op: Op) -> Delta:
         """Node ``i`` performs a local operation now and pushes it."""
-        delta, _ = self.nodes[i].local_update(doc, op)
+        delta, _ = self.nodes[i].local_update(doc, op, self.now)
         self.counters[i].first_hops[(delta.origin, delta.seq)] = 0
         self._flush(i)
+        self._schedule_timer(i)
         return delta
 
     def partition(self, groups: Iterable[Iterable[int]]) -> None:
@@ -147,15 +154,17 @@ class GossipSimulation:
         self.now = max(self.now, t)
         if kind == _TIMER:
             node = self.nodes[a]
+            if t >= self._timer_at[a]:
+                self._timer_at[a] = float("inf")
             if self.now >= node.next_deadline():
                 node.handle_timer(self.now)
                 self._flush(a)
-                self._schedule_timer(a, node.next_deadline())
+            self._schedule_timer(a)
             return True
         node = self.nodes[b]
         self.counters[b].frames_received += 1
         msg = decode_untrusted(data)
-        node.receive(self.nodes[a].replica.replica_id, msg)
+        node.receive(self.nodes[a].replica.replica_id, msg, self.now)
         if self.tracked:
             # Hops of the copy that first taught node b a tracked op (-1: via anti-entropy).
             hops = msg.hops + 1 if isinstance(msg, DeltaPush) else -1
@@ -164,6 +173,7 @@ class GossipSimulation:
                 if key not in first and self.has(b, key):
                     first[key] = hops
         self._flush(b)
+        self._schedule_timer(b)
         return True
 
     def track(self, op: tuple[str, int]) -> None:

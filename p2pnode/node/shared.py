@@ -146,6 +146,9 @@ class _Doc:
     #: remote agent id -> local member agent that talks to it
     routes: dict[str, str] = field(default_factory=dict)
     watchers: set[Watch] = field(default_factory=set)
+    #: Set when the core's deadline may have moved earlier (a frame queued an
+    #: announcement or announced a missing delta): wakes the timer task.
+    wake: trio.Event = field(default_factory=trio.Event)
 
 
 class SharedState(TaskOwner):
@@ -312,7 +315,7 @@ class SharedState(TaskOwner):
                 self._dirty.set()  # the commit loop makes it durable (and lets frames go) later
                 raise
         self._mark_durable(gen)
-        d.core.publish(delta)
+        d.core.publish(delta, trio.current_time())
         self._flush(d)
         return delta
 
@@ -432,6 +435,7 @@ class SharedState(TaskOwner):
     # -- frames out -------------------------------------------------------------------------
 
     def _flush(self, d: _Doc) -> None:
+        d.wake.set()  # the core may have a new, earlier deadline
         encoded: dict[int, dict[str, Any]] = {}  # a frame fanned out is encoded once
         for peer, msg in d.core.take_outgoing():
             via = d.routes.get(peer)
@@ -508,7 +512,7 @@ class SharedState(TaskOwner):
         ):
             self._suspended.pop(peer, None)  # it reached us: worth trying again
             d.core.add_peer(peer)
-        result = d.core.receive(peer, msg)
+        result = d.core.receive(peer, msg, trio.current_time())
         if result.rejected:
             self._report_rejected(doc, source, envelope, result.rejected)
         if result.new:
@@ -545,7 +549,10 @@ class SharedState(TaskOwner):
 
     async def _timer_loop(self, d: _Doc) -> None:
         while True:
-            await trio.sleep_until(d.core.next_deadline())
+            d.wake = trio.Event()
+            with trio.move_on_at(d.core.next_deadline()):
+                await d.wake.wait()
+                continue  # woken: wait for the possibly earlier deadline
             d.core.handle_timer(trio.current_time())
             self._flush(d)
 

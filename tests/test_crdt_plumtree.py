@@ -1,0 +1,223 @@
+"""The broadcast tree of the gossip core (Plumtree): links, prune, lazy announce, graft,
+bounds; and its properties in the simulator (push alone reaches all without loss,
+anti-entropy repairs loss, redundancy bounded once the tree is built)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from p2pnode.crdt.frames import MAX_IDS, DeltaBatch, DeltaPush, Graft, IHave, Prune
+from p2pnode.crdt.gossip import GossipConfig, GossipMessage, GossipNode
+from p2pnode.crdt.ops import CounterAdd
+from p2pnode.crdt.plumtree import Tree
+from p2pnode.crdt.simulate import GossipSimulation, NetConfig
+from tests.crdtkeys import replica, rid
+
+A, B, C, D = rid("A"), rid("B"), rid("C"), rid("D")
+
+
+def node(name: str, peers: list[str], **cfg: object) -> GossipNode:
+    return GossipNode(
+        replica(name),
+        peers=[rid(p) for p in peers],
+        docs=["doc"],
+        rng=random.Random(0),
+        now=0.0,
+        config=GossipConfig(anti_entropy=False, **cfg),  # type: ignore[arg-type]
+    )
+
+
+def sent(n: GossipNode) -> list[tuple[str, GossipMessage]]:
+    """What ``n`` queued, each frame through its encoding."""
+    return [(p, GossipMessage.decode_untrusted(m.encode())) for p, m in n.take_outgoing()]
+
+
+def test_a_publish_links_the_ring_successor_and_random_peers_eagerly() -> None:
+    n = node("A", ["B", "C", "D"], fanout=2)
+    _, targets = n.local_update("doc", CounterAdd(("n",), 1))
+    eager, lazy = n.links("doc")
+    assert len(eager) == 2 and lazy == ()
+    assert set(targets) == set(eager)
+    ring = sorted([A, B, C, D])
+    assert ring[(ring.index(A) + 1) % 4] in eager  # the successor is always linked
+    out = sent(n)
+    assert sorted(p for p, m in out if m == Graft("doc")) == sorted(eager)  # link requests
+    assert sorted(p for p, m in out if isinstance(m, DeltaPush)) == sorted(eager)
+
+
+def test_a_link_request_links_back_and_a_full_node_refuses_it() -> None:
+    b = node("B", ["A", "C", "D"], fanout=1, max_links=2)
+    b.receive(A, Graft("doc"), 0.0)
+    eager = b.links("doc")[0]
+    assert A in eager and len(eager) == 2  # A, and B's own link (its ring successor)
+    b.take_outgoing()
+    other = ({A, C, D} - set(eager)).pop()
+    b.receive(other, Graft("doc"), 0.0)  # full
+    assert other not in b.links("doc")[0] + b.links("doc")[1]
+    assert (other, Prune("doc")) in sent(b)
+
+
+def test_a_duplicate_push_prunes_the_link_on_both_sides() -> None:
+    a, b = node("A", ["B", "C"]), node("B", ["A", "C"])
+    c = node("C", ["A", "B"])
+    delta, _ = c.local_update("doc", CounterAdd(("n",), 1))
+    push = DeltaPush.of(delta)
+    assert b.receive(C, push, 0.0).new == 1
+    b.receive(A, Graft("doc"), 0.0)
+    b.take_outgoing()
+    assert A in b.links("doc")[0]
+    res = b.receive(A, DeltaPush.of(delta, hops=1), 0.0)  # the same delta by another link
+    assert res.duplicate == 1
+    assert A in b.links("doc")[1] and (A, Prune("doc")) in sent(b)
+    a.receive(B, Graft("doc"), 0.0)
+    a.receive(B, Prune("doc"), 0.0)
+    assert B in a.links("doc")[1] and B not in a.links("doc")[0]
+    # The link that brought the delta first stays eager.
+    assert C in b.links("doc")[0]
+
+
+def test_new_deltas_are_announced_lazily_after_the_delay() -> None:
+    b = node("B", ["A", "C", "D"], lazy_delay=0.05)
+    a = node("A", ["B"])
+    delta, _ = a.local_update("doc", CounterAdd(("n",), 1))
+    b.receive(D, Graft("doc"), 0.0)
+    b.receive(D, Prune("doc"), 0.0)  # D is a lazy link of B
+    b.take_outgoing()
+    b.receive(A, DeltaPush.of(delta), 1.0)
+    assert not any(isinstance(m, IHave) for _, m in sent(b))
+    assert b.next_deadline() == 1.05
+    b.handle_timer(1.04)
+    assert sent(b) == []
+    b.handle_timer(1.05)
+    assert sent(b) == [(D, IHave("doc", ((A, 1, 1),)))]
+    assert b.next_deadline() == float("inf")
+
+
+def test_a_missing_announced_delta_is_grafted_from_each_announcer_in_turn() -> None:
+    a = node("A", ["B", "C"])
+    delta, _ = a.local_update("doc", CounterAdd(("n",), 1))
+    c = node("C", ["A", "B", "D"], graft_timeout=0.25)
+    c.receive(B, IHave("doc", ((A, 1, 1),)), 2.0)
+    c.receive(D, IHave("doc", ((A, 1, 1),)), 2.1)
+    c.take_outgoing()
+    assert c.next_deadline() == 2.25
+    c.handle_timer(2.25)
+    assert sent(c) == [(B, Graft("doc", ((A, 1, 1),)))]
+    assert B in c.links("doc")[0]  # the graft repairs the tree through B
+    c.handle_timer(2.5)
+    assert sent(c) == [(D, Graft("doc", ((A, 1, 1),)))]
+    # The delta arrives: nothing is awaited any more.
+    assert c.receive(D, DeltaPush.of(delta), 2.6).new == 1
+    c.take_outgoing()
+    c.handle_timer(10.0)
+    assert not any(isinstance(m, Graft) for _, m in sent(c))
+    # A graft is answered with the delta, as a push.
+    a.take_outgoing()
+    a.receive(C, Graft("doc", ((A, 1, 1),)), 3.0)
+    assert (C, DeltaPush.of(delta)) in sent(a)
+
+
+def test_a_delta_learnt_by_batch_is_forwarded_when_its_push_comes_and_prunes_nothing() -> None:
+    a = node("A", ["B"])
+    delta, _ = a.local_update("doc", CounterAdd(("n",), 1))
+    b = node("B", ["A", "C", "D"], fanout=3)
+    assert b.receive(D, DeltaBatch((delta.sealed_bytes(),)), 0.0).new == 1
+    assert not any(isinstance(m, DeltaPush) for _, m in sent(b))
+    res = b.receive(C, DeltaPush.of(delta), 0.1)  # the push the batch overtook
+    assert res.duplicate == 1 and set(res.forwarded_to) == set(b.links("doc")[0]) - {A, C}
+    out = sent(b)
+    assert (C, Prune("doc")) not in out
+    assert {p for p, m in out if isinstance(m, DeltaPush)} == set(res.forwarded_to)
+    # A second copy is an ordinary duplicate.
+    assert b.receive(D, DeltaPush.of(delta), 0.2).forwarded_to == ()
+    assert (D, Prune("doc")) in sent(b)
+
+
+def test_every_table_is_bounded() -> None:
+    tree = Tree(A, rng=random.Random(0), fanout=2, max_links=3, lazy_delay=0.0,
+                graft_timeout=1.0, max_missing=5)  # fmt: skip
+    for i in range(10):
+        tree.announced((B, i + 1, i + 1), f"p{i}", 0.0)
+    assert len(tree.missing_ids()) == 5
+    assert tree.links == 3  # announcers beyond max_links are not remembered
+    for peer in ("x", "y", "z"):
+        assert not tree.make_eager(peer)
+    assert tree.links == 3
+    tree.make_lazy("p0")
+    for i in range(MAX_IDS + 10):
+        tree.delivered((C, i + 1, i + 1), None, 0.0)
+    assert [len(ids) for ids in tree.take_announcements(0.0).values()] == [MAX_IDS] * 3
+
+
+def run_updates(sim: GossipSimulation, writers: list[int], gap: float) -> list[int]:
+    """Each writer updates in turn, ``gap`` seconds apart; returns the duplicate counts
+    of the swarm after each one."""
+    dups = []
+    for i in writers:
+        sim.update(i, "doc", CounterAdd(("n",), 1))
+        sim.run_until(sim.now + gap)
+        dups.append(sum(node.statistics().duplicates for node in sim.nodes))
+    return dups
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(2, 14),
+    fanout=st.integers(1, 4),
+    seed=st.integers(0, 2**32),
+    writers=st.lists(st.integers(0, 13), min_size=1, max_size=6),
+    gap=st.sampled_from([0.0, 0.01, 0.5]),
+)
+def test_without_loss_push_alone_reaches_every_node(
+    n: int, fanout: int, seed: int, writers: list[int], gap: float
+) -> None:
+    # Concurrent updates (gap 0) too: the tree may break, and the grafts repair it.
+    cfg = GossipConfig(fanout=fanout, anti_entropy=False)
+    sim = GossipSimulation(n, seed=seed, gossip=cfg, net=NetConfig(latency=(0.01, 0.03)))
+    run_updates(sim, [w % n for w in writers], gap)
+    sim.run_until(sim.now + 5.0)
+    assert sim.converged()
+    assert all(node.replica.clock("doc").get(sim.ids[w % n]) > 0 for node in sim.nodes
+               for w in writers)  # fmt: skip
+    assert sum(node.statistics().new_by_batch for node in sim.nodes) == 0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(2, 12),
+    seed=st.integers(0, 2**32),
+    loss=st.floats(0.0, 0.5),
+    writers=st.lists(st.integers(0, 11), min_size=1, max_size=6),
+)
+def test_with_loss_every_node_eventually_has_every_update(
+    n: int, seed: int, loss: float, writers: list[int]
+) -> None:
+    cfg = GossipConfig(fanout=2, interval=0.2)
+    sim = GossipSimulation(n, seed=seed, gossip=cfg, net=NetConfig(loss=loss))
+    acked = [sim.update(w % n, "doc", CounterAdd(("n",), 1)) for w in writers]
+    sim.run_until(60.0)
+    assert sim.converged()
+    for node in sim.nodes:
+        assert all(node.replica.has_applied("doc", d.origin, d.seq) for d in acked)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(3, 40), fanout=st.integers(1, 5), seed=st.integers(0, 2**32))
+def test_once_the_tree_is_built_updates_travel_it_without_duplicates(
+    n: int, fanout: int, seed: int
+) -> None:
+    # One update at a time (each lands everywhere before the next). Every duplicate
+    # prunes the link it came by on both sides, so the copies stop once the eager
+    # links form a tree: a few updates (the first ones create the links as they
+    # spread), and never more duplicates in all than there are link ends.
+    # (The graft timeout exceeds the longest path: else a node far down the tree
+    # grafts a lazy link before the push arrives, and the tree reshapes.)
+    cfg = GossipConfig(fanout=fanout, anti_entropy=False, graft_timeout=2.0)
+    sim = GossipSimulation(n, seed=seed, gossip=cfg)
+    rng = random.Random(seed)
+    dups = run_updates(sim, [rng.randrange(n) for _ in range(10)], 3.0)
+    assert dups[-1] == dups[5]
+    assert dups[-1] <= sum(len(e) + len(lz) for e, lz in (x.links("doc") for x in sim.nodes))
