@@ -84,3 +84,27 @@ def test_simulation_is_deterministic() -> None:
         return sim.lost, sim.now, [c.bytes_sent for c in sim.counters]
 
     assert run() == run()
+
+
+def test_three_hundred_nodes_tree_reaches_all_quickly_with_few_duplicates() -> None:
+    # The default configuration: a broadcast tree with anti-entropy behind it. Once the
+    # first updates have pruned the redundant links, each update reaches every node
+    # within a few hundred ms, and nodes receive few copies twice.
+    n = 300
+    sim = GossipSimulation(n, seed=5, net=NetConfig(latency=(0.01, 0.03)))
+    sim.run_until(1.0)
+    writers = [sim.rng.randrange(n) for _ in range(8)]
+    per_update = []
+    for k, i in enumerate(writers):
+        dups = sum(node.statistics().duplicates for node in sim.nodes)
+        start = sim.now
+        delta = sim.update(i, "doc", CounterAdd(("n",), 1))
+        reached = sim.run_until_all_have((delta.origin, delta.seq), deadline=start + 3.0)
+        assert reached is not None
+        sim.run_until(sim.now + 0.5)
+        if k >= 2:
+            assert reached - start < 0.5
+            per_update.append(sum(node.statistics().duplicates for node in sim.nodes) - dups)
+    assert sum(per_update) / len(per_update) / n <= 0.5
+    trees = [node.links("doc") for node in sim.nodes]
+    assert max(len(eager) + len(lazy) for eager, lazy in trees) <= GossipConfig().max_links

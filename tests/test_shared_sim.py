@@ -79,6 +79,33 @@ def gossiping(*members: Member) -> bool:
 # -- convergence ----------------------------------------------------------------------------------
 
 
+async def test_updates_reach_every_node_along_the_tree_without_anti_entropy(
+    autojump_clock: Any,
+) -> None:
+    # Anti-entropy off: every update must arrive by the tree's pushes, and the timer task
+    # must wake for the announcements a delivery queues (their deadline comes after it).
+    config = dataclasses.replace(
+        FAST_SHARED, gossip=dataclasses.replace(FAST_SHARED.gossip, anti_entropy=False)
+    )
+    async with open_swarm(seed=3, discovery=True, shared=config) as sw:
+        members = [await join(sw) for _ in range(8)]
+        await wait_until(lambda: gossiping(*members))
+        for k in range(12):
+            writer = members[k % len(members)]
+            delta = await writer.shared.update(writer.agent, DOC, CounterAdd(("n",), 1))
+            await wait_until(
+                lambda d=delta: all(  # type: ignore[misc]
+                    m.shared.replica.has_applied(DOC, d.origin, d.seq) for m in members
+                ),
+                5.0,
+            )
+        stats = [m.shared.statistics(DOC) for m in members]
+        assert all(s.new_by_batch == 0 and s.digests_sent == 0 for s in stats)
+        assert sum(s.prunes_sent for s in stats) > 0  # redundant links were pruned
+        assert sum(s.ihaves_sent for s in stats) > 0  # and announce lazily
+        assert all(m.shared.read(DOC) == {"n": 12} for m in members)
+
+
 async def test_swarm_converges_through_partition_kills_and_restarts(
     autojump_clock: Any, tmp_path: Path
 ) -> None:
