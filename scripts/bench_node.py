@@ -163,10 +163,37 @@ async def main(path):
 
 anyio.run(main, sys.argv[1])
 """
+# The least a JSON-lines peer costs: a child with a minimal asyncio Protocol that parses
+# each line and writes it back encoded (no validation, no handler, no task).
+JSON_ECHO = """
+import asyncio, json, sys
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.buffer = transport, b""
+    def data_received(self, data):
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b"\\n")
+        for line in lines:
+            self.transport.write(json.dumps(json.loads(line)).encode() + b"\\n")
+    def connection_lost(self, exc):
+        done.set_result(None)
+
+async def main(path):
+    global done
+    done = asyncio.get_running_loop().create_future()
+    await asyncio.get_running_loop().create_unix_connection(Echo, path)
+    await done
+
+asyncio.run(main(sys.argv[1]))
+"""
 ECHO_LINE = b"e" * 400 + b"\n"  # about the size of an envelope event with PAYLOAD
+JSON_LINE = b'{"event":"envelope","payload":"' + b"e" * 370 + b'"}\n'  # the same, as JSON
 
 
-async def unix_echo_round_trips(count: int) -> float:
+async def unix_echo_round_trips(
+    count: int, script: str = UNIX_ECHO, line: bytes = ECHO_LINE
+) -> float:
     """Round trip p50 (us) of one line to a child process and back over a Unix socket."""
     with tempfile.TemporaryDirectory() as data_dir:
         path = Path(data_dir) / "echo.sock"
@@ -174,7 +201,7 @@ async def unix_echo_round_trips(count: int) -> float:
         await listener.bind(str(path))
         listener.listen(1)
         child = await trio.lowlevel.open_process(
-            [sys.executable, "-c", UNIX_ECHO, str(path)], stdin=subprocess.DEVNULL
+            [sys.executable, "-c", script, str(path)], stdin=subprocess.DEVNULL
         )
         try:
             with trio.fail_after(ATTACH_TIMEOUT):
@@ -182,9 +209,9 @@ async def unix_echo_round_trips(count: int) -> float:
             stream = trio.SocketStream(sock)
 
             async def once() -> None:
-                await stream.send_all(ECHO_LINE)
+                await stream.send_all(line)
                 received = 0
-                while received < len(ECHO_LINE):  # bounded: each read returns some bytes
+                while received < len(line):  # bounded: each read returns some bytes
                     received += len(await stream.receive_some(65536))
 
             p50 = quantiles(await timed_round_trips(count, once))[0]
@@ -416,7 +443,24 @@ def in_two_processes(scale: float, attach_only: bool = False) -> Layout:
         server.wait()
 
 
-def print_attached(layouts: list[Layout], echo_p50: float) -> None:
+@dataclass(frozen=True)
+class Floors:
+    """What two process hops cost with no node at either end, measured in the same run."""
+
+    #: A line echoed by anyio on asyncio (read, write), p50 us.
+    echo: float
+    #: A JSON line parsed and written back by a minimal asyncio Protocol, p50 us.
+    json_echo: float
+
+
+def measure_floors(scale: float) -> Floors:
+    count = max(BATCH * 10, int(5000 * scale))
+    echo = trio.run(unix_echo_round_trips, count)
+    json_echo = trio.run(unix_echo_round_trips, count, JSON_ECHO, JSON_LINE)
+    return Floors(echo, json_echo)
+
+
+def print_attached(layouts: list[Layout], floors: Floors) -> None:
     header = (
         f"{'attached agent process (agent.sock)':<42}{'in-process':>11}{'attached':>10}{'added':>8}"
     )
@@ -427,8 +471,12 @@ def print_attached(layouts: list[Layout], echo_p50: float) -> None:
         name = f"request round trip p50 (us), {layout.name}"
         print(f"{name:<42}{fmt(layout.rtt_p50):>11}{fmt(layout.attached_p50):>10}{added:>8.1f}")
     print(
-        f"baseline: a line to another process and back over a Unix socket, p50 {echo_p50:.1f} us "
+        f"floor: a line to another process and back over a Unix socket, p50 {floors.echo:.1f} us "
         "(the two process hops attaching adds, with no work at either end)"
+    )
+    print(
+        f"floor: the same, the child parsing the JSON line and writing it back with a minimal "
+        f"asyncio Protocol, p50 {floors.json_echo:.1f} us"
     )
     print(f"target: attaching adds <= {TARGET_ATTACH_ADDS_US:.0f} us to the p50 round trip")
     for layout in layouts:
@@ -486,23 +534,67 @@ async def ask(node: Node | aio.AioNode) -> Envelope:
 EmbeddedRow = tuple[str, float, float]
 
 
-def embedded_rows(scale: float) -> list[EmbeddedRow]:
+async def guest_same_node(count: int) -> float:
+    """Floor of the asyncio row, same node: the trio node in guest mode on the asyncio loop,
+    its agent a trio one and the requests made from trio: no crossing to asyncio, only
+    what running trio as a guest costs."""
+    async with aio.open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as server:
+        await server.run_trio(server.node.add_agent, echo_agent())
+        await server.run_trio(server.node.add_agent, "client", echo)
+
+        async def in_trio() -> float:
+            return quantiles(await timed_round_trips(count, partial(ask, server.node)))[0]
+
+        return await server.run_trio(in_trio)
+
+
+async def crossing(count: int) -> float:
+    """Floor of the asyncio rows: one call from asyncio into the node's trio world and back
+    (``run_trio`` of a function that does nothing)."""
+    async with aio.open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as node:
+        return quantiles(
+            await timed_round_trips(count, partial(node.run_trio, trio.lowlevel.checkpoint))
+        )[0]
+
+
+@dataclass(frozen=True)
+class Embedded:
+    rows: list[EmbeddedRow]
+    #: p50 us: the same-node round trip in guest mode asked from trio; one crossing.
+    guest: float
+    crossing: float
+
+
+def embedded_rows(scale: float) -> Embedded:
     count = max(BATCH * 10, int(5000 * scale))
     rows = []
     for remote, name in ((True, "node to node"), (False, "same node")):
         trio_p50 = trio.run(trio_embedded, count, remote)
         asyncio_p50 = asyncio.run(asyncio_embedded(count, remote))
         rows.append((f"agent round trip p50 (us), {name}", trio_p50, asyncio_p50))
-    return rows
+    guest = asyncio.run(guest_same_node(count))
+    return Embedded(rows, guest, asyncio.run(crossing(count)))
 
 
-def print_embedded(rows: list[EmbeddedRow]) -> None:
+def print_embedded(embedded: Embedded) -> None:
+    rows = embedded.rows
     header = f"{'embedded agent, 1 process':<42}{'trio':>9}{'asyncio':>9}{'asyncio/trio':>14}"
     print(header)
     print("-" * len(header))
     for name, trio_p50, asyncio_p50 in rows:
         ratio = asyncio_p50 / trio_p50
         print(f"{name:<42}{fmt(trio_p50):>9}{fmt(asyncio_p50):>9}{ratio:>14.2f}")
+    same_node = rows[-1][1]
+    print(
+        f"floor: the same node in trio guest mode on the asyncio loop, asked from trio, "
+        f"p50 {embedded.guest:.1f} us ({embedded.guest / same_node:.2f}x trio)"
+    )
+    print(
+        f"floor: one call from asyncio into the guest run and back (run_trio of a checkpoint), "
+        f"p50 {embedded.crossing:.1f} us"
+    )
+    floor = (embedded.guest + embedded.crossing) / same_node
+    print(f"  guest mode + one crossing, same node: {floor:.2f}x trio")
     print(f"target: asyncio-embedded within {TARGET_AIO_RATIO}x of trio-embedded")
     for name, trio_p50, asyncio_p50 in rows:
         met = "met" if asyncio_p50 <= TARGET_AIO_RATIO * trio_p50 else "NOT met"
@@ -515,8 +607,7 @@ def main(scale: float, only: str | None) -> None:
         return
     if only == "attach":
         layouts = [trio.run(in_one_process, scale, True), in_two_processes(scale, True)]
-        echo_p50 = trio.run(unix_echo_round_trips, max(BATCH * 10, int(5000 * scale)))
-        print_attached(layouts, echo_p50)
+        print_attached(layouts, measure_floors(scale))
         return
     layouts = [trio.run(in_one_process, scale), in_two_processes(scale)]
     header = (
@@ -540,8 +631,7 @@ def main(scale: float, only: str | None) -> None:
     for layout in layouts:
         print(layout.verdict())
     print()
-    echo_p50 = trio.run(unix_echo_round_trips, max(BATCH * 10, int(5000 * scale)))
-    print_attached(layouts, echo_p50)
+    print_attached(layouts, measure_floors(scale))
     print()
     print_embedded(embedded_rows(scale))
 
