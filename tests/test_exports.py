@@ -21,10 +21,10 @@ LAYERS = {
     "net": 3, "simnet": 3, "lifetime": 3,
     "noise": 4, "aead": 4, "framing": 4, "secure": 4, "channel": 4,
     "dht": 5, "crdt": 5,
-    "node": 6, "aio": 6, "aioguest": 6,
+    "node": 6, "aio": 6, "aioguest": 6, "aiohandoff": 6,
     "process": 7, "demo": 7, "demo_agent": 7, "cli_node": 7, "cli_tools": 7, "cli_tasks": 7,
     "demo_swarm": 7, "cli": 7,
-    "client": 7, "cli_mcp": 7, "mcpbridge": 7,
+    "client": 7, "clientlink": 7, "cli_mcp": 7, "mcpbridge": 7,
     "__main__": 8, "__init__": 8,
 }  # fmt: skip
 
