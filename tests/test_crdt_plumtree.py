@@ -128,6 +128,7 @@ def test_a_delta_learnt_by_batch_is_forwarded_when_its_push_comes_and_prunes_not
     assert not any(isinstance(m, DeltaPush) for _, m in sent(b))
     res = b.receive(C, DeltaPush.of(delta), 0.1)  # the push the batch overtook
     assert res.duplicate == 1 and set(res.forwarded_to) == set(b.links("doc")[0]) - {A, C}
+    assert (b.statistics().new_by_batch, b.statistics().pushes_after_batch) == (1, 1)
     out = sent(b)
     assert (C, Prune("doc")) not in out
     assert {p for p, m in out if isinstance(m, DeltaPush)} == set(res.forwarded_to)

@@ -146,6 +146,8 @@ class GossipStats:
     received_by_type: dict[str, int] = field(default_factory=dict)
     #: New deltas learnt from an anti-entropy batch (the rest came by push).
     new_by_batch: int = 0
+    #: Pushes of a delta first learnt from a batch: the tree delivered it too.
+    pushes_after_batch: int = 0
     #: Tree control frames sent.
     ihaves_sent: int = 0
     grafts_sent: int = 0
@@ -391,6 +393,7 @@ class GossipNode:
             return Received(0, 1)
         verdict = self._trees[msg.doc].duplicate(msg.id, peer)
         if verdict is None:  # learnt by anti-entropy first: the tree's delivery goes on
+            self._stats.pushes_after_batch += 1
             return Received(0, 1, self._forward(peer, msg))
         self._send(peer, Prune(msg.doc))
         self._stats.prunes_sent += 1
