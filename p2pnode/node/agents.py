@@ -44,6 +44,7 @@ from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.inbox import LOCAL, InboxBudget, Queued
+from p2pnode.node.inlinewrite import InlineWatch, Writer
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.replies import ReplyLimits, ReplyQueues
@@ -59,7 +60,7 @@ logger = logging.getLogger("p2pnode.node")
 CARD_CHECK_INTERVAL = 30.0
 #: Replies up to this many bytes may be written by the agent's own task (module docstring).
 INLINE_REPLY_BYTES = 64 * 1024
-#: Seconds such a reply may take to leave before its peer's channel is dropped.
+#: Seconds such a reply may take to leave before its write is cut (p2pnode.node.inlinewrite).
 INLINE_REPLY_WAIT = 0.25
 
 
@@ -120,6 +121,8 @@ class AgentHost:
         self._reply_idle: dict[str, trio.Event] = {}
         #: Set when a local card changes, so the renewal timer looks again.
         self._cards_changed = trio.Event()
+        #: Cuts a reply an agent's task writes itself once it is stuck (inlinewrite).
+        self._inline = InlineWatch(owner, INLINE_REPLY_WAIT, self._reply_cut)
 
     # -- hosting ----------------------------------------------------------------------------
 
@@ -286,22 +289,35 @@ class AgentHost:
     # -- inboxes ----------------------------------------------------------------------------
 
     async def _agent_loop(self, agent: LocalAgent, done: trio.Event) -> None:
-        inbox = agent.inbox_receive
+        inbox, key = agent.inbox_receive, agent.card.id
         try:
             async with inbox:
-                async for item in inbox:
-                    await self._run_handler(agent, item)
-                    # Drain what is already queued without a scheduler pass per envelope.
-                    while True:
+                while True:  # a fresh scope each time a stuck reply was cut (inlinewrite)
+                    with trio.CancelScope() as scope:
+                        writer = self._inline.open(key, scope)
                         try:
-                            queued = inbox.receive_nowait()
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                        await self._run_handler(agent, queued)
+                            await self._serve_inbox(agent, inbox, writer)
+                        finally:
+                            self._inline.close(key, writer)
+                    if not scope.cancelled_caught:
+                        return
         finally:
             done.set()
 
-    async def _run_handler(self, agent: LocalAgent, item: Queued) -> None:
+    async def _serve_inbox(
+        self, agent: LocalAgent, inbox: trio.MemoryReceiveChannel[Queued], writer: Writer
+    ) -> None:
+        async for item in inbox:
+            await self._run_handler(agent, item, writer)
+            # Drain what is already queued without a scheduler pass per envelope.
+            while True:
+                try:
+                    queued = inbox.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                await self._run_handler(agent, queued, writer)
+
+    async def _run_handler(self, agent: LocalAgent, item: Queued, writer: Writer) -> None:
         envelope = agent.taken(item)
         if envelope is None:  # its peer left: nobody to answer
             return
@@ -313,14 +329,21 @@ class AgentHost:
         ):
             reply = await self._tool_audit.serve(agent.definition, envelope, meta.capability)
             if reply is not None:  # None: forwarded to the agent's process, which answers
-                await self._reply(agent, item, reply.type, reply.payload, streamed=True)
+                await self._reply(agent, item, writer, reply.type, reply.payload, streamed=True)
             return
         answer = await agent.definition.handle(envelope)
         if answer is not None:
-            await self._reply(agent, item, answer.type, answer.payload, streamed=False)
+            await self._reply(agent, item, writer, answer.type, answer.payload, streamed=False)
 
     async def _reply(
-        self, agent: LocalAgent, item: Queued, type: MessageType, payload: object, *, streamed: bool
+        self,
+        agent: LocalAgent,
+        item: Queued,
+        writer: Writer,
+        type: MessageType,
+        payload: object,
+        *,
+        streamed: bool,
     ) -> None:
         """Answer ``item``: written at once when it can leave at once, else queued for its
         requester's peer (the module docstring)."""
@@ -329,9 +352,11 @@ class AgentHost:
         size = payload_envelope_size(payload)
         key = LOCAL if peer is None else peer
         if size <= INLINE_REPLY_BYTES and self.replies.queued(key) == 0 and self._writable(item):
-            code: ErrorCode | None = ErrorCode.TIMEOUT
-            with trio.move_on_after(INLINE_REPLY_WAIT):
+            self._inline.begin(writer)  # cut if it cannot leave within INLINE_REPLY_WAIT
+            try:
                 code = await send(sender, to, type, payload, peer)
+            finally:
+                InlineWatch.end(writer)
             self.replies.note(key, code)
             return
 
@@ -341,6 +366,10 @@ class AgentHost:
         self._replying[sender] = self._replying.get(sender, 0) + 1
         if not self.replies.put(key, job, size, self._replied(sender)):
             self._replied(sender)()
+
+    def _reply_cut(self, agent_id: str) -> None:
+        """A reply of ``agent_id``, written by its own task, could not leave in time."""
+        self.replies.note(f"a requester of {agent_id}", ErrorCode.TIMEOUT)
 
     def _writable(self, item: Queued) -> bool:
         """True when an answer to ``item`` would be written at once: to a local requester,
