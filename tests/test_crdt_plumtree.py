@@ -222,3 +222,12 @@ def test_once_the_tree_is_built_updates_travel_it_without_duplicates(
     dups = run_updates(sim, [rng.randrange(n) for _ in range(10)], 3.0)
     assert dups[-1] == dups[5]
     assert dups[-1] <= sum(len(e) + len(lz) for e, lz in (x.links("doc") for x in sim.nodes))
+
+
+def test_without_the_tree_a_graft_is_only_served() -> None:
+    a = node("A", ["B", "C"], tree=False)
+    delta, _ = a.local_update("doc", CounterAdd(("n",), 1))
+    a.take_outgoing()
+    a.receive(B, Graft("doc", ((A, 1, 1), (A, 2, 2))), 0.0)  # operation 2 does not exist
+    assert sent(a) == [(B, DeltaPush.of(delta))]
+    assert a.links("doc") == ((), ())

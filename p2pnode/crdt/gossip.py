@@ -411,13 +411,14 @@ class GossipNode:
     def _on_graft(self, peer: str, msg: Graft) -> Received:
         if msg.doc not in self._docs or peer not in self._peer_set:
             return Received(0, 0)
-        tree = self._tree(msg.doc)
-        if self.config.tree and not tree.linked(peer) and tree.full():
-            self._send(peer, Prune(msg.doc))  # no room for another link
-            self._stats.prunes_sent += 1
-        elif self.config.tree:
-            tree.make_eager(peer)
-        for did in msg.ids:
+        if self.config.tree:
+            tree = self._tree(msg.doc)
+            if tree.linked(peer) or not tree.full():
+                tree.make_eager(peer)
+            else:
+                self._send(peer, Prune(msg.doc))  # no room for another link
+                self._stats.prunes_sent += 1
+        for did in msg.ids:  # at most MAX_IDS, each answered at most once
             delta = self._logged(msg.doc, did)
             if delta is not None:
                 self._send(peer, DeltaPush.of(delta))
