@@ -231,3 +231,17 @@ def test_without_the_tree_a_graft_is_only_served() -> None:
     a.receive(B, Graft("doc", ((A, 1, 1), (A, 2, 2))), 0.0)  # operation 2 does not exist
     assert sent(a) == [(B, DeltaPush.of(delta))]
     assert a.links("doc") == ((), ())
+
+
+def test_a_sender_that_is_not_a_peer_is_never_linked() -> None:
+    # The driver adds a peer only when policy allows both ways; frames from others are
+    # still handled, but their sender must not become a link to push to.
+    a = node("A", ["B"])
+    delta, _ = a.local_update("doc", CounterAdd(("n",), 1))
+    b = node("B", ["C"])
+    assert b.receive(A, DeltaPush.of(delta), 0.0).new == 1
+    b.receive(A, DeltaPush.of(delta), 0.1)
+    b.receive(A, Graft("doc"), 0.2)
+    b.receive(A, IHave("doc", ((A, 2, 2),)), 0.3)
+    assert A not in b.links("doc")[0] + b.links("doc")[1]
+    assert all(p != A for p, _ in sent(b))

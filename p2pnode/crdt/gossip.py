@@ -274,7 +274,10 @@ class GossipNode:
     def _targets(self, doc: str, did: DeltaId, sender: str | None) -> list[str]:
         """Where a new delta goes: the tree's eager links, or random peers."""
         if self.config.tree:
-            return self._tree(doc).delivered(did, sender, self._now)
+            if sender is None or sender in self._peer_set:
+                return self._tree(doc).delivered(did, sender, self._now)
+            # A sender the driver did not make a peer (policy) is never linked.
+            return [p for p in self._tree(doc).delivered(did, None, self._now) if p != sender]
         return self._choose(self.config.fanout, exclude=(sender or "", did[0]))
 
     def _clock(self, now: float | None) -> None:
@@ -389,7 +392,7 @@ class GossipNode:
         return tuple(targets)
 
     def _on_duplicate(self, peer: str, msg: DeltaPush) -> Received:
-        if not self.config.tree:
+        if not self.config.tree or peer not in self._peer_set:
             return Received(0, 1)
         verdict = self._trees[msg.doc].duplicate(msg.id, peer)
         if verdict is None:  # learnt by anti-entropy first: the tree's delivery goes on
