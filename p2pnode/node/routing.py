@@ -141,10 +141,9 @@ class Routing:
     async def reply(
         self, sender: str, to: Envelope, type: MessageType, payload: Any, peer: str | None = None
     ) -> ErrorCode | None:
-        """Answer ``to`` from local agent ``sender``; ``peer`` (the requester's peer, when
-        known) pins the reply to that owner of the requester's id. A reply that cannot be
-        delivered is logged, not raised (the requester times out); returns its code, None
-        when delivered."""
+        """Answer ``to`` from local agent ``sender``, to the owner ``peer`` (when known) of the
+        requester's id; None when delivered, else the code of why not (logged, not raised:
+        the requester times out)."""
         reply = self._factory.reply(to, sender, type, payload)
         if peer is not None and self._registry.is_contested(to.sender):
             # Two owners claim the requester's name: the reply names the one that asked.
@@ -262,10 +261,11 @@ class Routing:
                     self._note_failure(route.envelope, route.start, exc)
                 error = error or exc
                 continue
+            written = trio.current_time()  # once for the burst: they left together
             for route in routes:
                 self._events.message_sent(route.envelope, RoutingPath.REMOTE, peer)
                 route.result = self._delivered(
-                    route.envelope, RoutingPath.REMOTE, route.target, route.start
+                    route.envelope, RoutingPath.REMOTE, route.target, route.start, written
                 )
         return error
 
@@ -316,9 +316,14 @@ class Routing:
         return self._delivered(envelope, RoutingPath.LOCAL, target, start)
 
     def _delivered(
-        self, envelope: Envelope, path: RoutingPath, target: AgentCard, start: float
+        self,
+        envelope: Envelope,
+        path: RoutingPath,
+        target: AgentCard,
+        start: float,
+        now: float | None = None,
     ) -> RoutingResult:
-        latency = (trio.current_time() - start) * 1000
+        latency = ((trio.current_time() if now is None else now) - start) * 1000
         self._events.routing_decision(envelope, path, Outcome.DELIVERED, latency, target=target.id)
         return RoutingResult(envelope.id, path, (target.id,), 1, latency)
 
@@ -569,12 +574,9 @@ class Routing:
     async def _refuse(
         self, peer_id: PeerId, request: Envelope, sender: str, error: P2PError
     ) -> None:
-        """Answer ``request`` from ``peer_id`` with an ``error`` envelope from ``sender``.
-
-        Written straight to the requester's link: it carries only the refusal of the
-        requester's own request, so egress policy (which may forbid ``sender`` to
-        address the requester at all, as across sandboxes) does not apply.
-        """
+        """Answer ``request`` from ``peer_id`` with an ``error`` envelope from ``sender``,
+        straight to the requester's link: it refuses the requester's own request, so egress
+        policy (which may forbid ``sender`` to address the requester at all) does not apply."""
         reply = self._factory.reply(request, sender, MessageType.ERROR, error.to_dict())
         try:
             await self._links.link(peer_id).send(encode_envelope(reply))
