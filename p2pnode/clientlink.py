@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import anyio
 import anyio.abc
@@ -35,6 +35,8 @@ from p2pnode.errors import ErrorCode, LocalError
 #: What a link hands received bytes to (see the module docstring).
 OnData = Callable[[bytes], list[bytes] | None]
 READ_SIZE = 65536
+#: Seconds closing waits for the transport to report the connection lost.
+CLOSE_TIMEOUT = 1.0
 
 
 def _gone(exc: BaseException | None = None) -> LocalError:
@@ -72,8 +74,8 @@ class ProtocolLink(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport (uvloop's is not a subclass of asyncio.Transport: duck-typed).
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         assert self._transport is not None
@@ -116,9 +118,11 @@ class ProtocolLink(asyncio.Protocol):
         await asyncio.shield(self._lost)
 
     async def aclose(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-        await asyncio.shield(self._lost)  # connection_lost comes at the loop's next pass
+        if self._transport is None:
+            return
+        self._transport.close()
+        # connection_lost comes at the loop's next pass; bounded all the same.
+        await asyncio.wait({self._lost}, timeout=CLOSE_TIMEOUT)
 
 
 class StreamLink:

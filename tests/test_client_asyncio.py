@@ -2,7 +2,7 @@
 
 The node runs in the same asyncio program (p2pnode.aio, a trio guest run) and serves
 agent.sock; the client attaches to it over the real Unix socket. Plain ``def`` tests,
-each on its own asyncio loop (pytest-trio runs ``async def`` tests in trio).
+each on its own loop, asyncio's and uvloop (pytest-trio runs ``async def`` tests in trio).
 """
 
 from __future__ import annotations
@@ -24,17 +24,19 @@ from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, RemoteError
 from p2pnode.node.agentsocket import AgentSocket
 from p2pnode.node.attachwire import AGENT_SOCKET_NAME
+from tests.test_aio import LOOPS, LoopFactory
 
 #: Every wait in these tests gives up after this long.
 LIMIT = 10.0
 
 
-def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+def run(factory: LoopFactory, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     async def bounded() -> None:
         async with asyncio.timeout(LIMIT):
             await main()
 
-    asyncio.run(bounded())
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(bounded())
 
 
 async def ignore(envelope: Envelope) -> None:
@@ -52,8 +54,9 @@ async def node_serving(tmp_path: Path) -> AsyncIterator[aio.AioNode]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("factory", LOOPS)
 def test_on_asyncio_envelopes_are_handled_in_arrival_order_by_asyncio_tasks(
-    tmp_path: Path,
+    factory: LoopFactory, tmp_path: Path
 ) -> None:
     who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
     agent = Agent("worker")
@@ -86,11 +89,14 @@ def test_on_asyncio_envelopes_are_handled_in_arrival_order_by_asyncio_tasks(
         assert seen == [0, 1, 2, 3, 4]
         assert None not in tasks  # every handler ran as an asyncio task
 
-    run(main)
+    run(factory, main)
 
 
 @pytest.mark.slow
-def test_on_asyncio_a_full_inbox_answers_busy_and_the_agent_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("factory", LOOPS)
+def test_on_asyncio_a_full_inbox_answers_busy_and_the_agent_goes_on(
+    factory: LoopFactory, tmp_path: Path
+) -> None:
     agent = Agent("slow")
     release = asyncio.Event()
 
@@ -116,11 +122,14 @@ def test_on_asyncio_a_full_inbox_answers_busy_and_the_agent_goes_on(tmp_path: Pa
             assert (await second).payload == 2
             assert (await node.request("asker", "slow", 4)).payload == 4
 
-    run(main)
+    run(factory, main)
 
 
 @pytest.mark.slow
-def test_on_asyncio_closing_the_client_cancels_a_waiting_handler(tmp_path: Path) -> None:
+@pytest.mark.parametrize("factory", LOOPS)
+def test_on_asyncio_closing_the_client_cancels_a_waiting_handler(
+    factory: LoopFactory, tmp_path: Path
+) -> None:
     agent = Agent("stuck")
     started = asyncio.Event()
     seen: list[str] = []
@@ -144,4 +153,4 @@ def test_on_asyncio_closing_the_client_cancels_a_waiting_handler(tmp_path: Path)
                 await pending
             assert gone.value.code is ErrorCode.AGENT_UNAVAILABLE
 
-    run(main)
+    run(factory, main)
