@@ -16,8 +16,10 @@ it): its redundant deliveries are shown apart ("cold"); traffic and redundancy
 are the means over the later ones. A *round* is one anti-entropy period
 (``--interval``); a stricter *hop round* is one maximal link latency (30 ms).
 Push hops (depth of the tree) and nodes reached only by anti-entropy are
-shown too. "by-push%" is the share of updates that every node had before any
-anti-entropy batch taught it to anyone. Frames and bytes per node count
+shown too. "by-push%" is the share of updates that reached every node by
+push: a node that got the update from an anti-entropy batch first got its
+push afterwards too (for ``random``, which has no such count, only updates no
+batch brought anyone count). Frames and bytes per node count
 everything sent until the last node has the update, plus 130 ms so copies in
 flight and batched announcements are counted. Redundant deliveries per node
 are copies of the update a node received after it already had it.
@@ -81,6 +83,7 @@ class _Totals:
     nbytes: int
     dups: int
     by_batch: int
+    pushed_too: int
 
     @classmethod
     def of(cls, sim: GossipSimulation) -> _Totals:
@@ -90,6 +93,7 @@ class _Totals:
             sum(c.bytes_sent for c in sim.counters),
             sum(s.duplicates for s in stats),
             sum(s.new_by_batch for s in stats),
+            sum(s.pushes_after_batch for s in stats),
         )
 
 
@@ -123,7 +127,9 @@ def run(n: int, variant: str, fanout: int, interval: float, seed: int, updates: 
         hops.append(max((h for h in first if h is not None and h >= 0), default=0))
         healed.append(sum(1 for h in first if h == -1))
         redundant.append((after.dups - before.dups) / n)
-        pushed.append(have[-1] == n and after.by_batch == before.by_batch)
+        # Every node got a push of it (where a batch came first, the push afterwards).
+        learnt = after.by_batch - before.by_batch
+        pushed.append(have[-1] == n and learnt == after.pushed_too - before.pushed_too)
     steady = measured[1:] or measured
     k = len(steady)
     t_all = max(times)
