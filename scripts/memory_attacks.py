@@ -11,6 +11,8 @@ then runs each attack in turn:
   notifications of 3.8 MiB, each with its own correlation id;
 * ``requests``: an authenticated peer sends ``--requests`` (120) requests of
   3.8 MiB in a loop, reading the 3.8 MiB echoes the victim's agent sends back;
+* ``records``: ``--record-peers`` (200) authenticated peers each announce a
+  4 MiB record on their channel and send its first 196 bytes, then wait;
 * ``junk``: 300 TCP connections each write 64 KB of junk, 4 rounds.
 
 During each attack the honest daemon sends the victim a request every
@@ -21,13 +23,14 @@ RSS must come back within ``--slack`` (50) MB of the baseline within
 peak, and after; exit status 1 if any attack left the victim above the
 baseline plus the slack or an honest request failed. Linux only (/proc).
 
-Usage: python scripts/memory_attacks.py [--attacks notifications,requests,junk]
+Usage: python scripts/memory_attacks.py [--attacks notifications,requests,records,junk]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import struct
 import sys
 import tempfile
 import time
@@ -41,9 +44,11 @@ from p2pnode.card import AgentCard, Capability
 from p2pnode.channel import SecureChannel, connect_secure
 from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
 from p2pnode.errors import P2PError
+from p2pnode.framing import DEFAULT_MAX_MESSAGE_SIZE, FRAME_HEADER, RECORD_HEADER
 from p2pnode.identity import Identity
 from p2pnode.node.config import parse_address
 from p2pnode.node.frames import encode_envelope, encode_hello
+from p2pnode.noise import TAGLEN
 from p2pnode.process import NodeProcess
 from p2pnode.secure import SecureIdentity
 
@@ -207,6 +212,29 @@ class Bench:
     async def requests(self, row: Row) -> None:
         await self.envelopes(row, MessageType.REQUEST, self.args.requests)
 
+    async def records(self, row: Row) -> None:
+        # One transport frame whose record header announces 4 MiB, with 196 bytes of
+        # the record: a receiver that allocated the announced size would hold 800 MiB.
+        host, port = parse_address(self.victim.address)
+
+        async def one(opened: list[SecureChannel]) -> None:
+            stream = await trio.open_tcp_stream(host, port)
+            channel = await connect_secure(stream, SecureIdentity(Identity.generate()))
+            opened.append(channel)
+            await channel._stream.send_all(_announce(channel, DEFAULT_MAX_MESSAGE_SIZE, 196))
+            row.sent += 1
+
+        opened: list[SecureChannel] = []
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.args.record_peers):
+                    nursery.start_soon(one, opened)
+            await trio.sleep(self.args.linger)
+            row.peak = max(row.peak, self.rss())
+        finally:
+            for channel in opened:
+                await trio.aclose_forcefully(channel._stream)
+
     async def junk(self, row: Row) -> None:
         junk = bytes(range(256)) * 256  # 64 KiB; fails the handshake's first read
         address = parse_address(self.victim.address)
@@ -232,6 +260,18 @@ class Bench:
                     flood.start_soon(one)
                     row.sent += 1
             row.peak = max(row.peak, self.rss())
+
+
+def _announce(channel: SecureChannel, announced: int, sent: int) -> bytes:
+    """One sealed transport frame carrying a record header of ``announced`` bytes and
+    the first ``sent`` bytes of it (noise.md, "Transport"); uses the channel's own codec
+    so that its nonce counts on."""
+    codec = channel._codec
+    out = bytearray(FRAME_HEADER + RECORD_HEADER + sent + TAGLEN)
+    struct.pack_into(">I", out, FRAME_HEADER, announced)  # sealing writes the frame length
+    out[FRAME_HEADER + RECORD_HEADER : FRAME_HEADER + RECORD_HEADER + sent] = b"x" * sent
+    codec._seal(struct.pack("<4xQ", codec._nonces(1)), out, 0, RECORD_HEADER + sent)
+    return bytes(out)
 
 
 async def _drain(channel: SecureChannel) -> None:
@@ -272,7 +312,7 @@ async def main_async(args: argparse.Namespace, root: Path) -> int:
     return 1 if bad else 0
 
 
-ATTACKS = ("notifications", "requests", "junk")
+ATTACKS = ("notifications", "requests", "records", "junk")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -280,6 +320,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated, in order")
     parser.add_argument("--notifications", type=int, default=617)
     parser.add_argument("--requests", type=int, default=120)
+    parser.add_argument("--record-peers", type=int, default=200)
     parser.add_argument("--slack", type=float, default=50.0, help="MB above the baseline")
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to give it back")
     parser.add_argument("--linger", type=float, default=2.0, help="attacker stays after sending")
