@@ -9,11 +9,21 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2pnode.crdt.frames import MAX_IDS, DeltaBatch, DeltaPush, Graft, IHave, Prune
+from p2pnode.crdt.frames import (
+    MAX_IDS,
+    DeltaBatch,
+    DeltaPush,
+    GossipError,
+    Graft,
+    IHave,
+    Prune,
+    decode_untrusted,
+)
 from p2pnode.crdt.gossip import GossipConfig, GossipMessage, GossipNode
 from p2pnode.crdt.ops import CounterAdd
 from p2pnode.crdt.plumtree import Tree
 from p2pnode.crdt.simulate import GossipSimulation, NetConfig
+from p2pnode.wire import pack
 from tests.crdtkeys import replica, rid
 
 A, B, C, D = rid("A"), rid("B"), rid("C"), rid("D")
@@ -245,3 +255,44 @@ def test_a_sender_that_is_not_a_peer_is_never_linked() -> None:
     b.receive(A, IHave("doc", ((A, 2, 2),)), 0.3)
     assert A not in b.links("doc")[0] + b.links("doc")[1]
     assert all(p != A for p, _ in sent(b))
+
+
+_ids = st.lists(
+    st.tuples(st.sampled_from([A, B]), st.integers(1, 2**63 - 1)).map(lambda t: (t[0], t[1], t[1])),
+    max_size=MAX_IDS,
+)
+
+
+@given(ids=_ids, doc=st.text(min_size=1, max_size=256))
+def test_control_frames_round_trip(ids: list[tuple[str, int, int]], doc: str) -> None:
+    for frame in (Graft(doc, tuple(ids)), Prune(doc)) + ((IHave(doc, tuple(ids)),) if ids else ()):
+        assert decode_untrusted(frame.encode()) == frame
+
+
+_junk = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-1, 2**64 - 1)
+    | st.text(max_size=5)
+    | st.binary(max_size=5),
+    lambda inner: st.lists(inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300)
+@given(kind=st.sampled_from([5, 6, 7]), ids=_junk, doc=_junk)
+def test_tampered_control_frames_raise_only_gossip_error(
+    kind: int, ids: object, doc: object
+) -> None:
+    fields = (
+        {"v": 3, "t": kind, "doc": doc}
+        if kind == 7
+        else {"v": 3, "t": kind, "doc": doc, "ids": ids}
+    )
+    try:
+        msg = decode_untrusted(pack(fields))
+    except GossipError:
+        return
+    assert isinstance(msg, (IHave, Graft, Prune))
+    assert decode_untrusted(msg.encode()) == msg
