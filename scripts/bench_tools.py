@@ -51,8 +51,9 @@ from importlib.metadata import version
 from typing import Any
 
 import trio
+from bench_agents import HOST, echo, quantiles, timed_round_trips
 from bench_channel import fmt
-from bench_node import HOST, SERVE_SECONDS, echo, quantiles, timed_round_trips
+from bench_node import SERVE_SECONDS
 
 from p2pnode.agent import Agent, Message
 from p2pnode.identity import Identity

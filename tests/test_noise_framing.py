@@ -21,11 +21,28 @@ def transports() -> tuple[NoiseTransport, NoiseTransport]:
     return initiator.transport(), responder.transport()
 
 
-def codecs(max_message_size: int = 1 << 20, **kw: float) -> tuple[TransportCodec, TransportCodec]:
+def codecs(
+    max_message_size: int = 1 << 20,
+    *,
+    idle_timeout: float | None = None,
+    frame_timeout: float = 30.0,
+) -> tuple[TransportCodec, TransportCodec]:
     a, b = transports()
     return (
-        TransportCodec(a, now=0.0, max_message_size=max_message_size, **kw),
-        TransportCodec(b, now=0.0, max_message_size=max_message_size, **kw),
+        TransportCodec(
+            a,
+            now=0.0,
+            max_message_size=max_message_size,
+            idle_timeout=idle_timeout,
+            frame_timeout=frame_timeout,
+        ),
+        TransportCodec(
+            b,
+            now=0.0,
+            max_message_size=max_message_size,
+            idle_timeout=idle_timeout,
+            frame_timeout=frame_timeout,
+        ),
     )
 
 
