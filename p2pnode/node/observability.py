@@ -336,7 +336,7 @@ class Observability:
     def recent(self, limit: int | None = None, kind: EventKind | None = None) -> list[Event]:
         """Recent events, oldest first: the last ``limit`` (all when None) of ``kind``
         (any when None)."""
-        events = [item if isinstance(item, Event) else Event(*item) for item in self._recent]
+        events = [item if isinstance(item, Event) else _built(item) for item in self._recent]
         if kind is not None:
             events = [e for e in events if e.kind == kind]
         if limit is not None:
@@ -513,10 +513,11 @@ class Observability:
         code: ErrorCode | None = None,
         detail: str = "",
         owner: str | None = None,
-        arguments_digest: str | None = None,
+        arguments_digest: str | Callable[[], str] | None = None,
     ) -> None:
         """An MCP tool call by ``agent`` of ``owner``'s ``tool`` finished: the audit record
-        of one invocation, allowed or refused (R12.2, Property 33)."""
+        of one invocation, allowed or refused (R12.2, Property 33). ``arguments_digest``
+        may be a function that computes it: called only once the event is read."""
         fields = (
             EventKind.TOOL_INVOCATION, self._clock_ms(), None, agent, owner, None, None, None,
             None, code, None, None, None, tool, duration_ms, success, arguments_digest, detail,
@@ -525,7 +526,15 @@ class Observability:
             self._recent.append(fields)
             self._counters.tool(tool, duration_ms, success)
         else:
-            self.emit(Event(*fields))
+            self.emit(_built(fields))
+
+
+def _built(fields: tuple[Any, ...]) -> Event:
+    """The event a stored tuple of fields stands for (a tool invocation's digest is
+    computed now when it was left to compute: most are never read)."""
+    if fields[0] is EventKind.TOOL_INVOCATION and callable(fields[16]):
+        fields = (*fields[:16], fields[16](), *fields[17:])
+    return Event(*fields)
 
 
 def _with_envelope(event: Event, envelope: Envelope | None) -> Event:

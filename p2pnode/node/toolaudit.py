@@ -23,12 +23,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from p2pnode.agent import Agent, Reply
 from p2pnode.card import AgentCard
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, P2PError
+from p2pnode.jsonutil import is_flat_json_map
 from p2pnode.node.observability import Observability
 from p2pnode.registry import Registry
 from p2pnode.toolrecord import ToolInvocation
@@ -68,6 +70,8 @@ def arguments_digest(value: Any) -> str:
 
 
 def _recorded(value: Any) -> Any:
+    if _small_flat_map(value):
+        return value  # packs to well under RECORDED_VALUE_BYTES: no need to pack it
     if isinstance(value, _SCALARS):
         return (
             value
@@ -81,6 +85,15 @@ def _recorded(value: Any) -> Any:
     if size <= RECORDED_VALUE_BYTES:
         return value
     return {"omitted": f"{size} bytes", "sha256": arguments_digest(value)}
+
+
+def _small_flat_map(value: Any) -> bool:
+    """A map of at most 16 entries whose keys and strings have at most 24 characters and
+    whose other values are JSON scalars: at most 16 * 2 * (5 + 4 * 24) + 5 = 3,237 bytes
+    of msgpack, under RECORDED_VALUE_BYTES."""
+    if not is_flat_json_map(value, max_str_len=24, max_items=16):
+        return False
+    return all(len(key) <= 24 for key in value)
 
 
 def used_name(owner: str, method: str, params: Any) -> str:
@@ -180,7 +193,9 @@ class ToolAudit:
             code=code,
             detail=detail,
             owner=owner,
-            arguments_digest=arguments_digest(arguments),
+            # Computed when the event is read (most never are): the hash is a good part
+            # of what the audit costs a call.
+            arguments_digest=partial(arguments_digest, arguments),
         )
         if code is ErrorCode.PERMISSION_DENIED:
             card = started.card
