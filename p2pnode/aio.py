@@ -91,7 +91,7 @@ from p2pnode.card import AgentCard, Capability
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Delta
-from p2pnode.envelope import Envelope, MessageType, Metadata, ThreadStore
+from p2pnode.envelope import Envelope, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import Identity, PeerId
 from p2pnode.net import Address, Network
@@ -102,6 +102,7 @@ from p2pnode.node.router import RoutingResult
 from p2pnode.node.routing import Handler
 from p2pnode.node.shared import SharedConfig, SharedState, Watch
 from p2pnode.registry import Registry
+from p2pnode.threadstore import ThreadStore
 
 logger = logging.getLogger("p2pnode.aio")
 

@@ -17,12 +17,12 @@ from p2pnode.envelope import (
     EnvelopeFactory,
     MessageType,
     Metadata,
-    ThreadStore,
     _well_formed_envelope,
     envelope_problems,
     payload_envelope_size,
 )
 from p2pnode.errors import ErrorCode, RemoteError
+from p2pnode.threadstore import ThreadStore
 from p2pnode.wire import pack
 from tests.strategies import envelopes, ident_text, json_values
 

@@ -51,7 +51,6 @@ from p2pnode.envelope import (
     EnvelopeFactory,
     MessageType,
     Metadata,
-    ThreadStore,
     wall_clock_ms,
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
@@ -74,6 +73,7 @@ from p2pnode.node.toolaudit import ToolAudit
 from p2pnode.node.toolclient import ToolClient
 from p2pnode.registry import Registry
 from p2pnode.secure import SecureIdentity
+from p2pnode.threadstore import ThreadStore
 
 logger = logging.getLogger("p2pnode.node")
 

@@ -28,7 +28,6 @@ from p2pnode.envelope import (
     Envelope,
     EnvelopeFactory,
     MessageType,
-    ThreadStore,
     envelope_size,
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
@@ -56,6 +55,7 @@ from p2pnode.node.router import (
 from p2pnode.node.routes import PendingRequest as PendingRequest  # re-exported
 from p2pnode.node.routes import Route, frames_of
 from p2pnode.registry import Registry
+from p2pnode.threadstore import ThreadStore
 
 logger = logging.getLogger("p2pnode.node")
 
