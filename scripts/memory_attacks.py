@@ -236,30 +236,40 @@ class Bench:
                 await trio.aclose_forcefully(channel._stream)
 
     async def junk(self, row: Row) -> None:
-        junk = bytes(range(256)) * 256  # 64 KiB; fails the handshake's first read
         address = parse_address(self.victim.address)
-
-        async def one() -> None:
-            try:
-                stream = await trio.open_tcp_stream(*address)
-            except OSError:
-                return
-            try:
-                await stream.send_all(junk)
-                with trio.move_on_after(3):
-                    while await stream.receive_some(65536):
-                        pass
-            except trio.BrokenResourceError:
-                pass
-            finally:
-                await trio.aclose_forcefully(stream)
-
         for _ in range(4):
-            async with trio.open_nursery() as flood:
-                for _ in range(300):
-                    flood.start_soon(one)
-                    row.sent += 1
+            row.sent += await junk_round(address)
             row.peak = max(row.peak, self.rss())
+
+
+#: 64 KiB that fail a Noise handshake's first read.
+JUNK = bytes(range(256)) * 256
+
+
+async def junk_round(address: tuple[str, int], connections: int = 300) -> int:
+    """One round of the junk-connection flood: ``connections`` TCP connections at once,
+    each sending :data:`JUNK` and reading until the victim closes it (3 s at most).
+    Returns the connections made."""
+
+    async def one() -> None:
+        try:
+            stream = await trio.open_tcp_stream(*address)
+        except OSError:
+            return
+        try:
+            await stream.send_all(JUNK)
+            with trio.move_on_after(3):
+                while await stream.receive_some(65536):
+                    pass
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async with trio.open_nursery() as flood:
+        for _ in range(connections):
+            flood.start_soon(one)
+    return connections
 
 
 def _announce(channel: SecureChannel, announced: int, sent: int) -> bytes:

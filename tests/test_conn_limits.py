@@ -190,10 +190,11 @@ async def test_junk_connection_floods_do_not_grow_the_daemon(tmp_path: Path) -> 
     # 300 connections x 64 KB of junk, 4 rounds. Each handshake read used to ask for
     # 256 KiB; CPython allocates the whole buffer per recv and the allocator kept the
     # pages: +10 MB and more a round, never given back. Handshake reads are now 4 KiB.
+    from memory_attacks import junk_round
+
     from p2pnode.node.config import parse_address
     from p2pnode.process import NodeProcess
 
-    junk = bytes(range(256)) * 256  # 64 KiB; random-looking enough to fail the preamble
     async with trio.open_nursery() as nursery:
         node = NodeProcess(tmp_path / "victim")
         node.prepare("victim", 3)
@@ -202,25 +203,7 @@ async def test_junk_connection_floods_do_not_grow_the_daemon(tmp_path: Path) -> 
         address = parse_address(node.address)
         sizes = []
         for _ in range(4):
-
-            async def one() -> None:
-                try:
-                    stream = await trio.open_tcp_stream(*address)
-                except OSError:
-                    return
-                try:
-                    await stream.send_all(junk)
-                    with trio.move_on_after(3):
-                        while await stream.receive_some(65536):
-                            pass
-                except trio.BrokenResourceError:
-                    pass
-                finally:
-                    await trio.aclose_forcefully(stream)
-
-            async with trio.open_nursery() as flood:
-                for _ in range(300):
-                    flood.start_soon(one)
+            await junk_round(address)
             await trio.sleep(0.5)
             sizes.append(_rss_mb(node.process.pid))
         await node.stop()
