@@ -127,6 +127,7 @@ class Agent:
         self._fallback: HandlerFunction | None = None
         #: The fallback takes the envelope itself (an ``add_agent(id, handler)`` agent).
         self._fallback_takes_envelope = False
+        self._fallback_cache: _Route | None = None
         #: Its tools, resources and prompts (p2pnode.tools).
         self.catalog = Catalog(id)
         #: Its task handlers, and how it proposes once hosted (p2pnode.task).
@@ -381,29 +382,29 @@ class Agent:
                 logger.exception("%s: %s handler failed", self.id, envelope.type.value)
             return None
         message = Message(envelope)
-        if message.capability in MCP_METHODS and (self.catalog or self._fallback is None):
+        meta = envelope.metadata
+        asked = meta.capability if meta is not None else None
+        if asked in MCP_METHODS and (self.catalog or self._fallback is None):
             # An agent with no catalog but one handler of everything (a bridge, or an
             # agent being withdrawn) answers MCP methods itself.
             return await self._serve_catalog(message, caller)
-        route = self._requests.get(message.capability)
+        route = self._requests.get(asked) or self._fallback_route()
         if route is None:
-            if self._fallback is None:
-                asked = message.capability
-                what = f"does not offer {asked!r}" if asked else "takes requests for a capability"
-                error = RemoteError(
-                    ErrorCode.CAPABILITY_NOT_FOUND,
-                    f"agent {self.id!r} {what}",
-                    capability=asked,
-                )
-                return Reply(MessageType.ERROR, error.to_dict())
-            route = _Route(self._fallback_for_messages(), None)
+            what = f"does not offer {asked!r}" if asked else "takes requests for a capability"
+            error = RemoteError(
+                ErrorCode.CAPABILITY_NOT_FOUND, f"agent {self.id!r} {what}", capability=asked
+            )
+            return Reply(MessageType.ERROR, error.to_dict())
         if route.validate is not None:
             problem = route.validate(envelope.payload)
             if problem is not None:
                 error = RemoteError(ErrorCode.INVALID_INPUT, problem)
                 return Reply(MessageType.ERROR, error.to_dict())
         try:
-            return Reply(MessageType.RESPONSE, await _call(route.handler, message))
+            result = route.handler(message)
+            if _awaitable(result):
+                result = await result
+            return Reply(MessageType.RESPONSE, result)
         except P2PError as exc:
             return Reply(MessageType.ERROR, exc.to_dict())
         except Exception:
@@ -436,19 +437,20 @@ class Agent:
             "prompts": tuple(self.catalog.prompts),
         }
 
-    def _fallback_for_messages(self) -> HandlerFunction:
-        fallback = self._fallback
-        assert fallback is not None
-        if self._fallback_takes_envelope:
-            return lambda message: fallback(message.envelope)  # type: ignore[arg-type]
-        return fallback
+    def _fallback_route(self) -> _Route | None:
+        """The route of requests no capability handler takes (None: no fallback); made
+        once, on the first such request."""
+        route = self._fallback_cache
+        if route is None and self._fallback is not None:
+            fallback = self._fallback
+            handler = fallback
+            if self._fallback_takes_envelope:
 
+                def handler(message: Message) -> Any:
+                    return fallback(message.envelope)  # type: ignore[arg-type]
 
-async def _call(handler: HandlerFunction, message: Message) -> Any:
-    result = handler(message)
-    if _awaitable(result):
-        result = await result
-    return result
+            route = self._fallback_cache = _Route(handler, None)
+        return route
 
 
 def _awaitable(result: Any) -> bool:

@@ -40,6 +40,11 @@ _KEY_FILE_MAGIC = "p2pnode-identity-v1"
 _PEER_ID_PERSON = b"p2pnode-peerid".ljust(16, b"\0")
 
 
+#: Peer ids kept by :meth:`PeerId._interned` (a cache: clearing it changes nothing but speed).
+_MAX_INTERNED = 65_536
+_INTERNED: dict[bytes, PeerId] = {}
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class PeerId:
     """A 160-bit peer id derived from an Ed25519 public key."""
@@ -56,14 +61,27 @@ class PeerId:
         digest = crypto_generichash_blake2b_salt_personal(
             public_key, digest_size=PEER_ID_BYTES, person=_PEER_ID_PERSON
         )
-        return cls(digest)
+        return cls._interned(digest)
+
+    @classmethod
+    def _interned(cls, raw: bytes) -> PeerId:
+        # Equal ids made from the handshake, cards and hellos share one object, so the
+        # dict lookups keyed by peer id on every envelope match by identity at once
+        # instead of calling the generated __eq__. Bounded: cleared when full.
+        peer_id = _INTERNED.get(raw)
+        if peer_id is None:
+            peer_id = cls(raw)
+            if len(_INTERNED) >= _MAX_INTERNED:
+                _INTERNED.clear()
+            _INTERNED[raw] = peer_id
+        return peer_id
 
     @classmethod
     def from_bytes_untrusted(cls, raw: object) -> PeerId:
         """A peer id from peer-supplied bytes. Raises RemoteError(INVALID_PEER_ID)."""
         if not isinstance(raw, bytes) or len(raw) != PEER_ID_BYTES:
             raise RemoteError(ErrorCode.INVALID_PEER_ID, "a peer id is exactly 20 bytes")
-        return cls(raw)
+        return cls._interned(raw)
 
     @classmethod
     def parse(cls, text: str) -> PeerId:
@@ -74,7 +92,7 @@ class PeerId:
             raw = base64.b32decode(text.upper(), casefold=False)
         except (binascii.Error, ValueError) as exc:
             raise LocalError(ErrorCode.INVALID_PEER_ID, f"not a peer id: {text!r}") from exc
-        return cls(raw)
+        return cls._interned(raw)
 
     @classmethod
     def parse_untrusted(cls, text: object) -> PeerId:

@@ -242,7 +242,7 @@ class Registry:
     def find_owned(self, agent_id: str, peer_id: PeerId) -> AgentCard | None:
         """The card of ``agent_id`` owned by ``peer_id`` (held or rival), or None."""
         card = self._cards.get(agent_id)
-        if card is not None and card.peer_id == peer_id:
+        if card is not None and card.peer_id.raw == peer_id.raw:  # bytes: no __eq__ call
             return card
         return self._rivals.get(agent_id, {}).get(peer_id)
 

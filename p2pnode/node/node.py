@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -213,18 +213,21 @@ class Node(TaskOwner):
     def data_dir(self) -> Path | None:
         return self.config.data_dir
 
-    async def send(self, envelope: Envelope) -> RoutingResult:
-        """Route one envelope from a local agent (see :meth:`Routing.send`).
+    # send and send_many hand back the routing driver's coroutine rather than awaiting
+    # it in one of their own: one frame less on every envelope's way out.
+
+    def send(self, envelope: Envelope) -> Coroutine[Any, Any, RoutingResult]:
+        """Route one envelope from a local agent (see :meth:`Routing.send`); await it.
 
         Raises LocalError: AGENT_NOT_FOUND, CAPABILITY_NOT_FOUND, TIER_VIOLATION,
         SANDBOX_VIOLATION, ESCALATION_REQUIRED, DELIVERY_FAILED.
         """
-        return await self.routing.send(envelope)
+        return self.routing.send(envelope)
 
-    async def send_many(self, envelopes: Iterable[Envelope]) -> list[RoutingResult]:
+    def send_many(self, envelopes: Iterable[Envelope]) -> Coroutine[Any, Any, list[RoutingResult]]:
         """Route envelopes in order, each as :meth:`send` would; each peer's share leaves
-        in one coalesced write (see :meth:`Routing.send_many`)."""
-        return await self.routing.send_many(envelopes)
+        in one coalesced write (see :meth:`Routing.send_many`); await it."""
+        return self.routing.send_many(envelopes)
 
     @property
     def peer_id(self) -> PeerId:
@@ -507,7 +510,7 @@ class Node(TaskOwner):
         envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
         pending = self.routing.pending[envelope.id] = PendingRequest()
         try:
-            result = await self.send(envelope)
+            result = await self.routing.send(envelope)
             if not result.targets:
                 raise LocalError(
                     ErrorCode.AGENT_NOT_FOUND, f"no reachable agent may receive {recipient!r}"

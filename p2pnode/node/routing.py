@@ -37,6 +37,7 @@ from p2pnode.node.config import parse_address
 from p2pnode.node.discovery import Discovery
 from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted, encode_envelope
 from p2pnode.node.inbox import LocalAgent as LocalAgent  # re-exported
+from p2pnode.node.interceptors import Interceptors
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
@@ -102,32 +103,17 @@ class Routing:
         self._seen = BoundedSet(dedup_window)
         self._collisions = BoundedSet(_MAX_COLLISIONS)
         self._hellos: dict[PeerId, trio.Event] = {}
-        self._interceptors: dict[str, Interceptor] = {}
-        self._type_interceptors: dict[MessageType, Interceptor] = {}
+        self.interceptors = Interceptors()
 
     def intercept_stream(self, marker: str, interceptor: Interceptor | None) -> None:
         """See :meth:`p2pnode.node.node.Node.intercept_stream`."""
-        if interceptor is None:
-            self._interceptors.pop(marker, None)
-        elif marker in self._interceptors:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"stream marker {marker!r} is taken")
-        else:
-            self._interceptors[marker] = interceptor
+        self.interceptors.set_stream(marker, interceptor)
 
     def intercept_types(
         self, types: Iterable[MessageType], interceptor: Interceptor | None
     ) -> None:
         """See :meth:`p2pnode.node.node.Node.intercept_types`."""
-        types = list(types)
-        if interceptor is not None:
-            taken = [t.value for t in types if t in self._type_interceptors]
-            if taken:
-                raise LocalError(ErrorCode.INVALID_ARGUMENT, f"message types taken: {taken}")
-        for type_ in types:
-            if interceptor is None:
-                self._type_interceptors.pop(type_, None)
-            else:
-                self._type_interceptors[type_] = interceptor
+        self.interceptors.set_types(types, interceptor)
 
     def hello_seen(self, peer_id: PeerId) -> trio.Event:
         """Set once a HELLO from ``peer_id`` has been processed."""
@@ -212,10 +198,14 @@ class Routing:
         routed = await self._route(envelope)
         if isinstance(routed, RoutingResult):
             return routed
-        error = await self._write_routes({routed.target.peer_id: [routed]})
-        if error is not None:
-            raise error
-        return routed.done()
+        peer_id = routed.target.peer_id
+        try:
+            await self._links.link(peer_id).send_many([encode_envelope(routed.envelope)])
+        except P2PError as exc:
+            self._note_failure(routed.envelope, routed.start, exc)
+            raise
+        self._events.message_sent(routed.envelope, RoutingPath.REMOTE, str(peer_id))
+        return self._delivered(routed.envelope, RoutingPath.REMOTE, routed.target, routed.start)
 
     async def send_many(self, envelopes: Iterable[Envelope]) -> list[RoutingResult]:
         """Route envelopes in order, each as :meth:`send` would, and return their results.
@@ -304,9 +294,10 @@ class Routing:
                 self.router.pin(envelope)
                 envelope = dataclasses.replace(envelope, recipient=target.id)
         verdict = self.router.check(source, target, envelope)
-        self._note_verdict(verdict, envelope, None)
-        if verdict is not None and not verdict.allowed:
-            raise verdict.to_local_error()
+        if verdict is not None and (not verdict.allowed or verdict.cross_tier):
+            self._note_verdict(verdict, envelope, None)
+            if not verdict.allowed:
+                raise verdict.to_local_error()
         if target.origin is not Origin.LOCAL:
             if envelope.type is MessageType.TASK_PROPOSAL:  # its answers pass ingress policy
                 self.router.note_request(envelope)
@@ -364,9 +355,8 @@ class Routing:
             )
         return candidates[0]
 
-    def _note_verdict(self, verdict: Verdict | None, envelope: Envelope, peer: str | None) -> None:
-        if verdict is None:
-            return
+    def _note_verdict(self, verdict: Verdict, envelope: Envelope, peer: str | None) -> None:
+        """The event of a refusal or of a cross-tier message (a plain allow has none)."""
         if not verdict.allowed:
             code = verdict.code or ErrorCode.INTERNAL
             self._events.security(code, verdict.reason, peer, envelope)
@@ -400,7 +390,7 @@ class Routing:
             self._events.error(exc.code, f"broadcast to {peer_id} ({agent_ids}): {exc.message}")
 
     async def _deliver_local(self, envelope: Envelope, agent_ids: Sequence[str]) -> None:
-        interceptor = self._interceptor_for(envelope)  # services see local envelopes too
+        interceptor = self.interceptors.of(envelope)  # services see local envelopes too
         for agent_id in agent_ids:
             agent = self._agents.get(agent_id)
             if agent is None:
@@ -547,14 +537,15 @@ class Routing:
             return
         allowed = []
         for agent_id, verdict in ingress.verdicts:
-            self._note_verdict(verdict, envelope, peer)
+            if verdict is not None and (not verdict.allowed or verdict.cross_tier):
+                self._note_verdict(verdict, envelope, peer)
             if verdict is None or verdict.allowed:
                 allowed.append(self._agents[agent_id])
             elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
                 await self._refuse(peer_id, envelope, agent_id, verdict.to_remote_error())
         if allowed and envelope.type in ANSWERED_TYPES:
             self.router.note_request(envelope, peer_id)
-        interceptor = self._interceptor_for(envelope)
+        interceptor = self.interceptors.of(envelope)
         if interceptor is not None:
             for agent in allowed:
                 await interceptor(source, agent.card.id, envelope)
@@ -585,15 +576,3 @@ class Routing:
             return
         self.threads.add(reply)
         self._events.message_sent(reply, RoutingPath.REMOTE, str(peer_id))
-
-    def _interceptor_for(self, envelope: Envelope) -> Interceptor | None:
-        if self._type_interceptors:
-            by_type = self._type_interceptors.get(envelope.type)
-            if by_type is not None:
-                return by_type
-        if envelope.type is not MessageType.STREAM_DATA or not isinstance(envelope.payload, dict):
-            return None
-        for marker, interceptor in self._interceptors.items():
-            if marker in envelope.payload:
-                return interceptor
-        return None
