@@ -33,6 +33,13 @@ Theory of operation (Maymounkov & Mazières, "Kademlia", 2002):
 Ids are raw 20-byte strings, so p2pnode peer ids and the SHA-1 ids of stock
 ``kademlia`` nodes mix freely. No clock reads: every call that needs the time
 takes ``now``.
+
+Memory: the simulator runs a hundred thousand tables in one process, each
+holding a hundred or more contacts. Contacts are immutable, so the tables of
+one process share equal ones (:func:`shared`, a weak map by id: a contact
+lives as long as some table or lookup holds it); a contact carries its
+``address`` tuple, built once; and the per-host count of ids keeps a host's
+single id as it is, not in a dict of its own.
 """
 
 from __future__ import annotations
@@ -41,8 +48,9 @@ import bisect
 import enum
 import ipaddress
 import random
+import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from p2pnode.errors import ErrorCode, LocalError
 
@@ -50,20 +58,36 @@ ID_BYTES = 20
 ID_BITS = 160
 _SPACE = 1 << ID_BITS
 _SPLIT_B = 5
+# The canonical spellings of an IPv4 octet: a host of four of them is its own key.
+_OCTETS = frozenset(str(i) for i in range(256))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Contact:
     """A node as the routing table knows it: id and UDP address."""
 
     node_id: bytes
     host: str
     port: int
+    #: The ``(host, port)`` to send datagrams to (built once: it is asked for often).
+    address: tuple[str, int] = field(init=False, repr=False, compare=False)
 
-    @property
-    def address(self) -> tuple[str, int]:
-        """The ``(host, port)`` to send datagrams to."""
-        return (self.host, self.port)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "address", (self.host, self.port))
+
+
+# Contacts held by the tables of this process, by id (see the module docstring).
+_SHARED: weakref.WeakValueDictionary[bytes, Contact] = weakref.WeakValueDictionary()
+
+
+def shared(contact: Contact) -> Contact:
+    """The contact equal to ``contact`` that this process holds already, else ``contact``
+    (which is then the one shared). Equal contacts are interchangeable: they are frozen."""
+    held = _SHARED.get(contact.node_id)
+    if held is None:
+        _SHARED[contact.node_id] = contact
+        return contact
+    return held if held == contact else contact
 
 
 class Refusal(enum.Enum):
@@ -76,6 +100,11 @@ class Refusal(enum.Enum):
 def host_key(host: str, *, limit_loopback: bool = True) -> str | None:
     """The group a host's ids are counted in: the IPv4 address, the IPv6 /64, the name
     of a host that is not an address; None for a loopback host unless ``limit_loopback``."""
+    parts = host.split(".")
+    if len(parts) == 4 and all(p in _OCTETS for p in parts):
+        # A canonical dotted quad (the common case, asked for every datagram) is its
+        # own key, the same string: no parse, no new string.
+        return None if parts[0] == "127" and not limit_loopback else host
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -145,10 +174,11 @@ class RoutingTable:
         self._buckets: list[_Bucket] = [_Bucket(0, _SPACE, now)]
         self._los: list[int] = [0]
         # Over contacts and replacements: the id at each address, and per host
-        # group the ids there with how many entries each has (an id may wait in a
-        # replacement cache at a second address of the same host).
+        # group the ids there, once per entry (an id may wait in a replacement
+        # cache at a second address of the same host): a single id as it is, more
+        # as a tuple. Hosts are counted only when there is a limit to apply.
         self._at: dict[tuple[str, int], bytes] = {}
-        self._hosts: dict[str, dict[bytes, int]] = {}
+        self._hosts: dict[str, bytes | tuple[bytes, ...]] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -187,8 +217,10 @@ class RoutingTable:
         key = host_key(host, limit_loopback=self.limit_loopback)
         if key is None:
             return False
-        ids = self._hosts.get(key, {})
-        return len(ids) >= self.max_per_host and node_id not in ids
+        ids = _ids(self._hosts.get(key))
+        if node_id in ids:
+            return False
+        return len(ids) >= self.max_per_host and len(set(ids)) >= self.max_per_host
 
     def refusal(self, contact: Contact) -> Refusal | None:
         """Why :meth:`observe` would not take ``contact``, or None if it may."""
@@ -263,6 +295,7 @@ class RoutingTable:
                 return None
             if len(bucket.contacts) < self.k:
                 self._unindex(bucket.replacements.pop(contact.node_id, None))
+                contact = shared(contact)
                 bucket.contacts[contact.node_id] = contact
                 self._index(contact)
                 bucket.last_touched = now
@@ -319,28 +352,40 @@ class RoutingTable:
 
     def _index(self, contact: Contact) -> None:
         self._at[contact.address] = contact.node_id
-        key = host_key(contact.host, limit_loopback=self.limit_loopback)
+        key = self._host_group(contact.host)
         if key is not None:
-            ids = self._hosts.setdefault(key, {})
-            ids[contact.node_id] = ids.get(contact.node_id, 0) + 1
+            held = self._hosts.get(key)
+            if held is None:
+                self._hosts[key] = contact.node_id
+            else:
+                self._hosts[key] = (*_ids(held), contact.node_id)
 
     def _unindex(self, contact: Contact | None) -> None:
         if contact is None:
             return
         if self._at.get(contact.address) == contact.node_id:
             del self._at[contact.address]
-        key = host_key(contact.host, limit_loopback=self.limit_loopback)
-        if key is None or contact.node_id not in self._hosts.get(key, {}):
+        key = self._host_group(contact.host)
+        ids = _ids(self._hosts.get(key)) if key is not None else ()
+        if contact.node_id not in ids:
             return
-        ids = self._hosts[key]
-        ids[contact.node_id] -= 1
-        if not ids[contact.node_id]:
-            del ids[contact.node_id]
-            if not ids:
-                del self._hosts[key]
+        assert key is not None
+        i = ids.index(contact.node_id)
+        rest = ids[:i] + ids[i + 1 :]
+        if not rest:
+            del self._hosts[key]
+        else:
+            self._hosts[key] = rest[0] if len(rest) == 1 else rest
+
+    def _host_group(self, host: str) -> str | None:
+        """The key ``host`` is counted under, or None when nothing is counted."""
+        if self.max_per_host is None:
+            return None
+        return host_key(host, limit_loopback=self.limit_loopback)
 
     def _add_replacement(self, bucket: _Bucket, contact: Contact) -> None:
         self._unindex(bucket.replacements.pop(contact.node_id, None))
+        contact = shared(contact)
         bucket.replacements[contact.node_id] = contact
         self._index(contact)
         while len(bucket.replacements) > self.replacement_size:
@@ -385,6 +430,13 @@ class RoutingTable:
         i = self._buckets.index(bucket)
         self._buckets[i : i + 1] = [low, high]
         self._los[i : i + 1] = [low.lo, high.lo]
+
+
+def _ids(held: bytes | tuple[bytes, ...] | None) -> tuple[bytes, ...]:
+    """The ids of one host group's entry in the host index, once per entry."""
+    if held is None:
+        return ()
+    return (held,) if isinstance(held, bytes) else held
 
 
 def _bound(bucket: _Bucket, t: int) -> int:

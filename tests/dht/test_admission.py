@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -125,7 +126,10 @@ def test_the_indexes_match_the_table_after_any_operations(
     for c in entries:
         ids = hosts.setdefault(c.host, {})
         ids[c.node_id] = ids.get(c.node_id, 0) + 1
-    assert table._hosts == hosts
+    # The index keeps a host's single entry as the id itself, more as a tuple.
+    assert all(isinstance(v, bytes) or len(v) >= 2 for v in table._hosts.values())
+    counted = {h: Counter(v if isinstance(v, tuple) else (v,)) for h, v in table._hosts.items()}
+    assert counted == hosts
     assert all(len(ids) <= 3 for ids in hosts.values())
 
 

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import gc
+import ipaddress
 import random
+import weakref
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.dht.routing import Contact, RoutingTable, distance, id_int, random_id_in_range
+from p2pnode.dht.routing import (
+    Contact,
+    RoutingTable,
+    distance,
+    host_key,
+    id_int,
+    random_id_in_range,
+)
 from p2pnode.errors import LocalError
 
 ids = st.binary(min_size=20, max_size=20)
@@ -123,6 +133,57 @@ def test_stale_buckets_and_refresh_ids() -> None:
         assert lo <= id_int(rid) < hi
         table.touch_range(rid, 4000.0)
     assert table.stale_buckets(now=4000.0, interval=3600.0) == []
+
+
+def _host_key_by_parse(host: str, limit_loopback: bool) -> str | None:
+    # host_key without its shortcut for dotted quads: what the shortcut must agree with.
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback and not limit_loopback:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+_octet = st.one_of(
+    st.integers(0, 300).map(str), st.sampled_from(["00", "01", "007", "", "a", "-1"])
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(_octet, min_size=1, max_size=5), limit=st.booleans(), loop=st.booleans())
+def test_host_key_shortcut_agrees_with_the_parse(parts: list[str], limit: bool, loop: bool) -> None:
+    host = ".".join(["127", *parts[1:]] if loop else parts)
+    assert host_key(host, limit_loopback=limit) == _host_key_by_parse(host, limit)
+
+
+def test_equal_contacts_are_shared_between_tables_while_held() -> None:
+    node = b"\x80" + bytes(19)
+    one, two = RoutingTable(b"\x00" * 20), RoutingTable(b"\x01" * 20)
+    one.observe(Contact(node, "10.0.0.1", 1), 0.0)
+    two.observe(Contact(node, "10.0.0.1", 1), 0.0)
+    held = one.get(node)
+    assert held is not None
+    assert held is two.get(node)
+    assert held.address == ("10.0.0.1", 1)
+    assert held.address is held.address  # built once
+    # Another address for the id is a contact of its own, equal only to itself.
+    three = RoutingTable(b"\x02" * 20)
+    three.observe(Contact(node, "10.0.0.2", 1), 0.0)
+    moved = three.get(node)
+    assert moved is not None
+    assert moved.address == ("10.0.0.2", 1)
+    assert moved != held
+    # Nothing outlives the tables that hold it.
+    ref = weakref.ref(held)
+    del one, two, held
+    gc.collect()
+    assert ref() is None
 
 
 def test_bad_ids_are_caller_errors() -> None:
