@@ -55,14 +55,17 @@ def is_json_value(value: object, depth: int = 0) -> bool:
     return False
 
 
-def is_flat_json_map(value: object, max_str_len: int, max_items: int) -> bool:
-    """True when ``value`` is a dict of at most ``max_items`` string keys whose values are
-    strings of at most ``max_str_len`` characters or JSON scalars: JSON data at a glance,
-    with no recursive walk (most tool arguments). False says only "look closer"."""
+def is_flat_json_map(
+    value: object, max_str_len: int, max_items: int, max_key_len: int | None = None
+) -> bool:
+    """True when ``value`` is a dict of at most ``max_items`` string keys (of at most
+    ``max_key_len`` characters, when given) whose values are strings of at most
+    ``max_str_len`` characters or JSON scalars: JSON data at a glance, with no recursive
+    walk (most tool arguments). False says only "look closer"."""
     if type(value) is not dict or len(value) > max_items:
         return False
     for key, item in value.items():
-        if type(key) is not str:
+        if type(key) is not str or (max_key_len is not None and len(key) > max_key_len):
             return False
         kind = type(item)
         if kind is str:

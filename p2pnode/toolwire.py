@@ -25,6 +25,8 @@ MCP_METHODS = frozenset(
 
 
 def _params(params: Any) -> Mapping[str, Any]:
+    if type(params) is dict:  # what the wire decodes: no ABC check
+        return params
     if params is None:
         return {}
     if not isinstance(params, Mapping):
@@ -44,7 +46,7 @@ def text_param(params: Any, key: str, limit: int) -> str:
 def call_params(params: Any, key: str) -> tuple[str, Any]:
     name = text_param(params, key, 64)
     arguments = _params(params).get("arguments")
-    if arguments is not None and not isinstance(arguments, Mapping):
+    if arguments is not None and type(arguments) is not dict and not isinstance(arguments, Mapping):
         raise RemoteError(ErrorCode.INVALID_INPUT, "params.arguments: must be an object")
     return name, arguments
 

@@ -18,8 +18,10 @@ from p2pnode.node.replystream import (
     INLINE_LIMIT,
     MAX_STREAMED_BYTES,
     ReplyStream,
+    _surely_inline,
     stream_parts,
 )
+from p2pnode.wire import pack
 from tests.sim import connect_all, open_swarm, wait_until
 
 factory = EnvelopeFactory(lambda: 1_700_000_000_000)
@@ -53,6 +55,34 @@ def test_small_answers_are_not_streamed_and_huge_ones_refused() -> None:
     with pytest.raises(LocalError) as info:
         stream_parts("x" * (MAX_STREAMED_BYTES + 1))
     assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+
+
+_scalars = st.none() | st.booleans() | st.floats() | st.integers(-(2**63), 2**64 - 1)
+_long_text = st.text(st.characters(min_codepoint=0x10000, max_codepoint=0x10FFFF), max_size=4096)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    _scalars
+    | st.dictionaries(_long_text, _scalars | _long_text, max_size=16)
+    | st.lists(st.just(""), max_size=300_000)
+)
+def test_what_is_left_unpacked_is_surely_within_one_envelope(payload: Any) -> None:
+    # An answer is packed to measure it unless it is surely small: whatever the glance
+    # lets through, four-byte characters at the longest strings included, must fit.
+    if _surely_inline(payload):
+        assert len(pack(payload)) <= INLINE_LIMIT
+        assert stream_parts(payload) is None
+    big = [""] * (INLINE_LIMIT + 1)  # counts nothing by length, packs past the limit
+    assert not _surely_inline(big)
+    assert stream_parts(big) is not None
+
+
+def test_the_largest_map_the_glance_admits_fits() -> None:
+    astral = "\U0001f600" * 4095
+    widest = {chr(0x10000 + i) + astral: chr(0x10000 + i) + astral for i in range(16)}
+    assert _surely_inline(widest)
+    assert len(pack(widest)) <= INLINE_LIMIT
 
 
 def _parts() -> tuple[list[tuple[MessageType, Any]], Any]:

@@ -584,3 +584,9 @@ def test_the_flat_arguments_shortcut_admits_only_what_both_walks_admit(value: An
         assert _past_frame_limits(value) is None
         assert len(value) <= 4
         assert all(len(v) <= 8 for v in value.values() if isinstance(v, str))
+    if is_flat_json_map(value, max_str_len=8, max_items=4, max_key_len=3):
+        assert is_flat_json_map(value, max_str_len=8, max_items=4)
+        assert all(len(k) <= 3 for k in value)
+    elif all(isinstance(k, str) and len(k) <= 3 for k in value):
+        # the key bound is the only difference: without it the answer is the same
+        assert not is_flat_json_map(value, max_str_len=8, max_items=4)

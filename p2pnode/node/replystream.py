@@ -27,7 +27,7 @@ from typing import Any
 
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.jsonutil import b64decode, b64encode, is_json_value
+from p2pnode.jsonutil import b64decode, b64encode, is_flat_json_map, is_json_value
 from p2pnode.node.router import REPLY_STREAM_TYPES
 from p2pnode.wire import WireLimits, pack, unpack_untrusted
 
@@ -49,6 +49,8 @@ _ANSWER_LIMITS = WireLimits(
 def stream_parts(payload: Any) -> tuple[list[tuple[MessageType, Any]], Any] | None:
     """The stream parts and the final response payload for ``payload``, or None when it
     fits one envelope. Raises LocalError(MESSAGE_TOO_LARGE) past MAX_STREAMED_BYTES."""
+    if _surely_inline(payload):
+        return None
     data = pack(payload)
     if len(data) <= INLINE_LIMIT:
         return None
@@ -69,6 +71,18 @@ def stream_parts(payload: Any) -> tuple[list[tuple[MessageType, Any]], Any] | No
     ]
     parts.append((MessageType.STREAM_END, {"chunks": len(chunks)}))
     return parts, {"stream": summary}
+
+
+def _surely_inline(payload: Any) -> bool:
+    """True when ``payload`` packs within INLINE_LIMIT, known at a glance: a scalar, or a
+    map of at most 16 entries with keys and strings of at most 4,096 characters and
+    scalars, at most 16 * 2 * (5 + 4 * 4,096) + 5 = 524,453 bytes (most tool answers)."""
+    kind = type(payload)
+    if kind is float or kind is bool or payload is None:
+        return True
+    if kind is int:
+        return bool(-(2**63) <= payload < 2**64)  # what msgpack packs
+    return is_flat_json_map(payload, max_str_len=4096, max_items=16, max_key_len=4096)
 
 
 class ReplyStream:

@@ -70,6 +70,9 @@ def arguments_digest(value: Any) -> str:
 
 
 def _recorded(value: Any) -> Any:
+    kind = type(value)
+    if kind is int or kind is float or kind is bool or value is None:
+        return value
     if _small_flat_map(value):
         return value  # packs to well under RECORDED_VALUE_BYTES: no need to pack it
     if isinstance(value, _SCALARS):
@@ -91,9 +94,7 @@ def _small_flat_map(value: Any) -> bool:
     """A map of at most 16 entries whose keys and strings have at most 24 characters and
     whose other values are JSON scalars: at most 16 * 2 * (5 + 4 * 24) + 5 = 3,237 bytes
     of msgpack, under RECORDED_VALUE_BYTES."""
-    if not is_flat_json_map(value, max_str_len=24, max_items=16):
-        return False
-    return all(len(key) <= 24 for key in value)
+    return is_flat_json_map(value, max_str_len=24, max_items=16, max_key_len=24)
 
 
 def used_name(owner: str, method: str, params: Any) -> str:
@@ -221,7 +222,7 @@ def _result_of(method: str, payload: Any) -> Any:
     return payload
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per use, and frozen __init__ is slow
 class _Started:
     perf: float
     at_ms: int
