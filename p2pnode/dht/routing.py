@@ -47,9 +47,11 @@ from __future__ import annotations
 import bisect
 import enum
 import ipaddress
+import operator
 import random
+import sys
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from p2pnode.errors import ErrorCode, LocalError
@@ -58,6 +60,7 @@ ID_BYTES = 20
 ID_BITS = 160
 _SPACE = 1 << ID_BITS
 _SPLIT_B = 5
+_distance_of = operator.itemgetter(0)
 # The canonical spellings of an IPv4 octet: a host of four of them is its own key.
 _OCTETS = frozenset(str(i) for i in range(256))
 
@@ -88,6 +91,16 @@ def shared(contact: Contact) -> Contact:
         _SHARED[contact.node_id] = contact
         return contact
     return held if held == contact else contact
+
+
+def make_contact(node_id: bytes, host: str, port: int) -> Contact:
+    """The contact at ``(host, port)`` with ``node_id``: the shared one when this process
+    holds it (nothing is built), else a new one with ``host`` interned (thousands of
+    contacts share a handful of hosts)."""
+    held = _SHARED.get(node_id)
+    if held is not None and held.port == port and held.host == host:
+        return held
+    return Contact(node_id, sys.intern(host), port)
 
 
 class Refusal(enum.Enum):
@@ -129,11 +142,22 @@ def distance(a: bytes, b: bytes) -> int:
 
 
 class _Bucket:
-    __slots__ = ("contacts", "failures", "hi", "last_touched", "lo", "pinging", "replacements")
+    __slots__ = (
+        "contacts",
+        "failures",
+        "hi",
+        "last_touched",
+        "lo",
+        "pinging",
+        "replacements",
+        "shift",
+    )
 
     def __init__(self, lo: int, hi: int, now: float) -> None:
         self.lo = lo
         self.hi = hi
+        # The range holds the ids that share lo's top ID_BITS - shift bits.
+        self.shift = (hi - lo).bit_length() - 1
         # dicts keep insertion order: the first entry is the least recently seen.
         self.contacts: dict[bytes, Contact] = {}
         self.replacements: dict[bytes, Contact] = {}
@@ -245,16 +269,19 @@ class RoutingTable:
         # Every bucket is an id prefix, so the nearest any of its ids can be is
         # the XOR of the prefixes: visit buckets by that bound and stop once the
         # next bound is beyond the n-th best distance found (exact, not heuristic).
-        order = sorted((_bound(b, t), i) for i, b in enumerate(self._buckets) if b.contacts)
+        buckets = self._buckets
+        order = sorted([(_bound(b, t), i) for i, b in enumerate(buckets) if b.contacts])
         best: list[tuple[int, Contact]] = []
+        from_bytes = int.from_bytes
         for bound, i in order:
             if len(best) >= n and bound > best[n - 1][0]:
                 break
-            pool: Iterable[Contact] = self._buckets[i].contacts.values()
-            if exclude is not None:
-                pool = (c for c in pool if not exclude(c))
-            best.extend((id_int(c.node_id) ^ t, c) for c in pool)
-            best.sort(key=lambda dc: dc[0])
+            held = buckets[i].contacts.items()
+            if exclude is None:
+                best += [(from_bytes(nid, "big") ^ t, c) for nid, c in held]
+            else:
+                best += [(from_bytes(nid, "big") ^ t, c) for nid, c in held if not exclude(c)]
+            best.sort(key=_distance_of)
             del best[n:]
         return [c for _, c in best]
 
@@ -441,7 +468,7 @@ def _ids(held: bytes | tuple[bytes, ...] | None) -> tuple[bytes, ...]:
 
 def _bound(bucket: _Bucket, t: int) -> int:
     """The least XOR distance to ``t`` of any id in ``bucket`` (its range is an id prefix)."""
-    s = (bucket.hi - bucket.lo).bit_length() - 1
+    s = bucket.shift
     return ((bucket.lo ^ t) >> s) << s
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import ipaddress
 import random
+import sys
 import weakref
 
 import pytest
@@ -17,6 +18,7 @@ from p2pnode.dht.routing import (
     distance,
     host_key,
     id_int,
+    make_contact,
     random_id_in_range,
 )
 from p2pnode.errors import LocalError
@@ -184,6 +186,18 @@ def test_equal_contacts_are_shared_between_tables_while_held() -> None:
     del one, two, held
     gc.collect()
     assert ref() is None
+
+
+def test_make_contact_reuses_a_held_contact() -> None:
+    node = b"\x81" + bytes(19)
+    table = RoutingTable(b"\x00" * 20)
+    table.observe(Contact(node, "10.0.0.1", 1), 0.0)
+    assert make_contact(node, "10.0.0.1", 1) is table.get(node)
+    other = make_contact(node, "10.0.0.1", 2)
+    assert other == Contact(node, "10.0.0.1", 2)
+    assert other is not table.get(node)
+    host = "".join(["10.0.0.", "9"])  # built at run time, not a constant
+    assert make_contact(b"\x82" + bytes(19), host, 1).host is sys.intern("10.0.0.9")
 
 
 def test_bad_ids_are_caller_errors() -> None:
