@@ -15,11 +15,10 @@ requests and responses in both directions.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from p2pnode.dht.routing import ID_BYTES, Contact
+from p2pnode.dht.routing import ID_BYTES, Contact, make_contact
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
@@ -180,8 +179,8 @@ def parse_contacts_untrusted(value: Any) -> list[Contact]:
             raise RpcError(ErrorCode.MALFORMED_MESSAGE, "contact host is not a short string")
         if type(port) is not int or not 0 < port < 65536:
             raise RpcError(ErrorCode.MALFORMED_MESSAGE, "contact port out of range")
-        # Thousands of contacts share a handful of hosts: intern to save memory.
-        out.append(Contact(node_id, sys.intern(host), port))
+        # A contact this process holds already is reused, not built again.
+        out.append(make_contact(node_id, host, port))
     return out
 
 
