@@ -131,16 +131,15 @@ class LocalAgent:
         Raises LocalError(BUSY) when its bytes would exceed the peer's or the node's
         inbox budget, LocalError(CHANNEL_CLOSED) once the node closed the inbox.
         """
+        if self.deliver_nowait(envelope, peer, peer_id, size):
+            return
         if size is None:
             size = envelope_size(envelope)
         key = LOCAL if peer is None else peer
         self.budget.charge(key, size)
         item = Queued(envelope, peer, size, peer_id)
         try:
-            try:
-                self.inbox_send.send_nowait(item)
-            except trio.WouldBlock:
-                await self.inbox_send.send(item)
+            await self.inbox_send.send(item)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.budget.release(key, size)
             raise LocalError(
@@ -149,6 +148,31 @@ class LocalAgent:
         except BaseException:
             self.budget.release(key, size)  # cancelled while waiting: never queued
             raise
+
+    def deliver_nowait(
+        self,
+        envelope: Envelope,
+        peer: str | None = None,
+        peer_id: PeerId | None = None,
+        size: int | None = None,
+    ) -> bool:
+        """Queue ``envelope`` as :meth:`deliver` does when the inbox has room: True when
+        queued, False (nothing charged) when it is full by count. Raises as deliver."""
+        if size is None:
+            size = envelope_size(envelope)
+        key = LOCAL if peer is None else peer
+        self.budget.charge(key, size)
+        try:
+            self.inbox_send.send_nowait(Queued(envelope, peer, size, peer_id))
+        except trio.WouldBlock:
+            self.budget.release(key, size)
+            return False
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.budget.release(key, size)
+            raise LocalError(
+                ErrorCode.CHANNEL_CLOSED, f"agent {self.card.id} is closed: the node is closing"
+            ) from None
+        return True
 
     def taken(self, item: Queued) -> Envelope | None:
         """Release the charge of ``item``, just taken from the inbox; its envelope, or None

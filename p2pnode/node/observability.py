@@ -413,6 +413,29 @@ class Observability:
             self._recent.append(fields)
             self._counters.routing(path, outcome, latency_ms)
 
+    def sent_and_delivered(
+        self, envelope: Envelope, path: RoutingPath, peer: str, latency_ms: float, target: str
+    ) -> None:
+        """:meth:`message_sent` then a DELIVERED :meth:`routing_decision` to ``target``:
+        what every routed envelope leaves, in one call (both are stored alike when quiet)."""
+        if not self._is_quiet():
+            self.message_sent(envelope, path, peer)
+            self.routing_decision(envelope, path, Outcome.DELIVERED, latency_ms, target=target)
+            return
+        now, id, sender, type = self._clock_ms(), envelope.id, envelope.sender, envelope.type
+        recent = self._recent
+        recent.append(
+            (EventKind.MESSAGE_SENT, now, id, sender, envelope.recipient, type, path,
+             None, None, None, peer)
+        )  # fmt: skip
+        recent.append(
+            (EventKind.ROUTING_DECISION, now, id, sender, target, type, path,
+             latency_ms, Outcome.DELIVERED, None, None)
+        )  # fmt: skip
+        counters = self._counters
+        counters.sent[type] += 1
+        counters.routing(path, Outcome.DELIVERED, latency_ms)
+
     def _is_quiet(self, level: int = logging.DEBUG) -> bool:
         """True when nothing reads events of ``level`` as they happen (no listener, and
         the logger is above that level)."""

@@ -204,8 +204,9 @@ class Routing:
         except P2PError as exc:
             self._note_failure(routed.envelope, routed.start, exc)
             raise
-        self._events.message_sent(routed.envelope, RoutingPath.REMOTE, str(peer_id))
-        return self._delivered(routed.envelope, RoutingPath.REMOTE, routed.target, routed.start)
+        return self._delivered(
+            routed.envelope, RoutingPath.REMOTE, routed.target, routed.start, str(peer_id)
+        )
 
     async def send_many(self, envelopes: Iterable[Envelope]) -> list[RoutingResult]:
         """Route envelopes in order, each as :meth:`send` would, and return their results.
@@ -253,9 +254,8 @@ class Routing:
                 continue
             written = trio.current_time()  # once for the burst: they left together
             for route in routes:
-                self._events.message_sent(route.envelope, RoutingPath.REMOTE, peer)
                 route.result = self._delivered(
-                    route.envelope, RoutingPath.REMOTE, route.target, route.start, written
+                    route.envelope, RoutingPath.REMOTE, route.target, route.start, peer, written
                 )
         return error
 
@@ -303,8 +303,7 @@ class Routing:
                 self.router.note_request(envelope)
             return Route(envelope, target, start)
         await self._deliver_local(envelope, [target.id])
-        self._events.message_sent(envelope, RoutingPath.LOCAL, str(target.peer_id))
-        return self._delivered(envelope, RoutingPath.LOCAL, target, start)
+        return self._delivered(envelope, RoutingPath.LOCAL, target, start, str(target.peer_id))
 
     def _delivered(
         self,
@@ -312,10 +311,12 @@ class Routing:
         path: RoutingPath,
         target: AgentCard,
         start: float,
+        peer: str,
         now: float | None = None,
     ) -> RoutingResult:
+        """The result of ``envelope``, sent to ``target`` of ``peer``: its two events."""
         latency = ((trio.current_time() if now is None else now) - start) * 1000
-        self._events.routing_decision(envelope, path, Outcome.DELIVERED, latency, target=target.id)
+        self._events.sent_and_delivered(envelope, path, peer, latency, target.id)
         return RoutingResult(envelope.id, path, (target.id,), 1, latency)
 
     def _note_failure(self, envelope: Envelope, start: float, exc: P2PError) -> None:
@@ -552,7 +553,8 @@ class Routing:
             return
         for agent in allowed:
             try:
-                await agent.deliver(envelope, peer, peer_id, size)
+                if not agent.deliver_nowait(envelope, peer, peer_id, size):
+                    await agent.deliver(envelope, peer, peer_id, size)  # waits for room
             except LocalError as exc:
                 if exc.code is not ErrorCode.BUSY:
                     raise
