@@ -9,9 +9,18 @@ code cannot tell it from real sockets.
 Time is trio's clock, so under ``trio.testing.MockClock(autojump_threshold=0)``
 a simulated minute takes milliseconds. No task is spawned per message: a
 datagram is pushed, with its delivery time, onto the destination endpoint's
-heap, and the receiving task itself sleeps until the head of its heap is due.
+heap, and the receiving task itself sleeps until the head of its heap is due
+(a datagram that becomes the new head moves that sleep's deadline in).
 Streams work the same way with an ordered queue per direction (delivery time
 is kept monotonic, so bytes stay in order as TCP keeps them).
+
+For a network of many thousands of hosts, :meth:`SimNetwork.drive` delivers
+datagrams from one task instead: it waits until every other task is blocked,
+moves the clock to the next delivery (or to trio's next deadline, if that
+comes first) and wakes the receivers of what is due. Receivers then sleep
+without a deadline of their own, so a datagram costs no cancel scope and no
+``Cancelled`` raised through a receiver; delivery times, loss and ordering
+are the same as without the driver.
 
 Faults, decided at send time from the seeded RNG so runs are reproducible:
 
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import operator
 import random
 from collections import deque
@@ -34,6 +44,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 
 import trio
+import trio.testing
 
 from p2pnode.net import Address, DatagramEndpoint, Network, StreamListener
 
@@ -72,6 +83,11 @@ class SimNetwork:
         self._streams: set[_SimStream] = set()
         self._ports = itertools.count(40_000)
         self._seq = itertools.count()
+        # While drive() runs: datagrams in flight, (due, seq, endpoint, data, source),
+        # and where the driver waits when nothing is in flight nor timed.
+        self._driven = False
+        self._flight: list[tuple[float, int, _SimDatagramEndpoint, bytes, Address]] = []
+        self._idle = trio.lowlevel.ParkingLot()
         self.datagrams_sent = 0
         self.datagrams_dropped = 0
 
@@ -156,15 +172,83 @@ class SimNetwork:
         self.datagrams_sent += 1
         endpoint = self._datagram.get(dst)
         delay = self._delay(src[0], dst[0])
-        if endpoint is None or delay is None or len(endpoint._heap) >= _MAX_QUEUE:
+        if (
+            endpoint is None
+            or delay is None
+            or len(endpoint._heap) + endpoint._flying >= _MAX_QUEUE
+        ):
             self.datagrams_dropped += 1
             return
         seq = next(self._seq)
-        heapq.heappush(endpoint._heap, (trio.current_time() + delay, seq, data, src))
+        due = trio.current_time() + delay
+        if self._driven:
+            endpoint._flying += 1
+            heapq.heappush(self._flight, (due, seq, endpoint, data, src))
+            if self._flight[0][1] == seq:
+                self._idle.unpark_all()  # the driver may wait for a first datagram
+            return
+        heapq.heappush(endpoint._heap, (due, seq, data, src))
         if endpoint._heap[0][1] == seq:
             # Only a new head changes when the receiver must wake; otherwise it is
             # already sleeping until an earlier datagram is due.
-            endpoint._lot.unpark_all()
+            endpoint._wake_at(due)
+
+    # ------------------------------------------------------------------ driver
+
+    async def drive(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver datagrams from this task until cancelled (see the module docstring).
+
+        Needs a :class:`trio.testing.MockClock`: this task moves it, to the next
+        delivery or to trio's next deadline, whenever every other task is
+        blocked (the autojump would move it to the deadline alone). Raises
+        RuntimeError under another clock or while another driver runs.
+        """
+        clock = trio.lowlevel.current_clock()
+        if not isinstance(clock, trio.testing.MockClock):
+            raise RuntimeError("SimNetwork.drive needs trio.testing.MockClock")
+        if self._driven:
+            raise RuntimeError("SimNetwork.drive is running already")
+        self._driven = True
+        try:
+            task_status.started()
+            while True:
+                await trio.testing.wait_all_tasks_blocked()
+                self._drive_step(clock)
+                if not self._flight and math.isinf(_seconds_to_deadline()):
+                    await self._idle.park()  # nothing timed: wait for a datagram
+        finally:
+            self._driven = False
+            # Undelivered datagrams go back to their endpoints, to be delivered as
+            # without the driver.
+            for due, seq, endpoint, data, src in self._flight:
+                endpoint._flying -= 1
+                if not endpoint._closed:
+                    heapq.heappush(endpoint._heap, (due, seq, data, src))
+                    endpoint._wake_at(due)
+            self._flight.clear()
+
+    def _drive_step(self, clock: trio.testing.MockClock) -> None:
+        """Every task waits: deliver what is due, else move the clock on."""
+        flight = self._flight
+        now = trio.current_time()
+        if not flight or flight[0][0] > now:
+            deadline = now + _seconds_to_deadline()
+            nearest = flight[0][0] if flight else math.inf
+            if deadline < nearest:
+                if deadline > now:
+                    clock.jump(deadline - now)  # trio expires it on its next pass
+                return
+            if nearest > now:
+                clock.jump(nearest - now)
+                # The jump may land an ulp short of ``nearest``: it is due all the same.
+                now = nearest
+        landed = trio.current_time()
+        while flight and flight[0][0] <= now:
+            due, seq, endpoint, data, src = heapq.heappop(flight)
+            endpoint._flying -= 1
+            if not endpoint._closed:
+                heapq.heappush(endpoint._heap, (min(due, landed), seq, data, src))
+                endpoint._lot.unpark_all()
 
 
 class SimHost(Network):
@@ -222,15 +306,34 @@ class SimHost(Network):
         return mine
 
 
+def _seconds_to_deadline() -> float:
+    """Seconds until trio's next cancel scope deadline (inf: none)."""
+    return trio.lowlevel.current_statistics().seconds_to_next_deadline
+
+
 class _SimDatagramEndpoint(DatagramEndpoint):
-    __slots__ = ("_address", "_closed", "_heap", "_lot", "_sim")
+    __slots__ = ("_address", "_closed", "_flying", "_heap", "_lot", "_sim", "_wake")
 
     def __init__(self, sim: SimNetwork, address: Address) -> None:
         self._sim = sim
         self._address = address
+        # Datagrams handed to this endpoint, (due, seq, data, source); under the
+        # driver only those already due.
         self._heap: list[tuple[float, int, bytes, Address]] = []
+        # Datagrams to this endpoint the driver holds in flight.
+        self._flying = 0
         self._lot = trio.lowlevel.ParkingLot()
+        # The scope a receiver sleeps in until the head of the heap is due.
+        self._wake: trio.CancelScope | None = None
         self._closed = False
+
+    def _wake_at(self, due: float) -> None:
+        """A datagram due at ``due`` became the head: wake the receiver no later."""
+        wake = self._wake
+        if wake is not None and len(self._lot) == 1:
+            wake.deadline = min(wake.deadline, due)
+        else:
+            self._lot.unpark_all()
 
     @property
     def local_address(self) -> Address:
@@ -243,24 +346,32 @@ class _SimDatagramEndpoint(DatagramEndpoint):
         self._sim._send_datagram(self._address, (str(address[0]), int(address[1])), bytes(data))
 
     async def recvfrom(self) -> tuple[bytes, Address]:
+        # A call that blocked has been a checkpoint; one that did not takes one.
+        blocked = False
         while True:
             if self._closed:
                 raise trio.ClosedResourceError("endpoint closed")
             if self._heap:
                 due = self._heap[0][0]
                 if due <= trio.current_time():
-                    await trio.lowlevel.checkpoint_if_cancelled()
+                    if not blocked:
+                        await trio.lowlevel.checkpoint_if_cancelled()
                     _, _, data, src = heapq.heappop(self._heap)
                     # Re-check at delivery: the host may have been killed in flight.
                     if self._sim.reachable(src[0], self._address[0]):
-                        # Shielded: a cancel here must not lose the datagram just taken.
-                        await trio.lowlevel.cancel_shielded_checkpoint()
+                        if not blocked:
+                            # Shielded: a cancel here must not lose the datagram just taken.
+                            await trio.lowlevel.cancel_shielded_checkpoint()
                         return data, src
                     continue
-                with trio.move_on_at(due):
-                    await self._lot.park()
+                try:
+                    with trio.move_on_at(due) as self._wake:
+                        await self._lot.park()
+                finally:
+                    self._wake = None
             else:
                 await self._lot.park()
+            blocked = True
 
     def close(self) -> None:
         if not self._closed:
