@@ -310,12 +310,16 @@ async def simulate(n: int, lookups: int) -> None:
     sim = SimNetwork(random.Random(5), default=LinkConditions(latency=0.02, jitter=0.01))
     epoch = 1_800_000_000_000
     t0 = time.perf_counter()
-    res = await run_ours(
-        n,
-        lookups,
-        lambda i: sim.add_host(),
-        lambda: epoch + int(trio.current_time() * 1000),
-    )
+    async with trio.open_nursery() as nursery:
+        # One task delivers every datagram (no cancel scope per receive).
+        await nursery.start(sim.drive)
+        res = await run_ours(
+            n,
+            lookups,
+            lambda i: sim.add_host(),
+            lambda: epoch + int(trio.current_time() * 1000),
+        )
+        nursery.cancel_scope.cancel()
     wall = time.perf_counter() - t0
     print(f"simulated DHT, N={n} nodes in virtual time")
     print(f"{'wall time (s)':<40} {wall:>10.1f}")
