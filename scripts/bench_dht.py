@@ -28,6 +28,7 @@ import asyncio
 import gc
 import json
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -306,10 +307,22 @@ def table(ours: dict[str, Any], stock: dict[str, Any], n: int) -> str:
     return "\n".join(lines)
 
 
+#: The simulator's scale targets at --simulate 100000 (wall, peak RSS, lookup success).
+SIM_WALL_TARGET_S = 30 * 60
+SIM_PEAK_RSS_TARGET = 8_000_000_000
+SIM_SUCCESS_TARGET = 0.999
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 async def simulate(n: int, lookups: int) -> None:
     sim = SimNetwork(random.Random(5), default=LinkConditions(latency=0.02, jitter=0.01))
     epoch = 1_800_000_000_000
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     async with trio.open_nursery() as nursery:
         # One task delivers every datagram (no cancel scope per receive).
         await nursery.start(sim.drive)
@@ -321,10 +334,16 @@ async def simulate(n: int, lookups: int) -> None:
         )
         nursery.cancel_scope.cancel()
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    peak = peak_rss_bytes()
     print(f"simulated DHT, N={n} nodes in virtual time")
     print(f"{'wall time (s)':<40} {wall:>10.1f}")
+    print(f"{'CPU time (s)':<40} {cpu:>10.1f}")
     print(f"{'virtual join time (s)':<40} {res['join_s']:>10.1f}")
-    print(f"{'memory per node (KB)':<40} {res['mem_per_node'] / 1024:>10.1f}")
+    print(f"{'memory per node after join (KB)':<40} {res['mem_per_node'] / 1024:>10.1f}")
+    print(f"{'peak RSS (MB)':<40} {peak / 1e6:>10.1f}")
+    print(f"{'datagrams sent (dropped)':<40} {sim.datagrams_sent:>10} ({sim.datagrams_dropped})")
+    print(f"{'CPU per datagram (us)':<40} {cpu / max(1, sim.datagrams_sent) * 1e6:>10.1f}")
     for phase in ("before", "after"):
         r = res[phase]
         tag = "" if phase == "before" else " [20% killed]"
@@ -332,6 +351,17 @@ async def simulate(n: int, lookups: int) -> None:
             f"lookups{tag}: success {r['success']:.3f}, p50 {r['p50'] * 1000:.0f} ms, "
             f"p99 {r['p99'] * 1000:.0f} ms (virtual), {r['rpcs']:.1f} RPCs/lookup"
         )
+    checks = [
+        (f"wall time < {SIM_WALL_TARGET_S / 60:.0f} min", wall < SIM_WALL_TARGET_S),
+        (f"peak RSS < {SIM_PEAK_RSS_TARGET / 1e9:.0f} GB", peak < SIM_PEAK_RSS_TARGET),
+        (f"success >= {SIM_SUCCESS_TARGET}", res["before"]["success"] >= SIM_SUCCESS_TARGET),
+        (
+            f"success >= {SIM_SUCCESS_TARGET} [20% killed]",
+            res["after"]["success"] >= SIM_SUCCESS_TARGET,
+        ),
+    ]
+    for name, met in checks:
+        print(f"target {name:<36} {'met' if met else 'NOT MET':>12}")
 
 
 def main() -> None:
