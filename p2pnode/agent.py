@@ -384,10 +384,10 @@ class Agent:
         message = Message(envelope)
         meta = envelope.metadata
         asked = meta.capability if meta is not None else None
-        if asked in MCP_METHODS and (self.catalog or self._fallback is None):
+        if asked in MCP_METHODS and (self._fallback is None or self.catalog):
             # An agent with no catalog but one handler of everything (a bridge, or an
             # agent being withdrawn) answers MCP methods itself.
-            return await self._serve_catalog(message, caller)
+            return await self._serve_catalog(asked, message, caller)
         route = self._requests.get(asked) or self._fallback_route()
         if route is None:
             what = f"does not offer {asked!r}" if asked else "takes requests for a capability"
@@ -413,9 +413,7 @@ class Agent:
             error = RemoteError(ErrorCode.HANDLER_FAILED, failed)
             return Reply(MessageType.ERROR, error.to_dict())
 
-    async def _serve_catalog(self, message: Message, caller: Caller | None) -> Reply:
-        method = message.capability
-        assert method is not None
+    async def _serve_catalog(self, method: str, message: Message, caller: Caller | None) -> Reply:
         try:
             return Reply(
                 MessageType.RESPONSE, await self.catalog.serve(method, message.payload, caller)

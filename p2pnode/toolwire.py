@@ -44,6 +44,14 @@ def text_param(params: Any, key: str, limit: int) -> str:
 
 
 def call_params(params: Any, key: str) -> tuple[str, Any]:
+    if type(params) is dict:  # the common case at a glance; anything else as below
+        name, arguments = params.get(key), params.get("arguments")
+        if (
+            type(name) is str
+            and 0 < len(name) <= 64
+            and (arguments is None or type(arguments) is dict)
+        ):
+            return name, arguments
     name = text_param(params, key, 64)
     arguments = _params(params).get("arguments")
     if arguments is not None and type(arguments) is not dict and not isinstance(arguments, Mapping):

@@ -18,7 +18,7 @@ from p2pnode.node.replystream import (
     INLINE_LIMIT,
     MAX_STREAMED_BYTES,
     ReplyStream,
-    _surely_inline,
+    surely_inline,
     stream_parts,
 )
 from p2pnode.wire import pack
@@ -70,18 +70,18 @@ _long_text = st.text(st.characters(min_codepoint=0x10000, max_codepoint=0x10FFFF
 def test_what_is_left_unpacked_is_surely_within_one_envelope(payload: Any) -> None:
     # An answer is packed to measure it unless it is surely small: whatever the glance
     # lets through, four-byte characters at the longest strings included, must fit.
-    if _surely_inline(payload):
+    if surely_inline(payload):
         assert len(pack(payload)) <= INLINE_LIMIT
         assert stream_parts(payload) is None
     big = [""] * (INLINE_LIMIT + 1)  # counts nothing by length, packs past the limit
-    assert not _surely_inline(big)
+    assert not surely_inline(big)
     assert stream_parts(big) is not None
 
 
 def test_the_largest_map_the_glance_admits_fits() -> None:
     astral = "\U0001f600" * 4095
     widest = {chr(0x10000 + i) + astral: chr(0x10000 + i) + astral for i in range(16)}
-    assert _surely_inline(widest)
+    assert surely_inline(widest)
     assert len(pack(widest)) <= INLINE_LIMIT
 
 

@@ -48,6 +48,7 @@ from p2pnode.node.inlinewrite import InlineWatch, Writer
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.replies import ReplyLimits, ReplyQueues
+from p2pnode.node.replystream import surely_inline
 from p2pnode.node.routing import Handler, LocalAgent, Routing
 from p2pnode.node.toolaudit import ToolAudit
 from p2pnode.registry import Registry
@@ -348,6 +349,8 @@ class AgentHost:
         """Answer ``item``: written at once when it can leave at once, else queued for its
         requester's peer (the module docstring)."""
         sender, to, peer = agent.card.id, item.envelope, item.peer
+        # An answer surely small enough for one envelope is not measured for streaming.
+        streamed = streamed and not surely_inline(payload)
         send = self._routing.reply_streamed if streamed else self._routing.reply
         size = payload_envelope_size(payload)
         key = LOCAL if peer is None else peer

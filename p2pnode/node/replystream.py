@@ -49,7 +49,7 @@ _ANSWER_LIMITS = WireLimits(
 def stream_parts(payload: Any) -> tuple[list[tuple[MessageType, Any]], Any] | None:
     """The stream parts and the final response payload for ``payload``, or None when it
     fits one envelope. Raises LocalError(MESSAGE_TOO_LARGE) past MAX_STREAMED_BYTES."""
-    if _surely_inline(payload):
+    if surely_inline(payload):
         return None
     data = pack(payload)
     if len(data) <= INLINE_LIMIT:
@@ -73,7 +73,7 @@ def stream_parts(payload: Any) -> tuple[list[tuple[MessageType, Any]], Any] | No
     return parts, {"stream": summary}
 
 
-def _surely_inline(payload: Any) -> bool:
+def surely_inline(payload: Any) -> bool:
     """True when ``payload`` packs within INLINE_LIMIT, known at a glance: a scalar, or a
     map of at most 16 entries with keys and strings of at most 4,096 characters and
     scalars, at most 16 * 2 * (5 + 4 * 4,096) + 5 = 524,453 bytes (most tool answers)."""
@@ -176,4 +176,5 @@ __all__ = [
     "STREAM_TYPES",
     "ReplyStream",
     "stream_parts",
+    "surely_inline",
 ]

@@ -20,14 +20,14 @@ access rules against that agent's authenticated card.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from p2pnode.card import MAX_PROMPTS, MAX_RESOURCES, MAX_TEXT, MAX_TOOLS, NAME_PATTERN, AgentCard
-from p2pnode.envelope import MessageType, Metadata
+from p2pnode.envelope import Envelope, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.jsonutil import is_flat_json_map, is_json_value
 from p2pnode.node.service import ServiceHost
@@ -105,7 +105,7 @@ class ToolClient:
         async def ask(owner: AgentCard) -> None:
             async with limiter:
                 try:
-                    answer = await self._ask(sender, owner.id, method, {})
+                    answer = (await self._ask(sender, owner.id, method, {})).payload
                 except P2PError as exc:
                     listing.unreachable[owner.id] = str(exc.code)
                     return
@@ -151,7 +151,9 @@ class ToolClient:
         """
         owner, tool = split_qualified(name)
         params = {"name": tool, "arguments": _json_object(arguments)}
-        answer = await self._ask(caller or self._default_caller(), owner, TOOLS_CALL, params)
+        answer = (
+            await self._ask(caller or self._default_caller(), owner, TOOLS_CALL, params)
+        ).payload
         if isinstance(answer, dict) and "structuredContent" in answer:
             return answer["structuredContent"]
         return answer.get("content") if isinstance(answer, dict) else answer
@@ -174,7 +176,7 @@ class ToolClient:
                     ErrorCode.RESOURCE_NOT_FOUND, f"no reachable agent offers {uri}", uri=uri
                 )
             owner = listing[0].id
-        answer = await self._ask(sender, owner, RESOURCES_READ, {"uri": uri})
+        answer = (await self._ask(sender, owner, RESOURCES_READ, {"uri": uri})).payload
         return _checked(answer, "contents", _is_content, owner)
 
     async def get_prompt(
@@ -184,10 +186,15 @@ class ToolClient:
         result, ``{"description": ..., "messages": [...]}``."""
         owner, prompt = split_qualified(name)
         params = {"name": prompt, "arguments": _json_object(arguments)}
-        answer = await self._ask(caller or self._default_caller(), owner, PROMPTS_GET, params)
+        answer = (
+            await self._ask(caller or self._default_caller(), owner, PROMPTS_GET, params)
+        ).payload
         return _checked(answer, "messages", _is_message, owner)
 
-    async def _ask(self, sender: str, owner: str, method: str, params: Any) -> Any:
+    def _ask(
+        self, sender: str, owner: str, method: str, params: Any
+    ) -> Coroutine[Any, Any, Envelope]:
+        # The request's own coroutine, handed back rather than awaited in one of ours.
         card = self._host.local_agent(sender)
         key = (sender, method)
         cached = self._metadata.get(key)
@@ -196,8 +203,7 @@ class ToolClient:
                 self._metadata.clear()
             claims = Metadata(int(card.tier), card.sandbox_id, capability=method)
             cached = self._metadata[key] = (card, claims)
-        reply = await self._host.request(sender, owner, params, metadata=cached[1])
-        return reply.payload
+        return self._host.request(sender, owner, params, metadata=cached[1])
 
 
 def _is_content(item: Any) -> bool:
