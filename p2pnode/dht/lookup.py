@@ -19,7 +19,11 @@ instead of lockstep rounds):
 * The lookup is done when every contact of the shortlist has answered (the
   ``k`` nearest seen have all answered), when no contact is left to ask, or
   when ``max_queries`` requests were sent (a bound against hostile replies
-  that keep inventing nearer ids). The driver may also :meth:`Lookup.finish`
+  that keep inventing nearer ids), but never with no answer at all while
+  slow requests are still out: it then waits for a late answer or the hard
+  timeout. When every request is slow, the process or the network is
+  overloaded rather than every node dead, and each passed timeout doubles
+  the next (RFC 6298 §5.5). The driver may also :meth:`Lookup.finish`
   early (a value lookup that found what it wanted).
 
 Value lookups (§6 of docs/protocol/dht.md) read records from every node that
@@ -44,9 +48,15 @@ from p2pnode.dht.routing import Contact, id_int
 
 
 class RttEstimator:
-    """Retransmission timeout from measured round-trip times (RFC 6298 §2)."""
+    """Retransmission timeout from measured round-trip times (RFC 6298 §2, §5).
 
-    __slots__ = ("_initial", "ceiling", "floor", "rttvar", "srtt")
+    A request that passes its timeout unanswered doubles the timeout
+    (:meth:`backoff`, RFC 6298 §5.5) until the next answer is measured: when the
+    process or the network is overloaded, every round-trip grows at once, and
+    a timeout learned at rest would mark every node slow.
+    """
+
+    __slots__ = ("_backoff", "_initial", "ceiling", "floor", "rttvar", "srtt")
 
     def __init__(self, *, initial: float = 1.0, floor: float = 0.05, ceiling: float = 5.0) -> None:
         self.srtt: float | None = None
@@ -54,9 +64,11 @@ class RttEstimator:
         self.floor = floor
         self.ceiling = ceiling
         self._initial = initial
+        self._backoff = 1.0
 
     def sample(self, rtt: float) -> None:
         """Feed one measured round-trip time (seconds) of an answered request."""
+        self._backoff = 1.0
         if self.srtt is None:
             self.srtt = rtt
             self.rttvar = rtt / 2
@@ -64,10 +76,15 @@ class RttEstimator:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
 
+    def backoff(self) -> None:
+        """A request passed its timeout: double the timeout until the next sample."""
+        if self.timeout() < self.ceiling:
+            self._backoff *= 2.0
+
     def timeout(self) -> float:
         """The current per-request timeout, clamped to ``[floor, ceiling]``."""
         rto = self._initial if self.srtt is None else self.srtt + 4 * self.rttvar
-        return min(self.ceiling, max(self.floor, rto))
+        return min(self.ceiling, max(self.floor, rto) * self._backoff)
 
 
 class PeerState(enum.Enum):
@@ -125,6 +142,10 @@ class Lookup:
         self._own = own_id
         self._entries: dict[bytes, _Entry] = {}
         self._order: list[tuple[int, bytes]] = []  # (distance, id), sorted
+        # Requests within their deadline (at most alpha) and past it, kept apart so
+        # that timers and the end test do not scan every contact heard of.
+        self._flying: list[_Entry] = []
+        self._slow = 0
         self._finished = False
         self.add_contacts(seeds)
 
@@ -156,9 +177,9 @@ class Lookup:
 
     def handle_timer(self, now: float) -> None:
         """Mark requests whose deadline passed as slow, freeing their slots."""
-        for e in self._entries.values():
-            if e.state is PeerState.IN_FLIGHT and e.deadline <= now:
-                self._move(e, PeerState.SLOW)
+        for e in [e for e in self._flying if e.deadline <= now]:
+            self._move(e, PeerState.SLOW)
+            self._rtt.backoff()
 
     def finish(self) -> None:
         """Stop early: :attr:`done` becomes true and no more requests are issued."""
@@ -170,16 +191,16 @@ class Lookup:
         """Contacts to ask now; each is marked in flight with a fresh deadline."""
         if self.done:
             return []
-        in_flight = sum(1 for e in self._entries.values() if e.state is PeerState.IN_FLIGHT)
+        in_flight = len(self._flying)
         out: list[Contact] = []
         rto = self._rtt.timeout()
         for e in self._shortlist():
             if in_flight >= self.alpha or self.queries >= self.max_queries:
                 break
             if e.state is PeerState.CANDIDATE:
-                self._move(e, PeerState.IN_FLIGHT)
                 e.sent_at = now
                 e.deadline = now + rto
+                self._move(e, PeerState.IN_FLIGHT)
                 in_flight += 1
                 self.queries += 1
                 out.append(e.contact)
@@ -187,8 +208,7 @@ class Lookup:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a request in flight, or None."""
-        deadlines = [e.deadline for e in self._entries.values() if e.state is PeerState.IN_FLIGHT]
-        return min(deadlines) if deadlines else None
+        return min((e.deadline for e in self._flying), default=None)
 
     @property
     def done(self) -> bool:
@@ -197,10 +217,12 @@ class Lookup:
             return True
         short = self._shortlist()
         if all(e.state is PeerState.ANSWERED for e in short):
-            return True
-        waiting = any(e.state is PeerState.IN_FLIGHT for e in self._entries.values())
+            # Nobody answered yet but requests are out, all past their timeout: the
+            # nodes (or this process) are overloaded, not all dead. Wait for a late
+            # answer or the hard timeout rather than end with nothing.
+            return bool(short) or not self._slow
         return bool(
-            not waiting
+            not self._flying
             and (
                 self.queries >= self.max_queries
                 or not any(e.state is PeerState.CANDIDATE for e in short)
@@ -237,8 +259,17 @@ class Lookup:
         return out
 
     def _move(self, e: _Entry, new: PeerState) -> bool:
-        if new not in _TRANSITIONS[e.state]:
+        old = e.state
+        if new not in _TRANSITIONS[old]:
             return False
+        if old is PeerState.IN_FLIGHT:
+            self._flying.remove(e)
+        elif old is PeerState.SLOW:
+            self._slow -= 1
+        if new is PeerState.IN_FLIGHT:
+            self._flying.append(e)
+        elif new is PeerState.SLOW:
+            self._slow += 1
         e.state = new
         return True
 

@@ -147,3 +147,123 @@ def test_rtt_estimator_clamps() -> None:
     for _ in range(5):
         rtt.sample(50.0)
     assert rtt.timeout() == 3.0
+
+
+def test_everyone_slow_is_waited_for_not_a_result() -> None:
+    # An overloaded process: every request passes its soft timeout. The lookup
+    # must not end with nothing; a late answer carries it on.
+    rng = random.Random(11)
+    seeds = _contacts(rng, 4)
+    later = _contacts(rng, 3)
+    lookup = Lookup(rng.randbytes(20), seeds, rtt=RttEstimator(initial=0.1), k=4, alpha=2)
+    now = 0.0
+    for _ in range(10):
+        lookup.next_requests(now)
+        deadline = lookup.next_deadline()
+        if deadline is None:
+            break
+        now = deadline
+        lookup.handle_timer(now)
+    assert all(lookup.state_of(c.node_id) is PeerState.SLOW for c in seeds)
+    assert not lookup.done
+    assert lookup.next_deadline() is None  # nothing left to time out: wait for replies
+    lookup.handle_response(seeds[2].node_id, later, now + 1.0)
+    assert not lookup.done
+    asked = lookup.next_requests(now + 1.0)
+    assert len(asked) == 2
+    for c in seeds:
+        lookup.handle_failure(c.node_id)
+    while asked:
+        for c in asked:
+            lookup.handle_response(c.node_id, [], now + 1.1)
+        asked = lookup.next_requests(now + 1.1)
+    assert lookup.done
+    assert set(lookup.closest_answered()) == {seeds[2], *later}
+
+
+def test_all_failed_ends_the_lookup() -> None:
+    rng = random.Random(12)
+    seeds = _contacts(rng, 3)
+    lookup = Lookup(rng.randbytes(20), seeds, rtt=RttEstimator(initial=0.1), k=4, alpha=3)
+    lookup.next_requests(0.0)
+    lookup.handle_timer(1.0)
+    assert not lookup.done
+    for c in seeds:
+        lookup.handle_failure(c.node_id)
+    assert lookup.done
+    assert lookup.closest_answered() == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    samples=st.lists(st.floats(0.0, 10.0), max_size=20),
+    backoffs=st.integers(0, 12),
+    floor=st.floats(0.001, 1.0),
+    span=st.floats(0.0, 10.0),
+)
+def test_rtt_backoff_doubles_within_bounds_until_the_next_sample(
+    samples: list[float], backoffs: int, floor: float, span: float
+) -> None:
+    rtt = RttEstimator(initial=1.0, floor=floor, ceiling=floor + span)
+    for s in samples:
+        rtt.sample(s)
+    base = rtt.timeout()
+    for _ in range(backoffs):
+        before = rtt.timeout()
+        rtt.backoff()
+        after = rtt.timeout()
+        assert rtt.floor <= after <= rtt.ceiling
+        assert after == min(rtt.ceiling, 2 * before) or before == rtt.ceiling
+        assert after >= base
+    rtt.sample(samples[-1] if samples else 0.5)
+    again = RttEstimator(initial=1.0, floor=floor, ceiling=floor + span)
+    for s in [*samples, samples[-1] if samples else 0.5]:
+        again.sample(s)
+    assert rtt.timeout() == again.timeout()  # a sample ends the back-off
+
+
+def _reference_done(lookup: Lookup, known: list[Contact]) -> bool:
+    """dht.md §6's end rule, computed by scanning every contact."""
+    states = {c.node_id: lookup.state_of(c.node_id) for c in known}
+    ranked = sorted(
+        (c for c in known if states[c.node_id] is not None),
+        key=lambda c: distance(c.node_id, lookup.target),
+    )
+    shortlisted = (PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED)
+    short = [c for c in ranked if states[c.node_id] in shortlisted][: lookup.k]
+    values = list(states.values())
+    if all(states[c.node_id] is PeerState.ANSWERED for c in short):
+        return bool(short) or PeerState.SLOW not in values
+    return PeerState.IN_FLIGHT not in values and (
+        lookup.queries >= lookup.max_queries
+        or not any(states[c.node_id] is PeerState.CANDIDATE for c in short)
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    ops=st.lists(st.sampled_from(["ask", "tick", "answer", "fail", "late"]), max_size=60),
+)
+def test_bookkeeping_matches_a_full_scan(seed: int, ops: list[str]) -> None:
+    rng = random.Random(seed)
+    everyone = _contacts(rng, 40)
+    lookup = Lookup(rng.randbytes(20), everyone[:5], rtt=RttEstimator(initial=0.2), k=6, alpha=3)
+    now = 0.0
+    asked: list[Contact] = []
+    for op in ops:
+        if op == "ask":
+            asked += lookup.next_requests(now)
+        elif op == "tick":
+            now += rng.uniform(0.0, 0.5)
+            lookup.handle_timer(now)
+        elif asked:
+            c = asked.pop(rng.randrange(len(asked)))
+            if op == "fail":
+                lookup.handle_failure(c.node_id)
+            else:
+                lookup.handle_response(c.node_id, rng.sample(everyone, 4), now)
+        flying = [c for c in everyone if lookup.state_of(c.node_id) is PeerState.IN_FLIGHT]
+        assert len(flying) <= lookup.alpha
+        assert (lookup.next_deadline() is None) == (not flying)
+        assert lookup.done == _reference_done(lookup, everyone)
