@@ -22,9 +22,14 @@ themselves without knowing any of this.
   slots, at most ``max_checks_per_host`` of them per host, for
   ``slot_time`` seconds or until it ends (a reply after that still counts);
   no check of a host that already holds its limit of ids
-  (:meth:`~p2pnode.dht.routing.RoutingTable.host_full`); and an address
+  (:meth:`~p2pnode.dht.routing.RoutingTable.host_full`), nor of a sender
+  whose bucket is full and cannot split
+  (:meth:`~p2pnode.dht.routing.RoutingTable.has_room`): the table could
+  keep it only as a replacement, and replies to our own requests fill
+  replacement caches without a ping each; and an address
   checked in the last ``retry_after`` seconds is not checked again (a
-  memory of ``memory`` addresses, the oldest forgotten first).
+  memory of ``memory`` addresses, the oldest forgotten first; an address
+  whose check admitted its id is not remembered: its requests are known).
 * A sender that finds every slot taken waits for one, oldest first
   (:meth:`Admission.next_waiting`; at most ``max_waiting``), so that an
   honest node that joins during a flood from many ports of one loopback
@@ -63,6 +68,7 @@ class Verdict(enum.Enum):
     BUSY = "busy"  # every check slot is taken (the sender waits for one), or its host's are
     RECENT = "recent"  # this address was checked less than retry_after ago
     HOST_FULL = "host full"  # this host holds its limit of ids in the table
+    NO_ROOM = "no room"  # its bucket is full and cannot split: a replacement at best
 
 
 class Admission:
@@ -167,13 +173,18 @@ class Admission:
                 return node_id, source
         return None
 
-    def check_done(self, source: Address, now: float, *, answered: bool = True) -> bool:
-        """The ping of ``source``'s check ended, ``answered`` or not.
+    def check_done(
+        self, source: Address, now: float, *, answered: bool = True, admitted: bool = False
+    ) -> bool:
+        """The ping of ``source``'s check ended, ``answered`` or not; ``admitted``: the
+        id it named is now a contact of the table at ``source``.
 
         Returns True when an unanswered check is to be tried again: the address
         then waits for a slot (:meth:`next_waiting`), ahead of nobody. Otherwise
-        the address is not checked again for ``retry_after`` seconds. An address
-        without a check out is ignored (False).
+        the address is not checked again for ``retry_after`` seconds, unless its
+        id was admitted: while the table holds it there its requests need no
+        check (:attr:`Verdict.KNOWN`), and a node keeps no memory per contact
+        for nothing. An address without a check out is ignored (False).
         """
         node_id = self._checking.pop(source, None)
         if node_id is None:
@@ -190,6 +201,8 @@ class Admission:
             return True
         self._attempts.pop(source, None)
         self._recent.pop(source, None)
+        if answered and admitted:
+            return False
         self._recent[source] = now + self.retry_after
         while len(self._recent) > self.memory:
             self._recent.popitem(last=False)
@@ -208,6 +221,8 @@ class Admission:
             del self._recent[source]
         if table.host_full(source[0], node_id):
             return Verdict.HOST_FULL
+        if not table.has_room(node_id):
+            return Verdict.NO_ROOM
         self._free_slots(now)
         key = self._key(source)
         if len(self._slots) >= self.max_checks or (

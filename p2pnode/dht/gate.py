@@ -117,14 +117,18 @@ class Gate:
         def checked(value: Any) -> None:
             now = trio.current_time()
             answered = ping_reply(value)
-            # A ping lost under a flood is tried again (up to check_attempts), once a
-            # slot is free: check_waiting below sends it.
-            if self.admission.check_done(source, now, answered=answered is not None):
-                host.stats.checks_retried += 1
+            admitted = False
             if answered is None:
                 host.stats.checks_failed += 1
             else:
                 self.proven(answered, source, stated=True)
+                held = host.table.get(answered)
+                admitted = held is not None and held.address == source
+            # A ping lost under a flood is tried again (up to check_attempts), once a
+            # slot is free: check_waiting below sends it.
+            done = self.admission.check_done
+            if done(source, now, answered=answered is not None, admitted=admitted):
+                host.stats.checks_retried += 1
             self.check_waiting(now)
 
         # Queued; the flush after the datagram or timer at hand sends it (no task).

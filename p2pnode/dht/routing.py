@@ -246,6 +246,15 @@ class RoutingTable:
             return False
         return len(ids) >= self.max_per_host and len(set(ids)) >= self.max_per_host
 
+    def has_room(self, node_id: bytes) -> bool:
+        """True if :meth:`observe` could make ``node_id`` a contact now: it is one, or
+        its bucket has room or may split; False if it could only be a replacement."""
+        bucket = self._bucket_for(id_int(node_id))
+        if node_id in bucket.contacts or len(bucket.contacts) < self.k:
+            return True
+        splittable = bucket.lo <= self._own < bucket.hi or bucket.depth() % _SPLIT_B != 0
+        return splittable and bucket.hi - bucket.lo > 1
+
     def refusal(self, contact: Contact) -> Refusal | None:
         """Why :meth:`observe` would not take ``contact``, or None if it may."""
         held = self._at.get(contact.address)

@@ -327,3 +327,63 @@ def test_the_summary_reports_at_once_then_at_most_once_an_interval() -> None:
     assert summary.due(61.0, stats) == "dht.summary datagrams_dropped=+59000 records_rejected=+3"
     assert summary.due(121.0, stats) is None  # nothing new: quiet again
     assert summary.next_deadline() == math.inf
+
+
+# ---------------------------------------------------------------------- full buckets
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    own=st.binary(min_size=20, max_size=20),
+    ids=st.lists(st.binary(min_size=20, max_size=20), min_size=1, max_size=120, unique=True),
+)
+def test_has_room_says_whether_observe_makes_a_contact(own: bytes, ids: list[bytes]) -> None:
+    # A bucket that may split is "room" even when the newcomer's half stays full
+    # (it may split again); a full bucket that may not split never takes one.
+    table = RoutingTable(own, k=4)
+    for n, node_id in enumerate(ids):
+        if node_id == own:
+            continue
+        room = table.has_room(node_id)
+        table.observe(Contact(node_id, "10.1.0.1", 1000 + n), 0.0)
+        if not room:
+            assert node_id not in table
+        elif node_id not in table:
+            # Only a split bucket whose newcomer's half was full again and not splittable.
+            assert table.bucket_count() > 1
+
+
+def test_a_sender_whose_bucket_is_full_is_not_checked() -> None:
+    # Own id 0x00...: ids 0x80 0x03.. and on share their first 5 bits, so the far
+    # half splits (depth 1-4 may, §5) down to a depth-5 bucket that may not.
+    table = RoutingTable(OWN, k=2)
+    for n in range(1, 12):
+        table.observe(Contact(bytes([0x80, n]) + bytes(18), "10.0.0.1", n), 0.0)
+    newcomer = bytes([0x80, 50]) + bytes(18)
+    assert not table.has_room(newcomer)
+    adm = Admission()
+    assert adm.on_request(newcomer, ("10.0.0.3", 1), table, 0.0) is Verdict.NO_ROOM
+    assert adm.checking == 0
+    # A sender with room in its bucket is checked as before.
+    near = b"\x00" + b"\x01" * 19
+    assert table.has_room(near)
+    assert adm.on_request(near, ("10.0.0.4", 1), table, 0.0) is Verdict.CHECK
+
+
+def test_an_address_whose_check_admitted_its_id_is_not_remembered() -> None:
+    table = RoutingTable(OWN)
+    adm = Admission()
+    admitted, refused = ("10.0.0.1", 1), ("10.0.0.2", 1)
+    assert adm.on_request(_id(1), admitted, table, 0.0) is Verdict.CHECK
+    assert adm.on_request(_id(2), refused, table, 0.0) is Verdict.CHECK
+    table.observe(Contact(_id(1), *admitted), 0.5)
+    assert adm.check_done(admitted, 0.5, admitted=True) is False
+    assert adm.check_done(refused, 0.5) is False
+    # Known while it stays in the table; once gone, checked again at once.
+    assert adm.on_request(_id(1), admitted, table, 1.0) is Verdict.KNOWN
+    table.remove(_id(1))
+    assert adm.on_request(_id(1), admitted, table, 2.0) is Verdict.CHECK
+    # Answered but not admitted: the address rests retry_after as before.
+    assert adm.on_request(_id(2), refused, table, 2.0) is Verdict.RECENT
+    # An unanswered ping is never "admitted".
+    assert adm.check_done(admitted, 3.0, answered=False, admitted=True) is True
