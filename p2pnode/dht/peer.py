@@ -86,6 +86,10 @@ from p2pnode.net import Address, DatagramEndpoint, Network
 log = logging.getLogger("p2pnode.dht")
 
 _DEFAULT_CONFIG = DhtConfig()
+#: The OS's randomness, for every node built without an ``rng``: a ``random.Random``
+#: (SystemRandom included) carries a 2.5 KB Mersenne Twister state of its own, a
+#: cost per node when a process runs many (the simulator, benchmarks).
+_OS_RANDOM = random.SystemRandom()
 #: Rounds of pings of the bootstrap addresses when none answers (dht.md §5.2).
 BOOTSTRAP_ROUNDS = 2
 
@@ -140,8 +144,9 @@ class DhtPeer:
     ) -> None:
         """``identity`` signs what this node publishes; ``node_id`` defaults to its peer id.
 
-        ``rng`` drives jitter, refresh ids and (if given) message ids, else drawn from the OS
-        so that peers cannot predict them. Raises LocalError(INVALID_ARGUMENT) (see _node_id_of).
+        ``rng`` drives jitter, refresh ids and (if given) message ids; without it all of
+        them are drawn from the OS (message ids must be unpredictable to peers).
+        Raises LocalError(INVALID_ARGUMENT) (see _node_id_of).
         """
         self.node_id = node_id = _node_id_of(identity, node_id)
         self.identity = identity
@@ -150,7 +155,7 @@ class DhtPeer:
         self.wall_clock_ms = wall_clock_ms
         self._network = network
         self._bind_address = address
-        self._rng = rng if rng is not None else random.Random()
+        self._rng: random.Random = rng if rng is not None else _OS_RANDOM
         self.table = RoutingTable(
             node_id,
             k=config.k,
@@ -167,7 +172,7 @@ class DhtPeer:
         #: Contains whatever one datagram or one looked-up value raises (p2pnode.boundary).
         self.boundary = FailureBoundary(log, self._input_failed)
         self.rpc = RpcCore(
-            rng=rng if rng is not None else random.SystemRandom(),
+            rng=self._rng,
             timeout=config.rpc_hard_timeout,
             max_pending=config.max_pending,
         )
