@@ -22,6 +22,12 @@ without a deadline of their own, so a datagram costs no cancel scope and no
 ``Cancelled`` raised through a receiver; delivery times, loss and ordering
 are the same as without the driver.
 
+Each delivery is a pass of trio's scheduler (the driver's, then the
+receivers'), and with jittered delays no two datagrams are due at the same
+instant. A ``tick`` (say a millisecond, well inside the jitter) delivers
+datagrams at the next multiple of it instead: everything due in one tick is
+handed over in one pass and its receivers run in the next, together.
+
 Faults, decided at send time from the seeded RNG so runs are reproducible:
 
 * latency + uniform jitter per link (default or per pair of hosts);
@@ -70,10 +76,16 @@ class SimNetwork:
         *,
         default: LinkConditions = LinkConditions(),
         connect_timeout: float = 3.0,
+        tick: float = 0.0,
     ) -> None:
+        """``tick``: datagrams are delivered at the next multiple of ``tick`` seconds
+        after their delay (0: at the delay itself). See the module docstring."""
+        if tick < 0:
+            raise ValueError("tick must be >= 0")
         self.rng = rng
         self.default = default
         self.connect_timeout = connect_timeout
+        self.tick = tick
         self._links: dict[tuple[str, str], LinkConditions] = {}
         self._hosts: dict[str, SimHost] = {}
         self._killed: set[str] = set()
@@ -181,6 +193,8 @@ class SimNetwork:
             return
         seq = next(self._seq)
         due = trio.current_time() + delay
+        if self.tick:
+            due = math.ceil(due / self.tick) * self.tick
         if self._driven:
             endpoint._flying += 1
             heapq.heappush(self._flight, (due, seq, endpoint, data, src))

@@ -69,6 +69,51 @@ async def test_driven_deliveries_are_those_of_the_heaps(
     assert sum(len(a) for a in driven[0]) > 300 * (1 - loss) * 0.8
 
 
+def _arrivals(tick: float, drive: bool) -> list[tuple[float, bytes]]:
+    """Times (from 0) and contents of 100 datagrams from one host to another."""
+
+    async def main() -> list[tuple[float, bytes]]:
+        sim = SimNetwork(random.Random(4), default=LinkConditions(0.02, 0.01), tick=tick)
+        ea, eb = [await sim.add_host().bind_datagram(("", 0)) for _ in range(2)]
+        got: list[tuple[float, bytes]] = []
+
+        async def receive() -> None:
+            while len(got) < 100:
+                data, _ = await eb.recvfrom()
+                got.append((trio.current_time(), data))
+
+        async with trio.open_nursery() as nursery:
+            if drive:
+                await nursery.start(sim.drive)
+            nursery.start_soon(receive)
+            for i in range(100):
+                await ea.sendto(bytes([i]), eb.local_address)
+                await trio.sleep(0.0013)
+            await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+        return got
+
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.mark.parametrize("drive", [False, True])
+def test_a_tick_delivers_at_the_next_multiple(drive: bool) -> None:
+    exact, ticked = _arrivals(0.0, drive), _arrivals(0.004, drive)
+    # The tick draws nothing from the rng: the same delays, each rounded up to a tick.
+    assert sorted(exact, key=lambda a: a[1]) != exact  # jitter reorders some
+    by_data = dict((d, t) for t, d in exact)
+    for t, d in ticked:
+        assert abs(t / 0.004 - round(t / 0.004)) < 1e-6
+        assert 0 <= t - by_data[d] < 0.004 + 1e-9
+    # Datagrams that fall due in one tick arrive together, in the order sent.
+    assert [d for _, d in ticked] == [d for _, d in sorted(ticked, key=lambda a: (a[0], a[1]))]
+
+
+def test_a_tick_is_not_negative() -> None:
+    with pytest.raises(ValueError, match="tick"):
+        SimNetwork(random.Random(1), tick=-0.001)
+
+
 async def test_driver_keeps_trio_deadlines(autojump_clock: trio.testing.MockClock) -> None:
     sim = _net(latency=1.0, jitter=0.0)
     a, b = sim.add_host(), sim.add_host()
