@@ -24,7 +24,11 @@ instead of lockstep rounds):
   timeout. When every request is slow, the process or the network is
   overloaded rather than every node dead, and each passed timeout doubles
   the next (RFC 6298 §5.5). The driver may also :meth:`Lookup.finish`
-  early (a value lookup that found what it wanted).
+  early (a value lookup that found what it wanted). A lookup that decides
+  where records are stored (``wait_slow``) keeps slow contacts among the
+  ``k`` nearest and waits for their answer or failure: under load, dropping
+  them would store records at nodes farther than the ``k`` closest, where
+  readers' lookups do not look.
 
 Value lookups (§6 of docs/protocol/dht.md) read records from every node that
 returns a hit: a :class:`RecordCollector` verifies each hit's value
@@ -107,6 +111,8 @@ _TRANSITIONS: dict[PeerState, frozenset[PeerState]] = {
 }
 
 _SHORTLISTED = (PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED)
+# With wait_slow, a slow contact keeps its place among the k closest.
+_SHORTLISTED_WAITING = (*_SHORTLISTED, PeerState.SLOW)
 
 
 @dataclass(slots=True)
@@ -131,7 +137,12 @@ class Lookup:
         k: int = 20,
         alpha: int = 3,
         max_queries: int = 256,
+        wait_slow: bool = False,
     ) -> None:
+        """``wait_slow``: a slow contact frees its slot but keeps its place among the
+        k closest, so the lookup waits for its late answer or failure (a lookup that
+        decides where records are stored must find the k closest live nodes, even
+        when every answer is late)."""
         self.target = target
         self.k = k
         self.alpha = alpha
@@ -146,6 +157,7 @@ class Lookup:
         # that timers and the end test do not scan every contact heard of.
         self._flying: list[_Entry] = []
         self._slow = 0
+        self._shortlisted = _SHORTLISTED_WAITING if wait_slow else _SHORTLISTED
         self._finished = False
         self.add_contacts(seeds)
 
@@ -221,6 +233,8 @@ class Lookup:
             # nodes (or this process) are overloaded, not all dead. Wait for a late
             # answer or the hard timeout rather than end with nothing.
             return bool(short) or not self._slow
+        if any(e.state is PeerState.SLOW for e in short):
+            return False  # wait_slow: a slow contact among the k closest is waited for
         return bool(
             not self._flying
             and (
@@ -252,7 +266,7 @@ class Lookup:
         out = []
         for _, nid in self._order:
             e = self._entries[nid]
-            if e.state in _SHORTLISTED:
+            if e.state in self._shortlisted:
                 out.append(e)
                 if len(out) >= self.k:
                     break

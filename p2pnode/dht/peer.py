@@ -358,7 +358,12 @@ class DhtPeer:
     # ------------------------------------------------------------------ lookups
 
     async def _lookup(
-        self, target: bytes, *, want_value: bool = False, quorum: int | None = None
+        self,
+        target: bytes,
+        *,
+        want_value: bool = False,
+        quorum: int | None = None,
+        wait_slow: bool = False,
     ) -> tuple[Lookup, list[SignedRecord]]:
         """Run one iterative lookup (§6); with ``want_value`` collect records too."""
         lookup = Lookup(
@@ -368,6 +373,7 @@ class DhtPeer:
             own_id=self.node_id,
             k=self.config.k,
             alpha=self.config.alpha,
+            wait_slow=wait_slow,
         )
         self.table.touch_range(target, trio.current_time())
         method = "find_value" if want_value else "find_node"
@@ -432,8 +438,11 @@ class DhtPeer:
             lookup.finish()
 
     async def _lookup_value(self, key: bytes) -> tuple[list[Contact], list[SignedRecord]]:
-        """A value lookup to the k closest: the nodes that answered and the records read."""
-        lookup, recs = await self._lookup(key, want_value=True)
+        """A value lookup to the k closest: the nodes that answered and the records read.
+
+        Publishing stores at those nodes, so slow ones among the k closest are waited for.
+        """
+        lookup, recs = await self._lookup(key, want_value=True, wait_slow=True)
         return lookup.closest_answered(), recs
 
     async def _store(self, contact: Contact, key: bytes, value: bytes) -> bool:

@@ -222,18 +222,22 @@ def test_rtt_backoff_doubles_within_bounds_until_the_next_sample(
     assert rtt.timeout() == again.timeout()  # a sample ends the back-off
 
 
-def _reference_done(lookup: Lookup, known: list[Contact]) -> bool:
+def _reference_done(lookup: Lookup, known: list[Contact], wait_slow: bool) -> bool:
     """dht.md §6's end rule, computed by scanning every contact."""
     states = {c.node_id: lookup.state_of(c.node_id) for c in known}
     ranked = sorted(
         (c for c in known if states[c.node_id] is not None),
         key=lambda c: distance(c.node_id, lookup.target),
     )
-    shortlisted = (PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED)
+    shortlisted = [PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED]
+    if wait_slow:
+        shortlisted.append(PeerState.SLOW)
     short = [c for c in ranked if states[c.node_id] in shortlisted][: lookup.k]
     values = list(states.values())
     if all(states[c.node_id] is PeerState.ANSWERED for c in short):
         return bool(short) or PeerState.SLOW not in values
+    if any(states[c.node_id] is PeerState.SLOW for c in short):
+        return False
     return PeerState.IN_FLIGHT not in values and (
         lookup.queries >= lookup.max_queries
         or not any(states[c.node_id] is PeerState.CANDIDATE for c in short)
@@ -244,11 +248,19 @@ def _reference_done(lookup: Lookup, known: list[Contact]) -> bool:
 @given(
     seed=st.integers(0, 2**32),
     ops=st.lists(st.sampled_from(["ask", "tick", "answer", "fail", "late"]), max_size=60),
+    wait_slow=st.booleans(),
 )
-def test_bookkeeping_matches_a_full_scan(seed: int, ops: list[str]) -> None:
+def test_bookkeeping_matches_a_full_scan(seed: int, ops: list[str], wait_slow: bool) -> None:
     rng = random.Random(seed)
     everyone = _contacts(rng, 40)
-    lookup = Lookup(rng.randbytes(20), everyone[:5], rtt=RttEstimator(initial=0.2), k=6, alpha=3)
+    lookup = Lookup(
+        rng.randbytes(20),
+        everyone[:5],
+        rtt=RttEstimator(initial=0.2),
+        k=6,
+        alpha=3,
+        wait_slow=wait_slow,
+    )
     now = 0.0
     asked: list[Contact] = []
     for op in ops:
@@ -266,4 +278,32 @@ def test_bookkeeping_matches_a_full_scan(seed: int, ops: list[str]) -> None:
         flying = [c for c in everyone if lookup.state_of(c.node_id) is PeerState.IN_FLIGHT]
         assert len(flying) <= lookup.alpha
         assert (lookup.next_deadline() is None) == (not flying)
-        assert lookup.done == _reference_done(lookup, everyone)
+        assert lookup.done == _reference_done(lookup, everyone, wait_slow)
+
+
+def test_wait_slow_keeps_a_slow_contact_among_the_k_closest() -> None:
+    # Where records are stored: a slow node among the k closest is waited for
+    # (its late answer or its failure), not replaced by a farther one.
+    rng = random.Random(13)
+    everyone = _contacts(rng, 6)
+    target = rng.randbytes(20)
+    ranked = sorted(everyone, key=lambda c: distance(c.node_id, target))
+    for wait_slow in (False, True):
+        lookup = Lookup(
+            target, ranked, rtt=RttEstimator(initial=0.1), k=3, alpha=3, wait_slow=wait_slow
+        )
+        assert lookup.next_requests(0.0) == ranked[:3]
+        lookup.handle_timer(0.2)  # all three slow
+        for c in lookup.next_requests(0.2):
+            lookup.handle_response(c.node_id, [], 0.25)
+        lookup.handle_response(ranked[1].node_id, [], 0.3)
+        lookup.handle_response(ranked[2].node_id, [], 0.3)
+        if not wait_slow:
+            # Three farther ones answered in time: done without the slow nearest.
+            assert lookup.done
+            assert ranked[0] not in lookup.closest_answered()
+            continue
+        assert not lookup.done  # the nearest is still out
+        lookup.handle_response(ranked[0].node_id, [], 0.9)
+        assert lookup.done
+        assert lookup.closest_answered() == ranked[:3]
