@@ -123,18 +123,27 @@ class Calls:
         """Nobody waits for ``msg_id`` any more: no callback, a late reply is dropped."""
         self.core.cancel(msg_id)
         self._results.pop(msg_id, None)
+        self._compact()
 
     def on_reply(self, event: ReplyReceived) -> None:
         self.stats.rpcs_answered += 1
         on_result = self._results.pop(event.msg_id, None)
+        self._compact()
         if on_result is not None:
             on_result(event.value)
 
     def on_timeout(self, event: CallTimedOut) -> None:
         self.stats.rpcs_timed_out += 1
         on_result = self._results.pop(event.msg_id, None)
+        self._compact()
         if on_result is not None:
             on_result(NO_REPLY)
+
+    def _compact(self) -> None:
+        # A dict never shrinks as it empties: a burst of calls would keep its peak
+        # table (kilobytes) for the node's life.
+        if not self._results:
+            self._results = {}
 
     async def flush(self) -> None:
         """Send every datagram the core has queued (see the module docstring)."""

@@ -267,6 +267,7 @@ class RpcCore:
         call = self._pending.pop(msg_id, None)
         if call is None:
             return False
+        self._compact()
         self._finish(call, CallState.ABANDONED)
         return True
 
@@ -282,6 +283,7 @@ class RpcCore:
             pending.popitem(last=False)
             self._finish(call, CallState.TIMED_OUT)
             out.append(CallTimedOut(call.msg_id, call.method, call.address))
+        self._compact()
         return out
 
     # ------------------------------------------------------------------ datagrams in
@@ -328,6 +330,7 @@ class RpcCore:
             reason = DropReason.WRONG_ADDRESS
             return DatagramDropped(source, reason, f"{reason.value} ({call.method})")
         del self._pending[msg.msg_id]
+        self._compact()
         self._finish(call, CallState.ANSWERED)
         return ReplyReceived(call.msg_id, call.method, call.address, msg.value, now - call.sent_at)
 
@@ -342,6 +345,12 @@ class RpcCore:
             finished[call.msg_id] = state
             if len(finished) > self._remember:
                 del finished[next(iter(finished))]
+
+    def _compact(self) -> None:
+        # A dict never shrinks as it empties: a burst of calls (a publisher's stores)
+        # would keep its peak table, kilobytes, for the node's life.
+        if not self._pending:
+            self._pending = OrderedDict()
 
     def _new_id(self) -> bytes:
         for _ in range(_ID_ATTEMPTS):
