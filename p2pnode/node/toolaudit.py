@@ -139,14 +139,14 @@ class ToolAudit:
         caller = self._caller(card) if card is not None else None
         if method not in _USES:
             return await agent.handle(envelope, caller)
-        started = _Started(time.perf_counter(), self._events.now_ms(), card)
+        perf = time.perf_counter()
         reply = await agent.handle(envelope, caller)
         if reply is None:
-            self._forwarded[envelope.id] = started
+            self._forwarded[envelope.id] = _Started(perf, card)
             while len(self._forwarded) > MAX_FORWARDED:
                 self._forwarded.popitem(last=False)
             return None
-        self._record(agent.id, envelope, method, reply.type, reply.payload, started)
+        self._record(agent.id, envelope, method, reply.type, reply.payload, perf, card)
         return reply
 
     def _caller(self, card: AgentCard) -> Caller:
@@ -164,28 +164,36 @@ class ToolAudit:
         started = self._forwarded.pop(request.id, None)
         meta = request.metadata
         if started is not None and meta is not None and meta.capability is not None:
-            self._record(request.recipient, request, meta.capability, type, payload, started)
+            self._record(
+                request.recipient,
+                request,
+                meta.capability,
+                type,
+                payload,
+                started.perf,
+                started.card,
+            )
 
     def _record(
         self,
         owner: str,
         envelope: Envelope,
         method: str,
-        type: MessageType,
+        answer_type: MessageType,
         payload: Any,
-        started: _Started,
+        started_perf: float,
+        card: AgentCard | None,
     ) -> None:
-        duration_ms = (time.perf_counter() - started.perf) * 1000
+        duration_ms = (time.perf_counter() - started_perf) * 1000
         params = envelope.payload
         name = used_name(owner, method, params)
-        arguments = params.get("arguments") if isinstance(params, dict) else None
-        code: ErrorCode | None = None
-        detail = ""
-        if type is MessageType.ERROR:
-            body = payload if isinstance(payload, dict) else {}
-            raw = str(body.get("code"))
-            code = ErrorCode(raw) if raw in ErrorCode.__members__ else ErrorCode.INTERNAL
-            detail = str(body.get("message", ""))
+        arguments = params.get("arguments") if type(params) is dict else None
+        if answer_type is MessageType.ERROR:
+            code, detail = _failure(payload)
+            result = None
+        else:
+            code, detail = None, ""
+            result = _recorded(_result_of(method, payload))
         self._events.tool_invocation(
             name,
             envelope.sender,
@@ -199,20 +207,29 @@ class ToolAudit:
             arguments_digest=partial(arguments_digest, arguments),
         )
         if code is ErrorCode.PERMISSION_DENIED:
-            card = started.card
             peer = str(card.peer_id) if card is not None else None
             self._events.security(code, detail, peer, envelope)
+        # One clock read: the start is the end less the duration.
+        started_ms = self._events.now_ms() - int(duration_ms)
         self._history.append(
             (
                 name,
                 envelope.sender,
                 _recorded(arguments),
-                _recorded(_result_of(method, payload)) if code is None else None,
+                result,
                 None if code is None else str(code),
                 round(duration_ms, 3),
-                started.at_ms,
+                started_ms,
             )
         )
+
+
+def _failure(payload: Any) -> tuple[ErrorCode, str]:
+    """The code and message of an ``error`` answer."""
+    body = payload if isinstance(payload, dict) else {}
+    raw = str(body.get("code"))
+    code = ErrorCode(raw) if raw in ErrorCode.__members__ else ErrorCode.INTERNAL
+    return code, str(body.get("message", ""))
 
 
 def _result_of(method: str, payload: Any) -> Any:
@@ -222,10 +239,11 @@ def _result_of(method: str, payload: Any) -> Any:
     return payload
 
 
-@dataclass(slots=True)  # not frozen: one is made per use, and frozen __init__ is slow
+@dataclass(frozen=True, slots=True)
 class _Started:
+    """A use handed to an attached process: when it started, and the caller's card."""
+
     perf: float
-    at_ms: int
     card: AgentCard | None
 
 
