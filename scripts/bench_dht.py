@@ -115,13 +115,11 @@ async def run_ours(
     nodes: list[DhtNode] = []
     results: dict[str, Any] = {}
     async with trio.open_nursery() as nursery:
-        stops: dict[int, trio.Event] = {}
-        host_of: dict[int, int] = {}
 
-        async def host(i: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        def make(i: int) -> DhtNode:
             net: Network = net_factory(i)
             ident = Identity(rng.randbytes(32)) if i % 10 == 0 else None
-            node = DhtNode(
+            return DhtNode(
                 net,
                 identity=ident,
                 node_id=None if ident else rng.randbytes(20),
@@ -130,19 +128,16 @@ async def run_ours(
                 rng=one_rng or random.Random(rng.random()),
                 wall_clock_ms=wall_ms,
             )
-            stops[i] = trio.Event()
-            host_of[id(node)] = i
-            async with node:
-                task_status.started(node)
-                await stops[i].wait()
 
+        # Each node runs in a task of this nursery (DhtNode.serve) until close():
+        # no task per node to hold an ``async with`` open.
         t0 = trio.current_time()
-        nodes.append(await nursery.start(host, 0))
+        nodes.append(await nursery.start(make(0).serve))
         limiter = trio.CapacityLimiter(join_parallel)
 
         async def join(i: int) -> None:
             async with limiter:
-                node = await nursery.start(host, i)
+                node = await nursery.start(make(i).serve)
                 peer = nodes[rng.randrange(len(nodes))]
                 await node.bootstrap([peer.address])
                 nodes.append(node)
@@ -189,13 +184,13 @@ async def run_ours(
         results["before"] = await measure(nodes, publishers)
         victims = set(rng.sample(range(1, len(nodes)), len(nodes) // 5))
         for v in victims:
-            stops[host_of[id(nodes[v])]].set()
+            nodes[v].close()
         await trio.sleep(0.1)
         alive = [x for k, x in enumerate(nodes) if k not in victims]
         live_pubs = [x for x in publishers if x in alive]
         results["after"] = await measure(alive, live_pubs)
-        for ev in stops.values():
-            ev.set()
+        for x in nodes:
+            x.close()
     return results
 
 

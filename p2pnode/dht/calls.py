@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -43,6 +43,21 @@ class _NoReply(enum.Enum):
 NO_REPLY = _NoReply.NO_REPLY
 #: Gets a call's raw reply value, or :data:`NO_REPLY`.
 OnResult = Callable[[Any], None]
+
+_Tag = TypeVar("_Tag")
+
+
+def to_channel(send: trio.MemorySendChannel[tuple[_Tag, Any]], tag: _Tag) -> OnResult:
+    """A callback that puts ``(tag, result)`` on ``send`` (a lookup's replies), and
+    drops it once the channel is closed (the lookup ended)."""
+
+    def deliver(value: Any) -> None:
+        try:
+            send.send_nowait((tag, value))
+        except trio.BrokenResourceError:
+            pass  # the lookup ended; the routing table was told (Gate.informing)
+
+    return deliver
 
 
 class _Result:
@@ -157,4 +172,4 @@ class Calls:
                 raise
 
 
-__all__ = ["NO_REPLY", "Calls", "OnResult"]
+__all__ = ["NO_REPLY", "Calls", "OnResult", "to_channel"]

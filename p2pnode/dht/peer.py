@@ -2,7 +2,8 @@
 
 Theory of operation: a :class:`DhtPeer` binds one datagram endpoint from a
 :class:`p2pnode.net.Network` (real sockets or the simulator) and runs one
-long-lived task in a nursery it owns (``async with``): the receive loop.
+long-lived loop in a nursery it owns: the receive loop (in the task that calls
+:meth:`DhtPeer.serve`, or in one that ``async with`` starts).
 Everything protocol-shaped happens in sans-IO objects it drives:
 
 * :class:`~p2pnode.dht.rpc.RpcCore` (docs/protocol/dht.md §2-3) holds the
@@ -58,7 +59,7 @@ import trio
 
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.dht import rpcwire
-from p2pnode.dht.calls import NO_REPLY, Calls, OnResult
+from p2pnode.dht.calls import NO_REPLY, Calls, to_channel
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
@@ -100,16 +101,6 @@ def _text(address: Address) -> str:
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _to_channel(send: trio.MemorySendChannel[tuple[Contact, Any]], c: Contact) -> OnResult:
-    def deliver(value: Any) -> None:
-        try:
-            send.send_nowait((c, value))
-        except trio.BrokenResourceError:
-            pass  # the lookup ended; the routing table was told (Gate.informing)
-
-    return deliver
 
 
 def _node_id_of(identity: Identity | None, node_id: bytes | None) -> bytes:
@@ -189,8 +180,7 @@ class DhtPeer:
             self._rng, first_delay=config.rejoin_delay, max_delay=config.rejoin_max_delay
         )
         self.calls = Calls(self.rpc, self.stats)
-        #: Admission to the routing table (§5.1).
-        self.gate = Gate(self, config)
+        self.gate = Gate(self, config)  # admission to the routing table (§5.1)
         self.handlers = RequestHandlers(self, self.gate.heard)
         self._endpoint: DatagramEndpoint | None = None
         self._nursery: trio.Nursery | None = None
@@ -212,31 +202,53 @@ class DhtPeer:
 
     @asynccontextmanager
     async def _run(self) -> AsyncIterator[Self]:
-        if self._running is not None:
+        self._check_idle()
+        failure: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.serve)
+            try:
+                yield self
+            except BaseException as exc:  # handed on below, outside the nursery
+                failure = exc
+            self.close()
+        # The body's own exception goes on as it is, not in the nursery's ExceptionGroup.
+        if failure is not None:
+            raise failure
+
+    async def serve(self, *, task_status: trio.TaskStatus[Self] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the node in this task until :meth:`close` or cancellation
+        (``await nursery.start(peer.serve)``): no task per node for a caller of many.
+
+        Raises LocalError(INVALID_ARGUMENT) if the node runs already.
+        """
+        endpoint = await self._bind()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._endpoint, self._nursery = endpoint, nursery
+                self.calls.endpoint = endpoint
+                task_status.started(self)
+                await self._receive_loop(endpoint)
+        finally:
+            self._nursery = self.calls.endpoint = None
+            endpoint.close()
+
+    def close(self) -> None:
+        """Stop the node (serve returns); nothing if it is not running."""
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def _check_idle(self) -> None:
+        if self._running is not None or self._nursery is not None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "node already started")
+
+    async def _bind(self) -> DatagramEndpoint:
+        self._check_idle()
         endpoint = await self._network.bind_datagram(self._bind_address)
         now = trio.current_time()
         mark_fresh(self.table, now)
         self.publisher.start(now)
         self.schedule.start(now)
-        failure: BaseException | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                self._endpoint, self._nursery = endpoint, nursery
-                self.calls.endpoint = endpoint
-                nursery.start_soon(self._receive_loop, endpoint)
-                try:
-                    yield self
-                except BaseException as exc:  # handed on below, outside the nursery
-                    failure = exc
-                nursery.cancel_scope.cancel()
-        finally:
-            self._nursery = self.calls.endpoint = None
-            endpoint.close()
-        # The body's own exception is the caller's business, not the tasks': it goes
-        # on as it is, not inside the nursery's ExceptionGroup.
-        if failure is not None:
-            raise failure
+        return endpoint
 
     @property
     def address(self) -> Address:
@@ -387,7 +399,7 @@ class DhtPeer:
                 now = trio.current_time()
                 lookup.handle_timer(now)
                 for c in lookup.next_requests(now):
-                    deliver = self.gate.informing(c, _to_channel(send, c))
+                    deliver = self.gate.informing(c, to_channel(send, c))
                     self.calls.call_nowait(c.address, method, args, deliver)
                 await self.calls.flush()
                 if lookup.done:
