@@ -262,48 +262,50 @@ class Routing:
     async def _route(self, envelope: Envelope) -> RoutingResult | Route:
         """Resolve and check ``envelope``; deliver it when the target is local (or it is a
         broadcast), else return the route for the caller to write. A refusal emits its
-        routing event and is raised."""
+        routing event and is raised. One coroutine: it runs for every envelope sent."""
         start = trio.current_time()
+        sent = envelope
         try:
-            return await self._route_from(envelope, start)
+            source = self.router.source(envelope.sender)
+            self.threads.add(envelope)
+            if envelope.is_broadcast:
+                return await self._broadcast(source, envelope, start)
+            if envelope.metadata and envelope.metadata.routing_hint == ROUTING_HINT_CAPABILITY:
+                envelope, target = await self._by_capability(source, envelope)
+            else:
+                # The envelope was stamped by this node's clock as it was made: no second read.
+                recipient = self.router.reply_recipient(envelope)  # pinned to the asker
+                found = self.router.known_target(recipient, envelope.timestamp)
+                target = found if found is not None else await self._resolve_agent(recipient)
+                if target.id != envelope.recipient:  # agent@peer: the peer's agent is "agent"
+                    self.router.pin(envelope)
+                    envelope = dataclasses.replace(envelope, recipient=target.id)
+            verdict = self.router.check(source, target, envelope)
+            if verdict is not None and (not verdict.allowed or verdict.cross_tier):
+                self._note_verdict(verdict, envelope, None)
+                if not verdict.allowed:
+                    raise verdict.to_local_error()
+            if target.origin is not Origin.LOCAL:
+                if envelope.type is MessageType.TASK_PROPOSAL:  # answers pass ingress policy
+                    self.router.note_request(envelope)
+                return Route(envelope, target, start)
+            await self._deliver_local(envelope, [target.id])
+            return self._delivered(envelope, RoutingPath.LOCAL, target, start, str(target.peer_id))
         except P2PError as exc:
-            self._note_failure(envelope, start, exc)
+            self._note_failure(sent, start, exc)
             raise
 
-    async def _route_from(self, envelope: Envelope, start: float) -> RoutingResult | Route:
-        source = self.router.source(envelope.sender)
-        self.threads.add(envelope)
-        if envelope.is_broadcast:
-            return await self._broadcast(source, envelope, start)
-        if envelope.metadata and envelope.metadata.routing_hint == ROUTING_HINT_CAPABILITY:
-            target = await self._resolve_capability(source, envelope)
-            # The receiver dispatches on the capability: it goes with the envelope.
-            envelope = dataclasses.replace(
-                envelope,
-                recipient=target.id,
-                metadata=dataclasses.replace(
-                    envelope.metadata, routing_hint=None, capability=envelope.recipient
-                ),
-            )
-        else:
-            # The envelope was stamped by this node's clock as it was made: no second read.
-            recipient = self.router.reply_recipient(envelope)  # pinned to the asker
-            found = self.router.known_target(recipient, envelope.timestamp)
-            target = found if found is not None else await self._resolve_agent(recipient)
-            if target.id != envelope.recipient:  # agent@peer: the peer's agent is "agent"
-                self.router.pin(envelope)
-                envelope = dataclasses.replace(envelope, recipient=target.id)
-        verdict = self.router.check(source, target, envelope)
-        if verdict is not None and (not verdict.allowed or verdict.cross_tier):
-            self._note_verdict(verdict, envelope, None)
-            if not verdict.allowed:
-                raise verdict.to_local_error()
-        if target.origin is not Origin.LOCAL:
-            if envelope.type is MessageType.TASK_PROPOSAL:  # its answers pass ingress policy
-                self.router.note_request(envelope)
-            return Route(envelope, target, start)
-        await self._deliver_local(envelope, [target.id])
-        return self._delivered(envelope, RoutingPath.LOCAL, target, start, str(target.peer_id))
+    async def _by_capability(
+        self, source: AgentCard, envelope: Envelope
+    ) -> tuple[Envelope, AgentCard]:
+        """``envelope`` addressed to the agent chosen for the capability it names, which
+        goes with it (the receiver dispatches on it), and that agent's card."""
+        target = await self._resolve_capability(source, envelope)
+        assert envelope.metadata is not None
+        metadata = dataclasses.replace(
+            envelope.metadata, routing_hint=None, capability=envelope.recipient
+        )
+        return dataclasses.replace(envelope, recipient=target.id, metadata=metadata), target
 
     def _delivered(
         self,
