@@ -19,6 +19,7 @@ from p2pnode.crdt.gossip import (
     GossipError,
     GossipMessage,
     GossipNode,
+    Graft,
     Received,
     decode_untrusted,
 )
@@ -304,7 +305,11 @@ def test_membership_and_config_validation() -> None:
         GossipConfig(fanout=0)
     with pytest.raises(LocalError):
         GossipConfig(max_reply_deltas=0)
-    assert node("A", ["B"], anti_entropy=False).next_deadline() == float("inf")
+    idle = node("A", ["B"], anti_entropy=False)
+    assert idle.next_deadline() == 0.0  # its links are made (and asked for) at once
+    idle.handle_timer(0.0)
+    assert idle.take_outgoing() == [(B, Graft("doc"))]
+    assert idle.next_deadline() == float("inf")
     with pytest.raises(LocalError):  # peers refuse unsigned deltas: it may not publish
         GossipNode(Replica("A"), docs=["doc"], rng=random.Random(0), now=0.0).local_update(
             "doc", SetAdd(("s",), 1)

@@ -61,10 +61,10 @@ def test_a_publish_links_the_ring_successor_and_random_peers_eagerly() -> None:
 def test_a_link_request_links_back_and_a_full_node_refuses_it() -> None:
     b = node("B", ["A", "C", "D"], fanout=1, max_links=2)
     b.receive(A, Graft("doc"), 0.0)
-    eager = b.links("doc")[0]
-    assert A in eager and len(eager) == 2  # A, and B's own link (its ring successor)
-    b.take_outgoing()
-    other = ({A, C, D} - set(eager)).pop()
+    eager, lazy = b.links("doc")
+    assert eager == (A,) and len(lazy) == 1  # and B's own link (its ring successor), asked
+    assert (lazy[0], Graft("doc")) in sent(b)
+    other = ({A, C, D} - {A, lazy[0]}).pop()
     b.receive(other, Graft("doc"), 0.0)  # full
     assert other not in b.links("doc")[0] + b.links("doc")[1]
     assert (other, Prune("doc")) in sent(b)
@@ -148,7 +148,7 @@ def test_a_delta_learnt_by_batch_is_forwarded_when_its_push_comes_and_prunes_not
 
 
 def test_every_table_is_bounded() -> None:
-    tree = Tree(A, rng=random.Random(0), fanout=2, max_links=3, lazy_delay=0.0,
+    tree = Tree(A, rng=random.Random(0), fanout=2, eager_fanout=1, max_links=3, lazy_delay=0.0,
                 graft_timeout=1.0, max_missing=5)  # fmt: skip
     for i in range(10):
         tree.announced((B, i + 1, i + 1), f"p{i}", 0.0)

@@ -7,9 +7,10 @@ Three complementary mechanisms:
 * **Eager push along a broadcast tree** (Leitao, Pereira, Rodrigues,
   "Epidemic Broadcast Trees", SRDS 2007; :mod:`p2pnode.crdt.plumtree`). Per
   document a node links to its ring successor and random peers (``fanout``
-  links, at most ``max_links``); a new delta is pushed to every eager link but
-  its sender and origin. Duplicates prune links to lazy, so the eager links
-  become a spanning tree and each node receives each delta about once.
+  links, at most ``max_links``) and asks ``eager_fanout`` of them to push to it;
+  a new delta is pushed to every eager link but its sender and origin. The first
+  push prunes the other asked links, duplicates prune links to lazy, so the
+  eager links become a spanning tree and each node receives each delta about once.
 * **Lazy push.** New deltas are announced by id (:class:`IHave`, batched,
   ``lazy_delay``) to the lazy links; one still missing ``graft_timeout`` later
   is asked for with a :class:`Graft`, which repairs the tree. With
@@ -92,6 +93,10 @@ class GossipConfig:
     anti_entropy: bool = True
     #: Disseminate along a broadcast tree (False: push to ``fanout`` random peers).
     tree: bool = True
+    #: Links asked to push here (link requests: the ring successor first; at most
+    #: ``fanout``); the other links start lazy. It bounds the copies of the first
+    #: delta a node receives while the tree is built (docs/protocol/gossip.md §5).
+    eager_fanout: int = 3
     #: Most links per document (link requests beyond it are refused with a Prune).
     max_links: int = 16
     #: Seconds a new delta's announcement to lazy links waits, to batch them.
@@ -106,7 +111,7 @@ class GossipConfig:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "fanout, interval, max_outbox must be > 0")
         if not 1 <= self.max_reply_deltas <= min(MAX_BATCH, self.max_outbox * 64):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "bad max_reply_deltas")
-        if self.max_links <= self.fanout or self.max_missing < 1:
+        if self.max_links <= self.fanout or self.max_missing < 1 or self.eager_fanout < 1:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "need max_links > fanout, max_missing > 0")
         if self.lazy_delay < 0 or self.graft_timeout <= 0:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "bad lazy_delay or graft_timeout")
@@ -221,6 +226,7 @@ class GossipNode:
                 self.replica.replica_id,
                 rng=self._rng,
                 fanout=c.fanout,
+                eager_fanout=min(c.eager_fanout, c.fanout),
                 max_links=c.max_links,
                 lazy_delay=c.lazy_delay,
                 graft_timeout=c.graft_timeout,
@@ -275,7 +281,13 @@ class GossipNode:
         """Where a new delta goes: the tree's eager links, or random peers."""
         if self.config.tree:
             if sender is None or sender in self._peer_set:
-                return self._tree(doc).delivered(did, sender, self._now)
+                tree = self._tree(doc)
+                targets = tree.delivered(did, sender, self._now)
+                for peer in tree.cancelled:
+                    self._send(peer, Prune(doc))
+                    self._stats.prunes_sent += 1
+                tree.cancelled.clear()
+                return targets
             # A sender the driver did not make a peer (policy) is never linked.
             return [p for p in self._tree(doc).delivered(did, None, self._now) if p != sender]
         return self._choose(self.config.fanout, exclude=(sender or "", did[0]))
@@ -486,7 +498,10 @@ class GossipNode:
     # Timers ---------------------------------------------------------------------------
     def next_deadline(self) -> float:
         """When :meth:`handle_timer` should next run (``inf``: nothing is due). It moves
-        earlier when a frame queues an announcement or announces a missing delta."""
+        earlier when a frame queues an announcement or announces a missing delta, and is
+        now when links are to be made (the peer set or the subscriptions changed)."""
+        if self.config.tree and self._peers and len(self._filled) < len(self._trees):
+            return self._now  # link requests build the tree before the first delta
         soonest = self._deadline if self.config.anti_entropy else float("inf")
         for tree in self._trees.values():
             soonest = min(soonest, tree.next_deadline())
@@ -504,8 +519,6 @@ class GossipNode:
         self._deadline = now + self._jitter()
         sent: list[tuple[str, str]] = []
         for doc in sorted(self._docs):
-            if self.config.tree:
-                self._tree(doc)  # links lost peers are replaced at this pace
             target = self._choose(1)
             if target:
                 self._send(target[0], Digest(doc, self.replica.clock(doc)))
@@ -514,7 +527,7 @@ class GossipNode:
         return sent
 
     def _tree_timers(self, doc: str, now: float) -> None:
-        tree = self._trees[doc]
+        tree = self._tree(doc) if self.config.tree else self._trees[doc]
         for peer, ids in tree.take_announcements(now).items():
             for i in range(0, len(ids), MAX_IDS):
                 self._send(peer, IHave(doc, tuple(ids[i : i + MAX_IDS])))

@@ -3,20 +3,26 @@
 Theory of operation
 -------------------
 Leitao, Pereira and Rodrigues, "Epidemic Broadcast Trees" (SRDS 2007), over a
-small symmetric overlay of *links* per document:
+small overlay of *links* per document:
 
 * **Links.** A node links to its ring successor (the next replica id after its
   own among the peers it knows, wrapping) and to random peers until it has
-  ``fanout`` links, sending each a link request (a :class:`Graft` without ids);
-  the receiver links back. Since every node links its successor, the links of
-  nodes that know each other contain a ring, so the overlay is connected.
-  A node keeps at most ``max_links`` links and refuses more with a Prune.
-* **Eager push (§3.3).** Links start *eager*. A delta is pushed to every eager
-  link but the one it came from (and its origin). The first copy of a delta
-  makes its sender eager; a duplicate makes it *lazy* and is answered with a
-  :class:`Prune`, which makes the link lazy on the other side too. After one
-  delta has crossed the overlay the eager links form a spanning tree, and
-  later deltas travel it with no duplicates.
+  ``fanout`` links. New links start *lazy* on its side; it asks
+  ``eager_fanout`` of them (the successor first) to push to it, with a link
+  request (a :class:`Graft` without ids), and the receiver makes the link
+  eager on its side (or, holding ``max_links`` links, refuses with a Prune).
+  Every node is thus pushed to by ``eager_fanout`` peers before the first
+  delta, and the asked successors alone form a ring through every node.
+* **Eager push (§3.3).** A delta is pushed to every eager link but the one it
+  came from (and its origin). The first copy of a delta makes its sender eager
+  and *cancels* the other asks still open: each gets a :class:`Prune` at once,
+  so most of them never push a copy (pruning before the duplicate, not after).
+  A duplicate makes its sender lazy and is answered with a Prune, which makes
+  the link lazy on the other side too. So the first delta costs each node
+  fewer than ``eager_fanout`` copies, after it the eager links form a
+  spanning tree, and later deltas travel it with no duplicates. (Links that
+  all start eager would cost each node about its number of links, which is
+  twice ``fanout`` once requests are counted both ways.)
 * **Lazy push (§3.4).** The ids of a new delta are announced in a batched
   :class:`IHave` to the lazy links ``lazy_delay`` seconds later. An announced
   delta still missing ``graft_timeout`` seconds after its first announcement
@@ -58,6 +64,7 @@ class Tree:
         *,
         rng: random.Random,
         fanout: int,
+        eager_fanout: int,
         max_links: int,
         lazy_delay: float,
         graft_timeout: float,
@@ -66,6 +73,8 @@ class Tree:
         self._self = self_id
         self._rng = rng
         self._fanout = fanout
+        self._eager_fanout = eager_fanout
+        self._asked = 0  # link requests sent: peers asked to push here eagerly
         self._max_links = max_links
         self._lazy_delay = lazy_delay
         self._graft_timeout = graft_timeout
@@ -76,6 +85,10 @@ class Tree:
         self._pending: dict[str, list[DeltaId]] = {}
         self._flush_at: float | None = None
         self._missing: dict[DeltaId, _Missing] = {}
+        # Peers asked to push here whose push has not come yet.
+        self._asking: dict[str, None] = {}
+        #: Peers asked whose pushes are no longer wanted: the caller sends each a Prune.
+        self.cancelled: list[str] = []
         # Deltas learnt from an anti-entropy batch, oldest first (at most max_missing):
         # a push of one arriving later is no sign of a redundant link.
         self._by_batch: dict[DeltaId, None] = {}
@@ -89,30 +102,34 @@ class Tree:
         return peer in self.eager or peer in self.lazy
 
     def fill(self, sorted_peers: list[str]) -> list[str]:
-        """Link the ring successor and random peers up to ``fanout`` links; returns
-        the peers newly linked (each gets a link request)."""
-        new: list[str] = []
+        """Link the ring successor and random peers until there are ``fanout`` links
+        and ``eager_fanout`` of them were asked to push here; returns the peers to ask
+        (each gets a link request). New links start lazy on this side."""
+        ask: list[str] = []
         if not sorted_peers:
-            return new
+            return ask
         i = bisect.bisect_right(sorted_peers, self._self)
         successor = sorted_peers[i % len(sorted_peers)]
         if self._link(successor):
-            new.append(successor)
-        want = self._fanout - self.links
-        if want > 0:
-            k = min(len(sorted_peers), want + self.links)
+            ask.append(successor)
+        wanted = max(self._fanout - self.links, self._eager_fanout - self._asked - len(ask))
+        if wanted > 0:
+            k = min(len(sorted_peers), wanted + self.links)
             for peer in self._rng.sample(sorted_peers, k):
-                if self.links >= self._fanout:
+                more_asks = self._asked + len(ask) < self._eager_fanout
+                if self.links >= self._fanout and not more_asks:
                     break
-                if self._link(peer):
-                    new.append(peer)
-        return new
+                if self._link(peer) and more_asks:
+                    ask.append(peer)
+        self._asked += len(ask)
+        self._asking.update(dict.fromkeys(ask))
+        return ask
 
     def _link(self, peer: str) -> bool:
-        """A new eager link (a lazy one stays lazy); False if linked or full."""
+        """A new lazy link; False if linked already or full."""
         if self.linked(peer) or self.links >= self._max_links:
             return False
-        self.eager[peer] = None
+        self.lazy[peer] = None
         return True
 
     def make_eager(self, peer: str) -> bool:
@@ -131,6 +148,7 @@ class Tree:
 
     def make_lazy(self, peer: str) -> bool:
         """Move an eager link to lazy; True if it was eager."""
+        self._asking.pop(peer, None)
         if peer not in self.eager:
             return False
         del self.eager[peer]
@@ -150,6 +168,7 @@ class Tree:
         self.eager.pop(peer, None)
         self.lazy.pop(peer, None)
         self._pending.pop(peer, None)
+        self._asking.pop(peer, None)
         for entry in self._missing.values():
             if peer in entry.announcers:
                 entry.announcers.remove(peer)
@@ -157,22 +176,32 @@ class Tree:
     # Delivery -------------------------------------------------------------------------
     def delivered(self, did: DeltaId, sender: str | None, now: float) -> list[str]:
         """A new delta arrived from ``sender`` (None: made here). Returns the eager
-        links to push it to; queues its announcement to the lazy links."""
+        links to push it to; queues its announcement to the lazy links. Open asks
+        are settled: cancelled (:attr:`cancelled`) once a push came, or pushed to
+        when no peer asked to be pushed from here yet (the tree is new)."""
         self._missing.pop(did, None)
         if sender is not None:
             self.make_eager(sender)
-        origin = did[0]
-        skip = (sender, origin)
+            self._asking.pop(sender, None)
+        skip = (sender, did[0])  # and the origin
+        targets = [p for p in self.eager if p not in skip]
+        if self._asking and not targets:
+            for peer in self._asking:
+                self.make_eager(peer)
+            targets = [p for p in self._asking if p not in skip]
+            self._asking.clear()
+        elif self._asking and sender is not None:
+            self.cancelled.extend(self._asking)
+            self._asking.clear()
         lazy = [p for p in self.lazy if p not in skip]
-        if lazy:
-            for peer in lazy:
-                ids = self._pending.setdefault(peer, [])
-                if len(ids) >= MAX_IDS:
-                    del ids[0]  # oldest first: anti-entropy covers an announcement lost here
-                ids.append(did)
-            if self._flush_at is None:
-                self._flush_at = now + self._lazy_delay
-        return [p for p in self.eager if p not in skip]
+        for peer in lazy:
+            ids = self._pending.setdefault(peer, [])
+            if len(ids) >= MAX_IDS:
+                del ids[0]  # oldest first: anti-entropy covers an announcement lost here
+            ids.append(did)
+        if lazy and self._flush_at is None:
+            self._flush_at = now + self._lazy_delay
+        return targets
 
     def learnt_by_batch(self, did: DeltaId) -> None:
         """A new delta came in an anti-entropy batch, ahead of its push."""
@@ -240,6 +269,7 @@ class Tree:
                 ids.append(did)
             self.make_eager(peer)
             entry.deadline = now + self._graft_timeout
+
         return out
 
     def missing_ids(self) -> list[DeltaId]:
