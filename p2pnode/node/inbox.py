@@ -137,16 +137,12 @@ class LocalAgent:
             size = envelope_size(envelope)
         key = LOCAL if peer is None else peer
         self.budget.charge(key, size)
-        item = Queued(envelope, peer, size, peer_id)
         try:
-            await self.inbox_send.send(item)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            self.budget.release(key, size)
-            raise LocalError(
-                ErrorCode.CHANNEL_CLOSED, f"agent {self.card.id} is closed: the node is closing"
-            ) from None
-        except BaseException:
-            self.budget.release(key, size)  # cancelled while waiting: never queued
+            await self.inbox_send.send(Queued(envelope, peer, size, peer_id))
+        except BaseException as exc:
+            self.budget.release(key, size)  # closed, or cancelled while waiting: never queued
+            if isinstance(exc, trio.ClosedResourceError | trio.BrokenResourceError):
+                raise self._closed() from None
             raise
 
     def deliver_nowait(
@@ -169,10 +165,13 @@ class LocalAgent:
             return False
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.budget.release(key, size)
-            raise LocalError(
-                ErrorCode.CHANNEL_CLOSED, f"agent {self.card.id} is closed: the node is closing"
-            ) from None
+            raise self._closed() from None
         return True
+
+    def _closed(self) -> LocalError:
+        return LocalError(
+            ErrorCode.CHANNEL_CLOSED, f"agent {self.card.id} is closed: the node is closing"
+        )
 
     def taken(self, item: Queued) -> Envelope | None:
         """Release the charge of ``item``, just taken from the inbox; its envelope, or None
