@@ -25,10 +25,11 @@ instead of lockstep rounds):
   overloaded rather than every node dead, and each passed timeout doubles
   the next (RFC 6298 §5.5). The driver may also :meth:`Lookup.finish`
   early (a value lookup that found what it wanted). A lookup that decides
-  where records are stored (``wait_slow``) keeps slow contacts among the
-  ``k`` nearest and waits for their answer or failure: under load, dropping
-  them would store records at nodes farther than the ``k`` closest, where
-  readers' lookups do not look.
+  where records are stored runs without soft timeouts: each request holds
+  its slot and its place until answered or failed. Under load, dropping
+  slow nodes would store records farther out than the ``k`` closest, where
+  readers do not look, and every freed slot would add a request to a
+  process that is already late.
 
 Value lookups (§6 of docs/protocol/dht.md) read records from every node that
 returns a hit: a :class:`RecordCollector` verifies each hit's value
@@ -111,8 +112,6 @@ _TRANSITIONS: dict[PeerState, frozenset[PeerState]] = {
 }
 
 _SHORTLISTED = (PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED)
-# With wait_slow, a slow contact keeps its place among the k closest.
-_SHORTLISTED_WAITING = (*_SHORTLISTED, PeerState.SLOW)
 
 
 @dataclass(slots=True)
@@ -137,12 +136,11 @@ class Lookup:
         k: int = 20,
         alpha: int = 3,
         max_queries: int = 256,
-        wait_slow: bool = False,
+        soft_timeouts: bool = True,
     ) -> None:
-        """``wait_slow``: a slow contact frees its slot but keeps its place among the
-        k closest, so the lookup waits for its late answer or failure (a lookup that
-        decides where records are stored must find the k closest live nodes, even
-        when every answer is late)."""
+        """Without ``soft_timeouts`` a request holds its slot and its place until it is
+        answered or fails (a lookup that decides where records are stored must find
+        the k closest live nodes, and must not add requests when answers are late)."""
         self.target = target
         self.k = k
         self.alpha = alpha
@@ -157,7 +155,7 @@ class Lookup:
         # that timers and the end test do not scan every contact heard of.
         self._flying: list[_Entry] = []
         self._slow = 0
-        self._shortlisted = _SHORTLISTED_WAITING if wait_slow else _SHORTLISTED
+        self._soft = soft_timeouts
         self._finished = False
         self.add_contacts(seeds)
 
@@ -189,6 +187,8 @@ class Lookup:
 
     def handle_timer(self, now: float) -> None:
         """Mark requests whose deadline passed as slow, freeing their slots."""
+        if not self._soft:
+            return
         for e in [e for e in self._flying if e.deadline <= now]:
             self._move(e, PeerState.SLOW)
             self._rtt.backoff()
@@ -220,6 +220,8 @@ class Lookup:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a request in flight, or None."""
+        if not self._soft:
+            return None
         return min((e.deadline for e in self._flying), default=None)
 
     @property
@@ -233,8 +235,6 @@ class Lookup:
             # nodes (or this process) are overloaded, not all dead. Wait for a late
             # answer or the hard timeout rather than end with nothing.
             return bool(short) or not self._slow
-        if any(e.state is PeerState.SLOW for e in short):
-            return False  # wait_slow: a slow contact among the k closest is waited for
         return bool(
             not self._flying
             and (
@@ -266,7 +266,7 @@ class Lookup:
         out = []
         for _, nid in self._order:
             e = self._entries[nid]
-            if e.state in self._shortlisted:
+            if e.state in _SHORTLISTED:
                 out.append(e)
                 if len(out) >= self.k:
                     break

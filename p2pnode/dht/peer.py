@@ -375,7 +375,7 @@ class DhtPeer:
         *,
         want_value: bool = False,
         quorum: int | None = None,
-        wait_slow: bool = False,
+        soft_timeouts: bool = True,
     ) -> tuple[Lookup, list[SignedRecord]]:
         """Run one iterative lookup (§6); with ``want_value`` collect records too."""
         lookup = Lookup(
@@ -385,7 +385,7 @@ class DhtPeer:
             own_id=self.node_id,
             k=self.config.k,
             alpha=self.config.alpha,
-            wait_slow=wait_slow,
+            soft_timeouts=soft_timeouts,
         )
         self.table.touch_range(target, trio.current_time())
         method = "find_value" if want_value else "find_node"
@@ -452,9 +452,9 @@ class DhtPeer:
     async def _lookup_value(self, key: bytes) -> tuple[list[Contact], list[SignedRecord]]:
         """A value lookup to the k closest: the nodes that answered and the records read.
 
-        Publishing stores at those nodes, so slow ones among the k closest are waited for.
+        Publishing stores at those nodes: no soft timeouts, slow ones are waited for.
         """
-        lookup, recs = await self._lookup(key, want_value=True, wait_slow=True)
+        lookup, recs = await self._lookup(key, want_value=True, soft_timeouts=False)
         return lookup.closest_answered(), recs
 
     async def _store(self, contact: Contact, key: bytes, value: bytes) -> bool:

@@ -19,7 +19,9 @@ Theory of operation (docs/protocol/dht.md §4.4 and §7):
   ``agent:<agent id>`` that lets readers find an agent by id (§4.1).
 
 The publisher does no I/O of its own: it is given the value lookup and the
-store RPC it uses, and it fans stores out in its own nursery per call.
+store RPC it uses, and it fans stores out in its own nursery per call. Keys
+are put one after another, not all at once: publishing is background work,
+and a burst of lookups and stores slows every other node's round trips.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ class Publisher:
         return accepted
 
     async def publish(self, makers: Iterable[tuple[bytes, Maker]]) -> int:
-        """Put a fresh record of each maker under its key, all at once; total accepted.
+        """Put a fresh record of each maker under its key, one key at a time; total accepted.
         A record that would be born expired (its card expired) is not put."""
         now_ms = self._wall_ms()
         return await self._put_all(
@@ -143,15 +145,12 @@ class Publisher:
         )
 
     async def _put_all(self, records: list[tuple[bytes, SignedRecord]]) -> int:
+        # One key after another: each put is a lookup and k stores, and a node that
+        # publishes many keys at once (a card with its capabilities and tools)
+        # would load the swarm in bursts that push round trips past the hard timeout.
         total = 0
-
-        async def one(key: bytes, record: SignedRecord) -> None:
-            nonlocal total
+        for key, record in records:
             total += await self.put_records(key, [record])
-
-        async with trio.open_nursery() as nursery:
-            for key, record in records:
-                nursery.start_soon(one, key, record)
         return total
 
     async def republish_if_due(self, now: float) -> int:
