@@ -102,7 +102,9 @@ def test_new_deltas_are_announced_lazily_after_the_delay() -> None:
     b.handle_timer(1.04)
     assert sent(b) == []
     b.handle_timer(1.05)
-    assert sent(b) == [(D, IHave("doc", ((A, 1, 1),)))]
+    lazy = b.links("doc")[1]
+    assert D in lazy and A not in lazy  # D was pruned; A pushed the delta (now eager)
+    assert sorted(sent(b)) == sorted((p, IHave("doc", ((A, 1, 1),))) for p in lazy)
     assert b.next_deadline() == float("inf")
 
 
@@ -296,3 +298,46 @@ def test_tampered_control_frames_raise_only_gossip_error(
         return
     assert isinstance(msg, (IHave, Graft, Prune))
     assert decode_untrusted(msg.encode()) == msg
+
+
+def test_the_first_push_cancels_the_other_asks() -> None:
+    x = node("A", ["B", "C", "D", "E", "F"], fanout=4)
+    x.handle_timer(0.0)  # links made at once: three of them asked to push here
+    asked = sorted(p for p, m in sent(x) if m == Graft("doc"))
+    assert len(asked) == 3 and x.links("doc")[0] == ()
+    other = ({rid(p) for p in "BCDEF"} - set(asked)).pop()
+    x.receive(other, Graft("doc"), 0.05)  # a peer asks x to push to it
+    first = asked[0]
+    y = node("G", ["A"])
+    delta, _ = y.local_update("doc", CounterAdd(("n",), 1))
+    assert x.receive(first, DeltaPush.of(delta), 0.1).forwarded_to == (other,)
+    assert sorted(p for p, m in sent(x) if m == Prune("doc")) == asked[1:]
+    eager, lazy = x.links("doc")
+    assert set(eager) == {first, other} and set(asked[1:]) <= set(lazy)
+
+
+def test_a_node_no_one_asked_yet_pushes_to_the_peers_it_asked() -> None:
+    # An update made before any link request arrived still leaves by push.
+    x = node("A", ["B", "C", "D", "E"], fanout=4)
+    _, targets = x.local_update("doc", CounterAdd(("n",), 1))
+    asked = {p for p, m in sent(x) if m == Graft("doc")}
+    assert len(asked) == 3 and set(targets) == asked == set(x.links("doc")[0])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 40), fanout=st.integers(1, 5), seed=st.integers(0, 2**32))
+def test_the_first_update_costs_each_node_fewer_copies_than_it_asked_for(
+    n: int, fanout: int, seed: int
+) -> None:
+    # Each node asks min(eager_fanout, fanout) peers to push to it, and the first push
+    # cancels the other asks: no node gets the first update more often than it asked
+    # for it, and push alone reaches every node.
+    cfg = GossipConfig(fanout=fanout, anti_entropy=False, graft_timeout=2.0)
+    sim = GossipSimulation(n, seed=seed, gossip=cfg)
+    sim.run_until(0.1)  # the link requests land
+    sim.update(random.Random(seed).randrange(n), "doc", CounterAdd(("n",), 1))
+    sim.run_until(3.0)
+    assert sim.converged()
+    asked = min(cfg.eager_fanout, fanout)
+    assert max(node.statistics().duplicates for node in sim.nodes) <= asked - 1
+    assert sum(node.statistics().new_by_batch for node in sim.nodes) == 0

@@ -177,15 +177,19 @@ class Tree:
     def delivered(self, did: DeltaId, sender: str | None, now: float) -> list[str]:
         """A new delta arrived from ``sender`` (None: made here). Returns the eager
         links to push it to; queues its announcement to the lazy links. Open asks
-        are settled: cancelled (:attr:`cancelled`) once a push came, or pushed to
-        when no peer asked to be pushed from here yet (the tree is new)."""
+        are settled: pushed to when no one asked to be pushed from here and the delta
+        did not come from a peer asked (the tree is new), else cancelled
+        (:attr:`cancelled`) once a push came."""
         self._missing.pop(did, None)
+        # A push over a link this node did not ask for, or none (made here): the tree
+        # may not reach it yet from any side.
+        unasked = sender is None or sender not in self._asking
         if sender is not None:
-            self.make_eager(sender)
             self._asking.pop(sender, None)
+            self.make_eager(sender)
         skip = (sender, did[0])  # and the origin
         targets = [p for p in self.eager if p not in skip]
-        if self._asking and not targets:
+        if self._asking and not targets and unasked:
             for peer in self._asking:
                 self.make_eager(peer)
             targets = [p for p in self._asking if p not in skip]
