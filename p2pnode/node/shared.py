@@ -403,6 +403,8 @@ class SharedState(TaskOwner):
         for peer, via in eligible.items():
             d.routes[peer] = via
             d.core.add_peer(peer)
+        if d.core.next_deadline() <= trio.current_time():
+            d.wake.set()  # new links: their requests go now, before any update
 
     async def _discover(self, d: _Doc) -> None:
         with trio.move_on_after(self.config.discovery_timeout):
