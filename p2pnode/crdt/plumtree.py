@@ -17,6 +17,9 @@ small overlay of *links* per document:
   came from (and its origin). The first copy of a delta makes its sender eager
   and *cancels* the other asks still open: each gets a :class:`Prune` at once,
   so most of them never push a copy (pruning before the duplicate, not after).
+  A node that no peer asked to be pushed from yet, making a delta or getting
+  it over a link it did not ask for, pushes it to the peers it asked instead:
+  a delta made before the link requests landed still leaves by push.
   A duplicate makes its sender lazy and is answered with a Prune, which makes
   the link lazy on the other side too. So the first delta costs each node
   fewer than ``eager_fanout`` copies, after it the eager links form a
