@@ -86,6 +86,9 @@ class Metadata:
         return out
 
 
+_set = object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """One message between agents."""
@@ -99,6 +102,32 @@ class Envelope:
     correlation_id: str | None = None
     metadata: Metadata | None = None
     schema_version: int = SCHEMA_VERSION
+
+    def __init__(
+        self,
+        id: str,
+        sender: str,
+        recipient: str,
+        type: MessageType,
+        timestamp: int,
+        payload: Any = None,
+        correlation_id: str | None = None,
+        metadata: Metadata | None = None,
+        schema_version: int = SCHEMA_VERSION,
+    ) -> None:
+        # The generated __init__ of a frozen dataclass, with object.__setattr__ looked up
+        # once for the module instead of once per field: an envelope is made at least
+        # twice on its way (by the sender, and decoded by the receiver), and this takes
+        # a quarter off each.
+        _set(self, "id", id)
+        _set(self, "sender", sender)
+        _set(self, "recipient", recipient)
+        _set(self, "type", type)
+        _set(self, "timestamp", timestamp)
+        _set(self, "payload", payload)
+        _set(self, "correlation_id", correlation_id)
+        _set(self, "metadata", metadata)
+        _set(self, "schema_version", schema_version)
 
     @property
     def is_broadcast(self) -> bool:
@@ -319,7 +348,13 @@ def _well_formed_envelope(data: dict[str, Any]) -> Envelope | None:
     if (
         message_type is None
         or "payload" not in data
-        or not (_short_str(id_) and _short_str(sender) and _short_str(recipient))
+        # The three ids, tested inline: this runs for every envelope received.
+        or type(id_) is not str
+        or type(sender) is not str
+        or type(recipient) is not str
+        or not (0 < len(id_) <= MAX_ID_LENGTH)
+        or not (0 < len(sender) <= MAX_ID_LENGTH)
+        or not (0 < len(recipient) <= MAX_ID_LENGTH)
         or type(timestamp) is not int
         or not 0 < timestamp < 2**63
         or (correlation_id is not None and not _short_str(correlation_id))

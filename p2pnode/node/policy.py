@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from p2pnode.card import AgentCard, Tier
-from p2pnode.envelope import Envelope, MessageType, Metadata
+from p2pnode.envelope import BROADCAST, Envelope, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 
 ALL_TIERS: frozenset[int] = frozenset(Tier)
@@ -373,9 +373,13 @@ class Policy:
                 int(source.tier),
                 int(target.tier),
             )
-        return self.check_message(
-            source, target, envelope.type, envelope.metadata, broadcast=envelope.is_broadcast
-        )
+        type_, broadcast = envelope.type, envelope.recipient == BROADCAST
+        if type_ is not MessageType.TASK_PROPOSAL:
+            # The memo of check_message, read here: this runs twice for every envelope.
+            entry = self._memo.get((id(source), id(target), type_, broadcast, False))
+            if entry is not None and entry.source is source and entry.target is target:
+                return entry.verdict
+        return self.check_message(source, target, type_, envelope.metadata, broadcast=broadcast)
 
     def _allows(self, sandbox: str, other: AgentCard) -> bool:
         """Does ``sandbox`` let its members talk with ``other``?"""
