@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -183,7 +184,7 @@ class ProviderInfo:
         return cls(cap, agent, tuple(out))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class SignedRecord:
     """One publisher's signed record under one DHT key."""
 
@@ -235,9 +236,17 @@ class SignedRecord:
 
     @classmethod
     def from_bytes_untrusted(cls, data: bytes, *, now_ms: int) -> SignedRecord:
-        """Parse and verify a record: signature, expiry, key binding. Raises RecordError."""
+        """Parse and verify a record: signature, expiry, key binding. Raises RecordError.
+
+        Bytes this process verified before (and a record still holds) give that
+        record again: everything but the expiry depends on the bytes alone.
+        """
         if not isinstance(data, bytes) or len(data) > MAX_RECORD_BYTES:
             raise RecordError(ErrorCode.MESSAGE_TOO_LARGE, "record too large")
+        held = _VERIFIED.get(data)
+        if held is not None:
+            _check_expiry(held.expires_at, now_ms)
+            return held
         try:
             obj = unpack_untrusted(data, _RECORD_LIMITS)
         except WireError as exc:
@@ -261,16 +270,14 @@ class SignedRecord:
             pk, signing_input(kind, key, pk, rev, exp, payload), sig
         ):
             raise RecordError(ErrorCode.INVALID_SIGNATURE, "record signature does not verify")
-        if exp <= now_ms:
-            raise RecordError(ErrorCode.INVALID_RECORD, "record expired")
-        if exp > now_ms + MAX_TTL_MS:
-            raise RecordError(ErrorCode.INVALID_RECORD, "record expiry too far ahead")
+        _check_expiry(exp, now_ms)
         rec = cls(RecordKind(kind), key, pk, rev, exp, payload, sig, bytes(data))
         if rec.kind is RecordKind.CARD:
             if key != card_key(rec.publisher, card_agent_id_untrusted(payload)):
                 raise RecordError(ErrorCode.INVALID_RECORD, "card record under a foreign key")
         elif key != capability_key(ProviderInfo.from_bytes_untrusted(payload).capability):
             raise RecordError(ErrorCode.INVALID_RECORD, "provider record key does not match")
+        _VERIFIED[rec.encoded] = rec
         return rec
 
     def newer_than(self, other: SignedRecord) -> bool:
@@ -297,6 +304,19 @@ def encode_value(records: list[SignedRecord], limit: int = MAX_VALUE_BYTES) -> b
             size += add
     chosen.sort(key=lambda r: (r.public_key, r.kind.value))
     return pack([r.encoded for r in chosen])
+
+
+# Records verified in this process, by their exact bytes: the nodes that store or
+# read one record (twenty of a simulated swarm, say) share one object and one
+# signature check. Weak: a record lives as long as some store or lookup holds it.
+_VERIFIED: weakref.WeakValueDictionary[bytes, SignedRecord] = weakref.WeakValueDictionary()
+
+
+def _check_expiry(expires_at: int, now_ms: int) -> None:
+    if expires_at <= now_ms:
+        raise RecordError(ErrorCode.INVALID_RECORD, "record expired")
+    if expires_at > now_ms + MAX_TTL_MS:
+        raise RecordError(ErrorCode.INVALID_RECORD, "record expiry too far ahead")
 
 
 def decode_value_untrusted(

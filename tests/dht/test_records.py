@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import random
 from typing import Any
@@ -238,3 +239,36 @@ def test_verification_cache_keeps_expiry_and_follows_the_store() -> None:
     assert store.known(v2.encoded) == v2
     store.expire(NOW + 1000)
     assert store.known(v2.encoded) is None
+
+
+def test_bytes_verified_once_per_process_while_a_record_holds_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import p2pnode.dht.records as records
+    from p2pnode.identity import verify_signature as real
+
+    checks: list[bytes] = []
+
+    def counting(pk: bytes, message: bytes, sig: bytes) -> bool:
+        checks.append(sig)
+        return real(pk, message, sig)
+
+    monkeypatch.setattr(records, "verify_signature", counting)
+    data = provider(BOB, cap="cached", exp=NOW + 60_000).to_bytes()
+    first = SignedRecord.from_bytes_untrusted(bytes(data), now_ms=NOW)
+    # Equal bytes (another object, as another node would parse them): the same record.
+    again = SignedRecord.from_bytes_untrusted(bytes(bytearray(data)), now_ms=NOW + 1)
+    assert again is first
+    assert len(checks) == 1
+    # Its expiry is still checked against the time asked about.
+    with pytest.raises(RecordError, match="expired"):
+        SignedRecord.from_bytes_untrusted(data, now_ms=NOW + 60_000)
+    # Other bytes are verified: a tampered copy never borrows the record's check.
+    with pytest.raises(RecordError):
+        SignedRecord.from_bytes_untrusted(_tamper(first, 4, 2), now_ms=NOW)
+    assert len(checks) == 2
+    # Once no record holds them, the bytes are verified afresh.
+    del first, again
+    gc.collect()
+    SignedRecord.from_bytes_untrusted(data, now_ms=NOW)
+    assert len(checks) == 3
