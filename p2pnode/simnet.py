@@ -146,11 +146,11 @@ class SimNetwork:
         """True when traffic can currently flow between hosts ``a`` and ``b``."""
         if a in self._killed or b in self._killed:
             return False
-        return self._group.get(a, -1) == self._group.get(b, -1)
+        return not self._group or self._group.get(a, -1) == self._group.get(b, -1)
 
     def _delay(self, a: str, b: str) -> float | None:
         """One-way delay for a datagram a -> b, or None if it is lost."""
-        cond = self._links.get((a, b), self.default)
+        cond = self._links.get((a, b), self.default) if self._links else self.default
         if not self.reachable(a, b):
             return None
         if cond.loss and self.rng.random() < cond.loss:
@@ -357,7 +357,9 @@ class _SimDatagramEndpoint(DatagramEndpoint):
         if self._closed:
             raise trio.ClosedResourceError("endpoint closed")
         await trio.lowlevel.checkpoint()
-        self._sim._send_datagram(self._address, (str(address[0]), int(address[1])), bytes(data))
+        if len(address) != 2 or type(address[0]) is not str or type(address[1]) is not int:
+            address = (str(address[0]), int(address[1]))
+        self._sim._send_datagram(self._address, address, bytes(data))
 
     async def recvfrom(self) -> tuple[bytes, Address]:
         # A call that blocked has been a checkpoint; one that did not takes one.

@@ -114,7 +114,13 @@ def host_key(host: str, *, limit_loopback: bool = True) -> str | None:
     """The group a host's ids are counted in: the IPv4 address, the IPv6 /64, the name
     of a host that is not an address; None for a loopback host unless ``limit_loopback``."""
     parts = host.split(".")
-    if len(parts) == 4 and all(p in _OCTETS for p in parts):
+    if (
+        len(parts) == 4
+        and parts[0] in _OCTETS
+        and parts[1] in _OCTETS
+        and parts[2] in _OCTETS
+        and parts[3] in _OCTETS
+    ):
         # A canonical dotted quad (the common case, asked for every datagram) is its
         # own key, the same string: no parse, no new string.
         return None if parts[0] == "127" and not limit_loopback else host
