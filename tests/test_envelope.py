@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import itertools
 import json
 
@@ -325,3 +327,16 @@ def _reference_size(value: object) -> int:
 @given(json_values | st.dictionaries(st.binary(max_size=4), json_values, max_size=4))
 def test_payload_size_follows_the_reference_rule(payload: object) -> None:
     assert payload_envelope_size(payload) == ENVELOPE_OVERHEAD + _reference_size(payload)
+
+
+def test_the_hand_written_init_takes_every_field_with_its_default_and_stays_frozen() -> None:
+    parameters = list(inspect.signature(Envelope.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(Envelope)
+    assert [p.name for p in parameters] == [f.name for f in fields]
+    for parameter, field in zip(parameters, fields, strict=True):
+        missing = field.default is dataclasses.MISSING
+        assert parameter.default == (inspect.Parameter.empty if missing else field.default)
+    env = Envelope("i", "s", "r", MessageType.REQUEST, 1, "payload", "c")
+    assert env == dataclasses.replace(env) and hash(env) == hash(dataclasses.replace(env))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        env.id = "other"  # type: ignore[misc]
