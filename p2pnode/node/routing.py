@@ -267,7 +267,8 @@ class Routing:
         sent = envelope
         try:
             source = self.router.source(envelope.sender)
-            self.threads.add(envelope)
+            if envelope.correlation_id is not None:  # what the thread store files
+                self.threads.add(envelope)
             if envelope.is_broadcast:
                 return await self._broadcast(source, envelope, start)
             if envelope.metadata and envelope.metadata.routing_hint == ROUTING_HINT_CAPABILITY:
@@ -524,10 +525,11 @@ class Routing:
         if not self._seen.add(envelope.id):
             return
         size = envelope_size(envelope)  # one walk for the thread store and the inbox
-        self.threads.add(envelope, peer, size)
         self._events.message_received(envelope, peer=peer)
-        if self._resolve_pending(envelope):
-            return
+        if envelope.correlation_id is not None:  # a reply or a thread's message
+            self.threads.add(envelope, peer, size)
+            if self._resolve_pending(envelope):
+                return
         ingress = self.router.ingress(source, envelope)
         if ingress.refusal is not None:
             refusal = ingress.refusal
