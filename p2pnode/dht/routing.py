@@ -281,24 +281,22 @@ class RoutingTable:
         _check_id(target)
         t = id_int(target)
         n = self.k if count is None else count
-        # Every bucket is an id prefix, so the nearest any of its ids can be is
-        # the XOR of the prefixes: visit buckets by that bound and stop once the
-        # next bound is beyond the n-th best distance found (exact, not heuristic).
-        buckets = self._buckets
-        order = sorted([(_bound(b, t), i) for i, b in enumerate(buckets) if b.contacts])
-        best: list[tuple[int, Contact]] = []
-        from_bytes = int.from_bytes
-        for bound, i in order:
-            if len(best) >= n and bound > best[n - 1][0]:
-                break
-            held = buckets[i].contacts.items()
-            if exclude is None:
-                best += [(from_bytes(nid, "big") ^ t, c) for nid, c in held]
-            else:
-                best += [(from_bytes(nid, "big") ^ t, c) for nid, c in held if not exclude(c)]
-            best.sort(key=_distance_of)
-            del best[n:]
-        return [c for _, c in best]
+        # Buckets are id prefixes. Past the bucket holding ``t``, the ids that agree
+        # with ``t`` above bit ``s`` and differ at it form a run of whole buckets, all
+        # nearer ``t`` than any id that differs at a higher bit. Visit ``t``'s bucket,
+        # then those runs from ``s`` = its width upward, until n contacts are found:
+        # everything left is farther than all of them (exact, not heuristic).
+        buckets, los = self._buckets, self._los
+        i = bisect.bisect_right(los, t) - 1
+        s = buckets[i].shift
+        best = _distances(buckets[i], t, exclude)
+        while len(best) < n and s < ID_BITS:
+            lo = ((t >> s) ^ 1) << s
+            for b in buckets[bisect.bisect_left(los, lo) : bisect.bisect_left(los, lo + (1 << s))]:
+                best += _distances(b, t, exclude)
+            s += 1
+        best.sort(key=_distance_of)
+        return [c for _, c in best[:n]]
 
     def stale_buckets(self, now: float, interval: float) -> list[tuple[int, int]]:
         """``[lo, hi)`` ranges of buckets untouched for ``interval`` (Kademlia §2.3)."""
@@ -479,6 +477,16 @@ def _ids(held: bytes | tuple[bytes, ...] | None) -> tuple[bytes, ...]:
     if held is None:
         return ()
     return (held,) if isinstance(held, bytes) else held
+
+
+def _distances(
+    bucket: _Bucket, t: int, exclude: Callable[[Contact], bool] | None
+) -> list[tuple[int, Contact]]:
+    """``(distance to t, contact)`` of the contacts of ``bucket`` not excluded."""
+    held = bucket.contacts.items()
+    if exclude is None:
+        return [(int.from_bytes(nid, "big") ^ t, c) for nid, c in held]
+    return [(int.from_bytes(nid, "big") ^ t, c) for nid, c in held if not exclude(c)]
 
 
 def _bound(bucket: _Bucket, t: int) -> int:
