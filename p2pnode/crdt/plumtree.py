@@ -199,7 +199,9 @@ class Tree:
             self._asking.clear()
         elif self._asking and sender is not None:
             self.cancelled.extend(self._asking)
-            self._asking.clear()
+            for peer in self.cancelled:
+                self.make_lazy(peer)  # also a requester here: pruned on both sides
+            targets = [p for p in targets if p not in self.cancelled]
         lazy = [p for p in self.lazy if p not in skip]
         for peer in lazy:
             ids = self._pending.setdefault(peer, [])
