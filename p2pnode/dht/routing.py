@@ -124,6 +124,11 @@ def host_key(host: str, *, limit_loopback: bool = True) -> str | None:
         # A canonical dotted quad (the common case, asked for every datagram) is its
         # own key, the same string: no parse, no new string.
         return None if parts[0] == "127" and not limit_loopback else host
+    return parsed_host_key(host, limit_loopback)
+
+
+def parsed_host_key(host: str, limit_loopback: bool) -> str | None:
+    """:func:`host_key` by parsing ``host``, without the dotted-quad shortcut."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
