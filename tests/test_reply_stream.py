@@ -18,8 +18,8 @@ from p2pnode.node.replystream import (
     INLINE_LIMIT,
     MAX_STREAMED_BYTES,
     ReplyStream,
-    surely_inline,
     stream_parts,
+    surely_inline,
 )
 from p2pnode.wire import pack
 from tests.sim import connect_all, open_swarm, wait_until
