@@ -108,9 +108,6 @@ def explicit(schema: Any, where: str) -> Conversion:
     return Conversion(schema, convert)
 
 
-_PLAIN_TYPES = (str, int, float, bool)
-
-
 def derived_arguments(
     function: Callable[..., Any], *, skip: Callable[[Any], bool]
 ) -> tuple[Conversion, list[str]]:
@@ -152,40 +149,15 @@ def derived_arguments(
         if is_json_value(default):
             schema["properties"][name]["default"] = default
 
-    exact = _exact_arguments({n: hints.get(n, Any) for n in fields}, set(fields) - set(defaults))
-
     def convert(value: Any) -> tuple[Any, str | None]:
         if value is None:
             value = {}
-        if exact is not None and exact(value):
-            return dict(value), None
         try:
             return adapter.validate_python(value), None
         except pydantic.ValidationError as exc:
             return None, _first_pydantic_problem(exc, "arguments")
 
     return Conversion(schema, convert), skipped
-
-
-def _exact_arguments(
-    annotations: dict[str, Any], required: set[str]
-) -> Callable[[Any], bool] | None:
-    """For parameters that are all plain str, int, float or bool: a test that arguments
-    are of exactly those types, name every required one and nothing else, so that
-    validation would return them as they are (a copy) and pydantic need not be asked.
-    None when some parameter has another type (pydantic is always asked)."""
-    if not all(a in _PLAIN_TYPES for a in annotations.values()):
-        return None
-    needed = frozenset(required)
-
-    def exact(value: Any) -> bool:
-        return (
-            type(value) is dict
-            and needed <= value.keys()
-            and all(annotations.get(k) is type(v) for k, v in value.items())
-        )
-
-    return exact
 
 
 def derived_result(function: Callable[..., Any]) -> Conversion | None:

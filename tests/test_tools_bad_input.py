@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import trio
 import trio.testing
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.agent import Agent
@@ -44,7 +44,6 @@ from p2pnode.tools import (
     Caller,
     Catalog,
 )
-from p2pnode.toolschema import derived_arguments
 from p2pnode.wire import canonical_pack, pack
 from tests.sim import FAST_NODE, met, open_swarm, wait_until
 from tests.strategies import one_field_replaced
@@ -591,36 +590,3 @@ def test_the_flat_arguments_shortcut_admits_only_what_both_walks_admit(value: An
     elif all(isinstance(k, str) and len(k) <= 3 for k in value):
         # the key bound is the only difference: without it the answer is the same
         assert not is_flat_json_map(value, max_str_len=8, max_items=4)
-
-
-def _typed(a: int, b: str, c: float = 1.0, d: bool = False) -> None: ...
-
-
-def _annotated(
-    a: Annotated[int, "x"],
-    b: Annotated[str, "x"],
-    c: Annotated[float, "x"] = 1.0,
-    d: Annotated[bool, "x"] = False,
-) -> None: ...
-
-
-_ANY_SCALAR = (
-    st.integers() | st.text(max_size=3) | st.floats(allow_nan=False) | st.booleans() | st.none()
-)
-
-
-@example({"a": 1, "b": "x", "c": 2.5, "d": True})  # the shortcut's own case
-@example({"a": True, "b": "x"})  # a bool for an int: pydantic decides
-@example({"a": 1, "b": "x", "e": 0})  # an unknown name: refused either way
-@given(st.dictionaries(st.sampled_from("abcde"), _ANY_SCALAR, max_size=5))
-def test_plain_arguments_taken_at_a_glance_are_what_pydantic_returns(value: dict[str, Any]) -> None:
-    # Plain parameters take a shortcut around pydantic; annotated ones never do. Both
-    # must give the same converted arguments, or both refuse them.
-    fast, _ = derived_arguments(_typed, skip=lambda _: False)
-    slow, _ = derived_arguments(_annotated, skip=lambda _: False)
-    got, problem = fast.convert(value)
-    expected, expected_problem = slow.convert(value)
-    assert (problem is None) == (expected_problem is None)
-    if problem is None:
-        assert got == expected
-        assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]
