@@ -357,9 +357,16 @@ class _SimDatagramEndpoint(DatagramEndpoint):
         if self._closed:
             raise trio.ClosedResourceError("endpoint closed")
         await trio.lowlevel.checkpoint()
+        self.sendto_nowait(data, address)
+
+    def sendto_nowait(self, data: bytes, address: Address) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("endpoint closed")
         if len(address) != 2 or type(address[0]) is not str or type(address[1]) is not int:
             address = (str(address[0]), int(address[1]))
-        self._sim._send_datagram(self._address, address, bytes(data))
+        if type(data) is not bytes:
+            data = bytes(data)
+        self._sim._send_datagram(self._address, address, data)
 
     async def recvfrom(self) -> tuple[bytes, Address]:
         # A call that blocked has been a checkpoint; one that did not takes one.

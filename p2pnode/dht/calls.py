@@ -15,16 +15,17 @@ Timers are the receive loop's: it sleeps in one cancel scope until the
 core's next deadline and exposes that scope as :attr:`Calls.wake`; a new
 call whose deadline comes sooner pulls the scope's deadline in.
 
-:meth:`Calls.flush` sends what the core queued. trio raises Cancelled
-before a datagram is sent, never after, so on any exception the unsent
-datagrams go back to the core for the next flush: a timer wake-up that
-interrupts a flush loses nothing.
+:meth:`Calls.flush` sends what the core queued, each datagram with the
+endpoint's ``sendto_nowait``: no pass of trio's scheduler per datagram and
+no checkpoint, so a flush is never interrupted half-way by a timer. An
+endpoint that raises (it was closed) gets the unsent datagrams back in the
+core for the next flush.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import trio
@@ -127,7 +128,7 @@ class Calls:
         on_result = result.set if wrap is None else wrap(result.set)
         msg_id = self.call_nowait(address, method, args, on_result)
         try:
-            await self.flush()
+            self.flush()
             await result.done.wait()
         finally:
             if msg_id is not None and not result.done.is_set():
@@ -160,16 +161,36 @@ class Calls:
         if not self._results:
             self._results = {}
 
-    async def flush(self) -> None:
+    def flush(self) -> None:
         """Send every datagram the core has queued (see the module docstring)."""
         out = self.core.datagrams_to_send()
+        if not out:
+            return
+        assert self.endpoint is not None  # nothing is queued before the node runs
+        send = self.endpoint.sendto_nowait
         for i, (data, address) in enumerate(out):
             try:
-                assert self.endpoint is not None  # nothing is queued before the node runs
-                await self.endpoint.sendto(data, address)
+                send(data, address)
             except BaseException:
                 self.core.send_later(out[i:])
                 raise
 
 
-__all__ = ["NO_REPLY", "Calls", "OnResult", "to_channel"]
+async def count_answers(
+    ping: Callable[[Address], Awaitable[object | None]], addresses: list[Address]
+) -> int:
+    """Run ``ping`` on every address at once; how many gave something other than None."""
+    answered = 0
+
+    async def one(a: Address) -> None:
+        nonlocal answered
+        if await ping(a) is not None:
+            answered += 1
+
+    async with trio.open_nursery() as nursery:
+        for a in addresses:
+            nursery.start_soon(one, a)
+    return answered
+
+
+__all__ = ["NO_REPLY", "Calls", "OnResult", "count_answers", "to_channel"]

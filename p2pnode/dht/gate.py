@@ -216,7 +216,7 @@ class Gate:
                 answered = ping_reply(value)
                 if answered is not None:
                     self.proven(answered, c.address, stated=True)
-                    await host.calls.flush()  # a liveness ping it may have queued
+                    host.calls.flush()  # a liveness ping it may have queued
 
         async with trio.open_nursery() as nursery:
             for c in list(self.candidates.values()):

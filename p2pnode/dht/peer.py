@@ -59,7 +59,7 @@ import trio
 
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.dht import rpcwire
-from p2pnode.dht.calls import NO_REPLY, Calls, to_channel
+from p2pnode.dht.calls import NO_REPLY, Calls, count_answers, to_channel
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
@@ -277,12 +277,12 @@ class DhtPeer:
                 while True:
                     data, source = await endpoint.recvfrom()
                     try:
-                        await self._handle_datagram(data, source)
+                        self._take_datagram(data, source)
                     except Exception as exc:
                         self.boundary.contain(_text(source), "datagram", exc)
                     self._summarise(trio.current_time())
             self.calls.wake = None
-            await self._handle_timer(trio.current_time())
+            self._handle_timer(trio.current_time())
 
     def _next_wake(self) -> float:
         deadline = self.rpc.next_deadline()
@@ -299,6 +299,11 @@ class DhtPeer:
             log.info("%s", line)
 
     async def _handle_datagram(self, data: bytes, source: Address) -> None:
+        """:meth:`_take_datagram`, then a checkpoint (for callers that feed datagrams)."""
+        self._take_datagram(data, source)
+        await trio.lowlevel.checkpoint()
+
+    def _take_datagram(self, data: bytes, source: Address) -> None:
         """Process one datagram from ``source`` and send what it calls for.
 
         Bad peer input is dropped and logged, not raised; anything else that
@@ -307,9 +312,9 @@ class DhtPeer:
         """
         for event in self.rpc.receive_datagram_untrusted(data, source, trio.current_time()):
             _EVENT_HANDLERS[type(event)](self, event)
-        await self.calls.flush()
+        self.calls.flush()
 
-    async def _handle_timer(self, now: float) -> None:
+    def _handle_timer(self, now: float) -> None:
         for event in self.rpc.handle_timer(now):
             self.calls.on_timeout(event)
         if self.schedule.handle_timer(now):
@@ -321,7 +326,7 @@ class DhtPeer:
             assert self._nursery is not None
             self._nursery.start_soon(self._rejoin_task)
         self._summarise(now)
-        await self.calls.flush()
+        self.calls.flush()
 
     def _input_failed(self, source: str, what: str, exc: Exception) -> None:
         # The boundary logs the traceback (once per source and type a minute).
@@ -401,7 +406,7 @@ class DhtPeer:
                 for c in lookup.next_requests(now):
                     deliver = self.gate.informing(c, to_channel(send, c))
                     self.calls.call_nowait(c.address, method, args, deliver)
-                await self.calls.flush()
+                self.calls.flush()
                 if lookup.done:
                     break
                 deadline = lookup.next_deadline()
@@ -476,7 +481,7 @@ class DhtPeer:
             self._drop(address, exc.message, "replies")
             return None
         self.gate.proven(node_id, address, stated=True)
-        await self.calls.flush()
+        self.calls.flush()
         return node_id
 
     async def bootstrap(self, addresses: Iterable[Address]) -> int:
@@ -490,24 +495,10 @@ class DhtPeer:
         self.rejoin.remember_bootstrap(addresses)
         answered = 0
         for _ in range(BOOTSTRAP_ROUNDS):
-            answered = await self._ping_all(addresses)
+            answered = await count_answers(self.ping, addresses)
             if answered or len(self.table):
                 await self.find_node(self.node_id)
                 break
-        return answered
-
-    async def _ping_all(self, addresses: list[Address]) -> int:
-        """Ping every address at once; how many answered."""
-        answered = 0
-
-        async def one(a: Address) -> None:
-            nonlocal answered
-            if await self.ping(a) is not None:
-                answered += 1
-
-        async with trio.open_nursery() as nursery:
-            for a in addresses:
-                nursery.start_soon(one, a)
         return answered
 
     async def find_node(self, target: bytes) -> list[Contact]:
@@ -558,7 +549,7 @@ class DhtPeer:
         self.stats.rejoins += 1
         log.info("dht.rejoin table empty: trying %d bootstrap and snapshot addresses", len(seeds))
         try:
-            if await self._ping_all(seeds) or len(self.table):
+            if await count_answers(self.ping, seeds) or len(self.table):
                 await self.find_node(self.node_id)
         finally:
             self.rejoin.finished(len(self.table), trio.current_time())
