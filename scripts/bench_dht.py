@@ -104,94 +104,121 @@ async def run_ours(
     *,
     join_parallel: int = JOIN_PARALLEL,
     shared_rng: bool = False,
+    freeze: bool = False,
 ) -> dict[str, Any]:
     """The scenario of the module docstring on our nodes; ``shared_rng``: all nodes draw
-    from one generator (a generator's state is 2.5 KB, too much per simulated node)."""
+    from one generator (a generator's state is 2.5 KB, too much per simulated node);
+    ``freeze``: after the join, the objects built so far leave the garbage collector's
+    care (``gc.freeze``), so that its full passes do not walk every node's table again
+    (the simulator; the UDP comparison leaves both sides' collectors as they are)."""
     rng = random.Random(seed)
     one_rng = random.Random(rng.random()) if shared_rng else None
     config = DhtConfig(rto_floor=0.05, rto_ceiling=1.0, rpc_hard_timeout=2.0)
+
+    def make(i: int) -> DhtNode:
+        net: Network = net_factory(i)
+        ident = Identity(rng.randbytes(32)) if i % 10 == 0 else None
+        return DhtNode(
+            net,
+            identity=ident,
+            node_id=None if ident else rng.randbytes(20),
+            address=net_address(net, i),
+            config=config,
+            rng=one_rng or random.Random(rng.random()),
+            wall_clock_ms=wall_ms,
+        )
+
     gc.collect()
     rss0 = rss_bytes()
-    nodes: list[DhtNode] = []
     results: dict[str, Any] = {}
+    # Each node runs in a task of this nursery (DhtNode.serve) until close():
+    # no task per node to hold an ``async with`` open.
     async with trio.open_nursery() as nursery:
-
-        def make(i: int) -> DhtNode:
-            net: Network = net_factory(i)
-            ident = Identity(rng.randbytes(32)) if i % 10 == 0 else None
-            return DhtNode(
-                net,
-                identity=ident,
-                node_id=None if ident else rng.randbytes(20),
-                address=net_address(net, i),
-                config=config,
-                rng=one_rng or random.Random(rng.random()),
-                wall_clock_ms=wall_ms,
-            )
-
-        # Each node runs in a task of this nursery (DhtNode.serve) until close():
-        # no task per node to hold an ``async with`` open.
         t0 = trio.current_time()
-        nodes.append(await nursery.start(make(0).serve))
-        limiter = trio.CapacityLimiter(join_parallel)
-
-        async def join(i: int) -> None:
-            async with limiter:
-                node = await nursery.start(make(i).serve)
-                peer = nodes[rng.randrange(len(nodes))]
-                await node.bootstrap([peer.address])
-                nodes.append(node)
-
-        async with trio.open_nursery() as joins:
-            for i in range(1, n):
-                joins.start_soon(join, i)
-        join_s = trio.current_time() - t0
+        nodes = await _join_all(nursery, make, n, rng, join_parallel)
+        results["join_s"] = trio.current_time() - t0
         gc.collect()
-        mem = (rss_bytes() - rss0) / n
+        results["mem_per_node"] = (rss_bytes() - rss0) / n
+        if freeze:
+            gc.freeze()
         publishers = [x for x in nodes if x.identity is not None]
-        cards = {}
-        async with trio.open_nursery() as pubs:
-            for k, p in enumerate(publishers):
-                assert p.identity is not None
-                card = make_card(p.identity, wall_ms(), k)
-                cards[id(p)] = card
-                pubs.start_soon(p.provide, card)
-
-        async def measure(alive: list[DhtNode], targets: list[DhtNode]) -> dict[str, float]:
-            lat: list[float] = []
-            ok = 0
-            before = sum(x.stats.rpcs_sent for x in nodes)
-            lim = trio.CapacityLimiter(IN_FLIGHT)
-
-            async def one() -> None:
-                nonlocal ok
-                asker = rng.choice(alive)
-                target = rng.choice(targets)
-                async with lim:
-                    t = trio.current_time()
-                    card = await asker.find_card(cards[id(target)].peer_id, cards[id(target)].id)
-                    lat.append(trio.current_time() - t)
-                if card == cards[id(target)]:
-                    ok += 1
-
-            async with trio.open_nursery() as ns:
-                for _ in range(lookups):
-                    ns.start_soon(one)
-            return summary(lat, ok, lookups, sum(x.stats.rpcs_sent for x in nodes) - before)
-
-        results["join_s"] = join_s
-        results["mem_per_node"] = mem
-        results["before"] = await measure(nodes, publishers)
+        cards = await _publish_all(publishers, wall_ms)
+        results["before"] = await _measure(nodes, nodes, publishers, cards, lookups, rng)
         victims = set(rng.sample(range(1, len(nodes)), len(nodes) // 5))
         for v in victims:
             nodes[v].close()
         await trio.sleep(0.1)
         alive = [x for k, x in enumerate(nodes) if k not in victims]
         live_pubs = [x for x in publishers if x in alive]
-        results["after"] = await measure(alive, live_pubs)
+        results["after"] = await _measure(nodes, alive, live_pubs, cards, lookups, rng)
         for x in nodes:
             x.close()
     return results
+
+
+async def _join_all(
+    nursery: trio.Nursery, make: Any, n: int, rng: random.Random, join_parallel: int
+) -> list[DhtNode]:
+    """Node 0, then nodes 1..n-1 each bootstrapping off a random joined node,
+    ``join_parallel`` at a time; every node runs in ``nursery``."""
+    nodes: list[DhtNode] = [await nursery.start(make(0).serve)]
+    limiter = trio.CapacityLimiter(join_parallel)
+
+    async def join(i: int) -> None:
+        async with limiter:
+            node = await nursery.start(make(i).serve)
+            peer = nodes[rng.randrange(len(nodes))]
+            await node.bootstrap([peer.address])
+            nodes.append(node)
+
+    async with trio.open_nursery() as joins:
+        for i in range(1, n):
+            joins.start_soon(join, i)
+    return nodes
+
+
+async def _publish_all(publishers: list[DhtNode], wall_ms: Any) -> dict[int, AgentCard]:
+    """Every publisher provides a card of its own, all at once; the cards by ``id(node)``."""
+    cards: dict[int, AgentCard] = {}
+    async with trio.open_nursery() as pubs:
+        for k, p in enumerate(publishers):
+            assert p.identity is not None
+            card = make_card(p.identity, wall_ms(), k)
+            cards[id(p)] = card
+            pubs.start_soon(p.provide, card)
+    return cards
+
+
+async def _measure(
+    nodes: list[DhtNode],
+    alive: list[DhtNode],
+    targets: list[DhtNode],
+    cards: dict[int, AgentCard],
+    lookups: int,
+    rng: random.Random,
+) -> dict[str, float]:
+    """``lookups`` find_card calls from random ``alive`` nodes for random ``targets``'
+    cards, IN_FLIGHT at a time: latency, success and RPCs sent by all ``nodes``."""
+    lat: list[float] = []
+    ok = 0
+    before = sum(x.stats.rpcs_sent for x in nodes)
+    lim = trio.CapacityLimiter(IN_FLIGHT)
+
+    async def one() -> None:
+        nonlocal ok
+        asker = rng.choice(alive)
+        want = cards[id(rng.choice(targets))]
+        async with lim:
+            t = trio.current_time()
+            card = await asker.find_card(want.peer_id, want.id)
+            lat.append(trio.current_time() - t)
+        if card == want:
+            ok += 1
+
+    async with trio.open_nursery() as ns:
+        for _ in range(lookups):
+            ns.start_soon(one)
+    return summary(lat, ok, lookups, sum(x.stats.rpcs_sent for x in nodes) - before)
 
 
 def net_address(net: Network, i: int) -> tuple[str, int]:
@@ -402,6 +429,7 @@ async def simulate(n: int, lookups: int) -> None:
             lambda: epoch + int(trio.current_time() * 1000),
             join_parallel=sim_join_parallel(n),
             shared_rng=True,
+            freeze=True,
         )
         nursery.cancel_scope.cancel()
     wall = time.perf_counter() - t0

@@ -113,10 +113,13 @@ class RequestHandlers:
 
     def _closest_wire(self, key: bytes, source: Address) -> list[Any]:
         # As stock: never return the asker itself nor a contact whose id is the key.
-        found = self._host.table.closest(
-            key, exclude=lambda c: c.address == source or c.node_id == key
-        )
-        return [rpcwire.contact_to_wire(c) for c in found]
+        # The table holds one id per address, so at most two of the k + 2 nearest
+        # are left out: the k nearest of the rest are exact.
+        table = self._host.table
+        found = table.closest(key, table.k + 2)
+        wire = rpcwire.contact_to_wire
+        out = [wire(c) for c in found if c.node_id != key and c.address != source]
+        return out[: table.k]
 
 
 # Shared by all nodes: no per-node dict of bound methods.

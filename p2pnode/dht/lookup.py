@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +113,7 @@ _TRANSITIONS: dict[PeerState, frozenset[PeerState]] = {
 }
 
 _SHORTLISTED = (PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED)
+_dist_of = operator.attrgetter("dist")
 
 
 @dataclass(slots=True)
@@ -150,7 +152,7 @@ class Lookup:
         self._rtt = rtt
         self._own = own_id
         self._entries: dict[bytes, _Entry] = {}
-        self._order: list[tuple[int, bytes]] = []  # (distance, id), sorted
+        self._order: list[_Entry] = []  # sorted by distance
         # Requests within their deadline (at most alpha) and past it, kept apart so
         # that timers and the end test do not scan every contact heard of.
         self._flying: list[_Entry] = []
@@ -166,9 +168,8 @@ class Lookup:
         for c in contacts:
             if c.node_id == self._own or c.node_id in self._entries:
                 continue
-            d = id_int(c.node_id) ^ self._t
-            self._entries[c.node_id] = _Entry(c, d)
-            bisect.insort(self._order, (d, c.node_id))
+            e = self._entries[c.node_id] = _Entry(c, c.number ^ self._t)
+            bisect.insort(self._order, e, key=_dist_of)
 
     def handle_response(self, node_id: bytes, contacts: Iterable[Contact], now: float) -> None:
         """``node_id`` answered (possibly late) and named ``contacts``."""
@@ -247,8 +248,7 @@ class Lookup:
         """The nearest contacts that answered, nearest first (the lookup's result)."""
         n = self.k if count is None else count
         out = []
-        for _, nid in self._order:
-            e = self._entries[nid]
+        for e in self._order:
             if e.state is PeerState.ANSWERED:
                 out.append(e.contact)
                 if len(out) >= n:
@@ -264,8 +264,7 @@ class Lookup:
 
     def _shortlist(self) -> list[_Entry]:
         out = []
-        for _, nid in self._order:
-            e = self._entries[nid]
+        for e in self._order:
             if e.state in _SHORTLISTED:
                 out.append(e)
                 if len(out) >= self.k:

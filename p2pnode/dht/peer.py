@@ -410,7 +410,11 @@ class DhtPeer:
                 if lookup.done:
                     break
                 deadline = lookup.next_deadline()
-                with trio.move_on_at(math.inf if deadline is None else deadline):
+                if deadline is None:  # no soft timeout to wake for: no cancel scope either
+                    c, value = await recv.receive()
+                    self._take_reply(lookup, collector, method, c, value, quorum)
+                    continue
+                with trio.move_on_at(deadline):
                     c, value = await recv.receive()
                     self._take_reply(lookup, collector, method, c, value, quorum)
         finally:

@@ -74,9 +74,12 @@ class Contact:
     port: int
     #: The ``(host, port)`` to send datagrams to (built once: it is asked for often).
     address: tuple[str, int] = field(init=False, repr=False, compare=False)
+    #: The id as a big-endian integer (built once: every distance needs it).
+    number: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", (self.host, self.port))
+        object.__setattr__(self, "number", int.from_bytes(self.node_id, "big"))
 
 
 # Contacts held by the tables of this process, by id (see the module docstring).
@@ -488,10 +491,10 @@ def _distances(
     bucket: _Bucket, t: int, exclude: Callable[[Contact], bool] | None
 ) -> list[tuple[int, Contact]]:
     """``(distance to t, contact)`` of the contacts of ``bucket`` not excluded."""
-    held = bucket.contacts.items()
+    held = bucket.contacts.values()
     if exclude is None:
-        return [(int.from_bytes(nid, "big") ^ t, c) for nid, c in held]
-    return [(int.from_bytes(nid, "big") ^ t, c) for nid, c in held if not exclude(c)]
+        return [(c.number ^ t, c) for c in held]
+    return [(c.number ^ t, c) for c in held if not exclude(c)]
 
 
 def _bound(bucket: _Bucket, t: int) -> int:

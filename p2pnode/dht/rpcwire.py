@@ -148,9 +148,9 @@ def parse_stun_args_untrusted(args: list[Any]) -> None:
 # ---------------------------------------------------------------------- replies
 
 
-def contact_to_wire(c: Contact) -> list[Any]:
-    """A contact as ``[id, host, port]``."""
-    return [c.node_id, c.host, c.port]
+def contact_to_wire(c: Contact) -> tuple[bytes, str, int]:
+    """A contact as ``[id, host, port]`` (a tuple: msgpack writes it as the same array)."""
+    return (c.node_id, c.host, c.port)
 
 
 def parse_ping_reply_untrusted(value: Any) -> bytes:
