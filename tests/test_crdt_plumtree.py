@@ -112,6 +112,9 @@ def test_a_missing_announced_delta_is_grafted_from_each_announcer_in_turn() -> N
     a = node("A", ["B", "C"])
     delta, _ = a.local_update("doc", CounterAdd(("n",), 1))
     c = node("C", ["A", "B", "D"], graft_timeout=0.25)
+    c.handle_timer(1.0)  # C links and asks its peers to push to it
+    for peer in (B, D):  # which they refuse: no push is awaited from them
+        c.receive(peer, Prune("doc"), 1.0)
     c.receive(B, IHave("doc", ((A, 1, 1),)), 2.0)
     c.receive(D, IHave("doc", ((A, 1, 1),)), 2.1)
     c.take_outgoing()
@@ -150,8 +153,8 @@ def test_a_delta_learnt_by_batch_is_forwarded_when_its_push_comes_and_prunes_not
 
 
 def test_every_table_is_bounded() -> None:
-    tree = Tree(A, rng=random.Random(0), fanout=2, eager_fanout=1, max_links=3, lazy_delay=0.0,
-                graft_timeout=1.0, max_missing=5)  # fmt: skip
+    tree = Tree(rng=random.Random(0), fanout=2, eager_fanout=1, max_links=3, lazy_delay=0.0,
+                graft_timeout=1.0, max_missing=5, catch_up=1.0)  # fmt: skip
     for i in range(10):
         tree.announced((B, i + 1, i + 1), f"p{i}", 0.0)
     assert len(tree.missing_ids()) == 5
@@ -332,7 +335,8 @@ def test_the_first_update_costs_each_node_fewer_copies_than_it_asked_for(
     # Each node asks min(eager_fanout, fanout) peers to push to it, and the first push
     # cancels the other asks: no node gets the first update more often than it asked
     # for it, and push alone reaches every node.
-    cfg = GossipConfig(fanout=fanout, anti_entropy=False, graft_timeout=2.0)
+    # No timed graft comes within the run: the eager pushes alone must reach every node.
+    cfg = GossipConfig(fanout=fanout, anti_entropy=False, graft_timeout=1000.0)
     sim = GossipSimulation(n, seed=seed, gossip=cfg)
     sim.run_until(0.1)  # the link requests land
     sim.update(random.Random(seed).randrange(n), "doc", CounterAdd(("n",), 1))
@@ -341,3 +345,94 @@ def test_the_first_update_costs_each_node_fewer_copies_than_it_asked_for(
     asked = min(cfg.eager_fanout, fanout)
     assert max(node.statistics().duplicates for node in sim.nodes) <= asked - 1
     assert sum(node.statistics().new_by_batch for node in sim.nodes) == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(2, 30),
+    fanout=st.integers(1, 5),
+    seed=st.integers(0, 2**32),
+    start=st.sampled_from([0.0, 0.005, 0.015]),
+)
+def test_an_update_made_while_the_link_requests_travel_still_reaches_every_node_by_push(
+    n: int, fanout: int, seed: int, start: float
+) -> None:
+    # The requests take 10-30 ms, so some land after the first update passed their
+    # receiver (which then announces it to the requester, who grafts it at once), and
+    # peers that asked each other both push. No timed graft comes within the run.
+    cfg = GossipConfig(fanout=fanout, anti_entropy=False, graft_timeout=1000.0)
+    sim = GossipSimulation(n, seed=seed, gossip=cfg)
+    sim.run_until(start)
+    delta = sim.update(random.Random(seed).randrange(n), "doc", CounterAdd(("n",), 1))
+    sim.run_until(start + 3.0)
+    assert all(sim.has(i, (delta.origin, delta.seq)) for i in range(n))
+
+
+def test_a_peer_that_asked_too_gets_the_first_push_instead_of_a_prune() -> None:
+    # A asked B, C and D to push to it, and C asked A. The first push (from B) cancels
+    # A's asks, but C may lack the delta: A pushes it there and prunes only D.
+    x = node("A", ["B", "C", "D"], fanout=3)
+    x.handle_timer(0.0)
+    assert {p for p, m in sent(x) if m == Graft("doc")} == {B, C, D}
+    x.receive(C, Graft("doc"), 0.01)
+    delta, _ = node("E", ["A"]).local_update("doc", CounterAdd(("n",), 1))
+    assert x.receive(B, DeltaPush.of(delta), 0.1).forwarded_to == (C,)
+    assert [(p, m) for p, m in sent(x) if isinstance(m, Prune)] == [(D, Prune("doc"))]
+    assert x.links("doc")[0] == (C, B)
+
+
+def test_a_link_request_landing_after_a_delta_is_told_of_it_and_grafts_it_at_once() -> None:
+    c = node("C", ["A", "B"])
+    delta, _ = c.local_update("doc", CounterAdd(("n",), 1))
+    did = (C, 1, 1)
+    b = node("B", ["A", "C", "D"], catch_up=1.0)
+    assert b.receive(C, DeltaPush.of(delta), 0.0).new == 1
+    b.take_outgoing()
+    a = node("A", ["B", "C", "D"])
+    a.handle_timer(0.2)
+    assert {p for p, m in sent(a) if m == Graft("doc")} == {B, C, D}
+    # B applied the delta before A's request landed: it tells A (not C, its origin).
+    b.receive(A, Graft("doc"), 0.5)
+    b.receive(C, Graft("doc"), 0.5)
+    assert sent(b) == [(A, IHave("doc", (did,)))]
+    # A asked B to push, so no push is coming from B: A grafts at once, from B only.
+    a.receive(B, IHave("doc", (did,)), 0.6)
+    a.receive(D, IHave("doc", (did,)), 0.6)
+    assert sent(a) == [(B, Graft("doc", (did,)))]
+    b.receive(A, Graft("doc", (did,)), 0.7)
+    [(peer, push)] = sent(b)
+    assert peer == A and a.receive(B, push, 0.8).new == 1
+    # A request landing more than catch_up seconds later is told nothing.
+    b.receive(D, Graft("doc"), 1.1)
+    assert sent(b) == []
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(2, 10),
+    names=st.lists(st.text(min_size=1, max_size=6), min_size=10, max_size=10, unique=True),
+)
+def test_the_first_link_requests_form_one_ring_by_replica_id_whatever_peers_are_called(
+    n: int, names: list[str]
+) -> None:
+    # A driver names peers its own way (a node: by agent id) and gives their replica ids:
+    # each node's first link request goes to the peer with the next replica id, so these
+    # requests form one cycle through every node and the first update reaches them all.
+    ids = [rid(f"ring{i}") for i in range(n)]
+    ring = sorted(ids)
+    successor = {}
+    for i in range(n):
+        core = GossipNode(replica(f"ring{i}"), docs=["doc"], rng=random.Random(i), now=0.0,
+                          config=GossipConfig(anti_entropy=False))  # fmt: skip
+        for j in range(n):
+            if j != i:
+                core.add_peer(names[j], ids[j])
+        core.handle_timer(0.0)
+        first = next(p for p, m in core.take_outgoing() if isinstance(m, Graft))
+        successor[i] = names.index(first)
+        assert ids[successor[i]] == ring[(ring.index(ids[i]) + 1) % n]
+    seen, k = set(), 0
+    for _ in range(n):
+        seen.add(k)
+        k = successor[k]
+    assert k == 0 and len(seen) == n

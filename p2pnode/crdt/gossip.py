@@ -6,11 +6,14 @@ Three complementary mechanisms:
 
 * **Eager push along a broadcast tree** (Leitao, Pereira, Rodrigues,
   "Epidemic Broadcast Trees", SRDS 2007; :mod:`p2pnode.crdt.plumtree`). Per
-  document a node links to its ring successor and random peers (``fanout``
-  links, at most ``max_links``) and asks ``eager_fanout`` of them to push to it;
-  a new delta is pushed to every eager link but its sender and origin. The first
-  push prunes the other asked links, duplicates prune links to lazy, so the
-  eager links become a spanning tree and each node receives each delta about once.
+  document a node links to its ring successor (by replica id: a driver that
+  names peers otherwise gives their replica ids to :meth:`GossipNode.add_peer`)
+  and random peers (``fanout`` links, at most ``max_links``) and asks
+  ``eager_fanout`` of them to push to it; a new delta is pushed to every eager
+  link but its sender and origin. The first push prunes the other asked links,
+  duplicates prune links to lazy, so the eager links become a spanning tree and
+  each node receives each delta about once. A link request that lands after a
+  delta passed is answered with an announcement of it, grafted at once.
 * **Lazy push.** New deltas are announced by id (:class:`IHave`, batched,
   ``lazy_delay``) to the lazy links; one still missing ``graft_timeout`` later
   is asked for with a :class:`Graft`, which repairs the tree. With
@@ -43,10 +46,11 @@ so the driver can report a forgery) while the rest of the frame is processed.
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from p2pnode.crdt.clock import CRDTError, VectorClock
@@ -68,95 +72,12 @@ from p2pnode.crdt.frames import (
     Prune,
     decode_untrusted,
 )
+from p2pnode.crdt.gossipconfig import GossipConfig, GossipStats, Received
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.plumtree import Tree
 from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.signing import ForgedDeltaError
 from p2pnode.errors import ErrorCode, LocalError
-
-
-@dataclass(frozen=True, slots=True)
-class GossipConfig:
-    """Tuning knobs (see docs/protocol/gossip.md for the defaults' rationale)."""
-
-    #: Links per document (tree) or random push targets (``tree=False``).
-    fanout: int = 4
-    #: Mean anti-entropy period, seconds (each wait is jittered to 0.5x-1.5x).
-    interval: float = 1.0
-    #: Messages queued per peer before the oldest is dropped.
-    max_outbox: int = 256
-    #: Most deltas returned for one digest.
-    max_reply_deltas: int = 128
-    #: Forward new deltas received by push (False: push-only at the origin).
-    forward: bool = True
-    #: Run anti-entropy at all (False only for measurements).
-    anti_entropy: bool = True
-    #: Disseminate along a broadcast tree (False: push to ``fanout`` random peers).
-    tree: bool = True
-    #: Links asked to push here (link requests: the ring successor first; at most
-    #: ``fanout``); the other links start lazy. It bounds the copies of the first
-    #: delta a node receives while the tree is built (docs/protocol/gossip.md §5).
-    eager_fanout: int = 3
-    #: Most links per document (link requests beyond it are refused with a Prune).
-    max_links: int = 16
-    #: Seconds a new delta's announcement to lazy links waits, to batch them.
-    lazy_delay: float = 0.2
-    #: Seconds an announced delta may stay missing before it is grafted.
-    graft_timeout: float = 0.5
-    #: Announced deltas awaited per document (more are left to anti-entropy).
-    max_missing: int = 1024
-
-    def __post_init__(self) -> None:
-        if self.fanout < 1 or self.interval <= 0 or self.max_outbox < 1:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "fanout, interval, max_outbox must be > 0")
-        if not 1 <= self.max_reply_deltas <= min(MAX_BATCH, self.max_outbox * 64):
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "bad max_reply_deltas")
-        if self.max_links <= self.fanout or self.max_missing < 1 or self.eager_fanout < 1:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "need max_links > fanout, max_missing > 0")
-        if self.lazy_delay < 0 or self.graft_timeout <= 0:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "bad lazy_delay or graft_timeout")
-
-
-@dataclass(frozen=True, slots=True)
-class Received:
-    """What :meth:`GossipNode.receive` did with one frame."""
-
-    #: Deltas (or checkpoints) that taught this replica something.
-    new: int
-    #: Duplicates or useless answers.
-    duplicate: int
-    #: Peers the new delta was forwarded to.
-    forwarded_to: tuple[str, ...] = ()
-    #: Deltas skipped as malformed or forged (already logged and recorded in
-    #: ``Replica.errors``); a :class:`~p2pnode.crdt.signing.ForgedDeltaError` means the
-    #: sending peer passed on a delta its claimed origin did not sign.
-    rejected: tuple[CRDTError, ...] = ()
-
-
-@dataclass(slots=True)
-class GossipStats:
-    """Counters since creation (``statistics()``)."""
-
-    pushed: int = 0
-    forwarded: int = 0
-    new_deltas: int = 0
-    duplicates: int = 0
-    digests_sent: int = 0
-    deltas_served: int = 0
-    checkpoints_served: int = 0
-    dropped: int = 0
-    errors: int = 0
-    #: Deltas rejected because their origin did not sign them (a subset of ``errors``).
-    forged: int = 0
-    received_by_type: dict[str, int] = field(default_factory=dict)
-    #: New deltas learnt from an anti-entropy batch (the rest came by push).
-    new_by_batch: int = 0
-    #: Pushes of a delta first learnt from a batch: the tree delivered it too.
-    pushes_after_batch: int = 0
-    #: Tree control frames sent.
-    ihaves_sent: int = 0
-    grafts_sent: int = 0
-    prunes_sent: int = 0
 
 
 class GossipNode:
@@ -178,7 +99,8 @@ class GossipNode:
         self._now = now
         self._peers: list[str] = []
         self._peer_set: set[str] = set()
-        self._sorted: list[str] | None = []  # None: to sort again (peers changed)
+        self._keys: dict[str, str] = {}  # peer -> its replica id (the ring's order)
+        self._ring: list[str] | None = []  # peers by ring key; None: to sort again
         self._docs: set[str] = set()
         self._trees: dict[str, Tree] = {}
         self._filled: set[str] = set()  # documents whose links match the peer list
@@ -193,12 +115,16 @@ class GossipNode:
         self._deadline = now + self._jitter()
 
     # Membership -----------------------------------------------------------------------
-    def add_peer(self, peer: str) -> None:
-        """Start gossiping with ``peer`` (ignored if it is this replica)."""
-        if peer != self.replica.replica_id and peer not in self._peer_set:
+    def add_peer(self, peer: str, replica_id: str | None = None) -> None:
+        """Start gossiping with ``peer`` (ignored if it is this replica), whose replica
+        id is ``replica_id`` (default: ``peer``; a driver naming peers otherwise gives
+        it, since the ring of link requests is ordered by replica id)."""
+        key = peer if replica_id is None else replica_id
+        if key != self.replica.replica_id and peer not in self._peer_set:
             self._peer_set.add(peer)
             self._peers.append(peer)
-            self._sorted = None
+            self._keys[peer] = key
+            self._ring = None
             self._filled.clear()
 
     def remove_peer(self, peer: str) -> None:
@@ -206,8 +132,9 @@ class GossipNode:
         if peer in self._peer_set:
             self._peer_set.discard(peer)
             self._peers.remove(peer)
+            del self._keys[peer]
             self._outbox.pop(peer, None)
-            self._sorted = None
+            self._ring = None
             self._filled.clear()
             for tree in self._trees.values():
                 tree.remove(peer)
@@ -223,7 +150,6 @@ class GossipNode:
         if doc not in self._trees:
             c = self.config
             self._trees[doc] = Tree(
-                self.replica.replica_id,
                 rng=self._rng,
                 fanout=c.fanout,
                 eager_fanout=min(c.eager_fanout, c.fanout),
@@ -231,6 +157,7 @@ class GossipNode:
                 lazy_delay=c.lazy_delay,
                 graft_timeout=c.graft_timeout,
                 max_missing=c.max_missing,
+                catch_up=c.catch_up,
             )
 
     def unsubscribe(self, doc: str) -> None:
@@ -269,13 +196,23 @@ class GossipNode:
         """The document's tree, its links completed first (a link request to each new one)."""
         tree = self._trees[doc]
         if doc not in self._filled:
-            if self._sorted is None:
-                self._sorted = sorted(self._peers)
-            for peer in tree.fill(self._sorted):
-                self._send(peer, Graft(doc))
-                self._stats.grafts_sent += 1
+            if self._peers:
+                for peer in tree.fill(self._successor(), self._sorted_ring()):
+                    self._send(peer, Graft(doc))
+                    self._stats.grafts_sent += 1
             self._filled.add(doc)
         return tree
+
+    def _sorted_ring(self) -> list[str]:
+        if self._ring is None:
+            self._ring = sorted(self._peers, key=lambda p: (self._keys[p], p))
+        return self._ring
+
+    def _successor(self) -> str:
+        """The peer whose replica id comes next after this replica's, wrapping."""
+        ring = self._sorted_ring()
+        keys = [self._keys[p] for p in ring]
+        return ring[bisect.bisect_right(keys, self.replica.replica_id) % len(ring)]
 
     def _targets(self, doc: str, did: DeltaId, sender: str | None) -> list[str]:
         """Where a new delta goes: the tree's eager links, or random peers."""
@@ -418,9 +355,14 @@ class GossipNode:
         if msg.doc not in self._docs or not self.config.tree or peer not in self._peer_set:
             return Received(0, 0)
         tree = self._tree(msg.doc)
-        for origin, first, seq in msg.ids:
-            if self.replica.is_news(msg.doc, origin, first, seq):
-                tree.announced((origin, first, seq), peer, self._now)
+        now = [
+            did
+            for did in msg.ids
+            if self.replica.is_news(msg.doc, *did) and tree.announced(did, peer, self._now)
+        ]
+        if now:  # a peer this node asked to push announced instead: graft them at once
+            self._send(peer, Graft(msg.doc, tuple(now)))
+            self._stats.grafts_sent += 1
         return Received(0, 0)
 
     def _on_graft(self, peer: str, msg: Graft) -> Received:
@@ -430,6 +372,10 @@ class GossipNode:
             tree = self._tree(msg.doc)
             if tree.linked(peer) or not tree.full():
                 tree.make_eager(peer)
+                recent = [] if msg.ids else tree.catch_up(peer, self._now)
+                if recent:  # a link request: what it may have missed while on its way
+                    self._send(peer, IHave(msg.doc, tuple(recent)))
+                    self._stats.ihaves_sent += 1
             else:
                 self._send(peer, Prune(msg.doc))  # no room for another link
                 self._stats.prunes_sent += 1
@@ -483,7 +429,8 @@ class GossipNode:
         self._stats.new_by_batch += len(new)
         if self.config.tree:
             for delta in new:  # its push, when it comes, is forwarded (Tree.duplicate)
-                self._trees[delta.doc].learnt_by_batch((delta.origin, delta.first, delta.seq))
+                did = (delta.origin, delta.first, delta.seq)
+                self._trees[delta.doc].learnt_by_batch(did, peer, self._now)
         return Received(len(new), dup)
 
     _HANDLERS: ClassVar[dict[type[GossipMessage], Any]] = {

@@ -5,27 +5,37 @@ Theory of operation
 Leitao, Pereira and Rodrigues, "Epidemic Broadcast Trees" (SRDS 2007), over a
 small overlay of *links* per document:
 
-* **Links.** A node links to its ring successor (the next replica id after its
-  own among the peers it knows, wrapping) and to random peers until it has
-  ``fanout`` links. New links start *lazy* on its side; it asks
-  ``eager_fanout`` of them (the successor first) to push to it, with a link
-  request (a :class:`Graft` without ids), and the receiver makes the link
-  eager on its side (or, holding ``max_links`` links, refuses with a Prune).
-  Every node is thus pushed to by ``eager_fanout`` peers before the first
-  delta, and the asked successors alone form a ring through every node.
+* **Links.** A node links to its ring successor (the peer whose replica id
+  comes next after its own, wrapping; the caller picks it, since it knows the
+  peers' replica ids) and to random peers until it has ``fanout`` links. New
+  links start *lazy* on its side; it asks ``eager_fanout`` of them (the
+  successor first) to push to it, with a link request (a :class:`Graft`
+  without ids), and the receiver makes the link eager on its side (or,
+  holding ``max_links`` links, refuses with a Prune). Every node is thus
+  pushed to by ``eager_fanout`` peers before the first delta, and the asked
+  successors alone form a ring through every node.
 * **Eager push (§3.3).** A delta is pushed to every eager link but the one it
   came from (and its origin). The first copy of a delta makes its sender eager
   and *cancels* the other asks still open: each gets a :class:`Prune` at once,
-  so most of them never push a copy (pruning before the duplicate, not after).
+  so most of them never push a copy (pruning before the duplicate, not after)
+  — except a peer that asked this node too, which may lack the delta: it is
+  pushed to, so no ask that the ring relies on is dropped unanswered.
   A node that no peer asked to be pushed from yet, making a delta or getting
   it over a link it did not ask for, pushes it to the peers it asked instead:
   a delta made before the link requests landed still leaves by push.
   A duplicate makes its sender lazy and is answered with a Prune, which makes
   the link lazy on the other side too. So the first delta costs each node
-  fewer than ``eager_fanout`` copies, after it the eager links form a
-  spanning tree, and later deltas travel it with no duplicates. (Links that
-  all start eager would cost each node about its number of links, which is
-  twice ``fanout`` once requests are counted both ways.)
+  at most ``eager_fanout - 1`` redundant copies once the requests landed,
+  after it the eager links form a spanning tree, and later deltas travel it
+  with no duplicates. (Links that all start eager would cost each node about
+  its number of links, which is twice ``fanout`` once requests are counted
+  both ways.)
+* **Catching up a late request.** A link request may land after a delta
+  passed its receiver (on a node the request waits for its channel to open).
+  The receiver announces to the requester, at once, the deltas it applied in
+  the last ``catch_up`` seconds; a node announced a delta it lacks by a peer
+  it asked to push grafts it at once (that peer will not push it), from one
+  such peer per delta.
 * **Lazy push (§3.4).** The ids of a new delta are announced in a batched
   :class:`IHave` to the lazy links ``lazy_delay`` seconds later. An announced
   delta still missing ``graft_timeout`` seconds after its first announcement
@@ -37,12 +47,12 @@ small overlay of *links* per document:
 This class holds the tables and applies the rules; the gossip core
 (:class:`~p2pnode.crdt.gossip.GossipNode`) sends what it returns. Every table
 is bounded: links by ``max_links``, announcements by :data:`MAX_IDS` per link,
-missing deltas by ``max_missing`` (further ones are left to anti-entropy).
+missing deltas by ``max_missing`` (further ones are left to anti-entropy), the
+deltas remembered for late requests by :data:`MAX_IDS`.
 """
 
 from __future__ import annotations
 
-import bisect
 import random
 from dataclasses import dataclass, field
 
@@ -56,6 +66,8 @@ MAX_ANNOUNCERS = 4
 class _Missing:
     deadline: float
     announcers: list[str] = field(default_factory=list)
+    #: Grafted at once from a peer asked to push here (which announced it instead).
+    hurried: bool = False
 
 
 class Tree:
@@ -63,7 +75,6 @@ class Tree:
 
     def __init__(
         self,
-        self_id: str,
         *,
         rng: random.Random,
         fanout: int,
@@ -72,8 +83,8 @@ class Tree:
         lazy_delay: float,
         graft_timeout: float,
         max_missing: int,
+        catch_up: float,
     ) -> None:
-        self._self = self_id
         self._rng = rng
         self._fanout = fanout
         self._eager_fanout = eager_fanout
@@ -82,6 +93,7 @@ class Tree:
         self._lazy_delay = lazy_delay
         self._graft_timeout = graft_timeout
         self._max_missing = max_missing
+        self._catch_up = catch_up
         # Dicts, not sets: insertion order keeps a simulation a function of its seed.
         self.eager: dict[str, None] = {}
         self.lazy: dict[str, None] = {}
@@ -95,6 +107,9 @@ class Tree:
         # Deltas learnt from an anti-entropy batch, oldest first (at most max_missing):
         # a push of one arriving later is no sign of a redundant link.
         self._by_batch: dict[DeltaId, None] = {}
+        # Deltas applied here, oldest first (at most MAX_IDS): when and from whom (None:
+        # made here). A peer whose link request lands later may have missed them.
+        self._recent: dict[DeltaId, tuple[float, str | None]] = {}
 
     # Links ----------------------------------------------------------------------------
     @property
@@ -104,21 +119,18 @@ class Tree:
     def linked(self, peer: str) -> bool:
         return peer in self.eager or peer in self.lazy
 
-    def fill(self, sorted_peers: list[str]) -> list[str]:
-        """Link the ring successor and random peers until there are ``fanout`` links
-        and ``eager_fanout`` of them were asked to push here; returns the peers to ask
+    def fill(self, successor: str, peers: list[str]) -> list[str]:
+        """Link the ring ``successor`` and random ``peers`` (in a fixed order, so a
+        simulation is a function of its seed) until there are ``fanout`` links and
+        ``eager_fanout`` of them were asked to push here; returns the peers to ask
         (each gets a link request). New links start lazy on this side."""
         ask: list[str] = []
-        if not sorted_peers:
-            return ask
-        i = bisect.bisect_right(sorted_peers, self._self)
-        successor = sorted_peers[i % len(sorted_peers)]
         if self._link(successor):
             ask.append(successor)
         wanted = max(self._fanout - self.links, self._eager_fanout - self._asked - len(ask))
         if wanted > 0:
-            k = min(len(sorted_peers), wanted + self.links)
-            for peer in self._rng.sample(sorted_peers, k):
+            k = min(len(peers), wanted + self.links)
+            for peer in self._rng.sample(peers, k):
                 more_asks = self._asked + len(ask) < self._eager_fanout
                 if self.links >= self._fanout and not more_asks:
                     break
@@ -182,8 +194,10 @@ class Tree:
         links to push it to; queues its announcement to the lazy links. Open asks
         are settled: pushed to when no one asked to be pushed from here and the delta
         did not come from a peer asked (the tree is new), else cancelled
-        (:attr:`cancelled`) once a push came."""
+        (:attr:`cancelled`) once a push came, but for peers that asked this node
+        too: those are pushed to."""
         self._missing.pop(did, None)
+        self._remember(did, sender, now)
         # A push over a link this node did not ask for, or none (made here): the tree
         # may not reach it yet from any side.
         unasked = sender is None or sender not in self._asking
@@ -198,10 +212,10 @@ class Tree:
             targets = [p for p in self._asking if p not in skip]
             self._asking.clear()
         elif self._asking and sender is not None:
-            self.cancelled.extend(self._asking)
-            for peer in self.cancelled:
-                self.make_lazy(peer)  # also a requester here: pruned on both sides
-            targets = [p for p in targets if p not in self.cancelled]
+            # A peer that asked this node too gets the delta pushed instead of a Prune: it
+            # may lack it, and the ring of requests through it must not break.
+            self.cancelled.extend(p for p in self._asking if p not in self.eager)
+            self._asking.clear()
         lazy = [p for p in self.lazy if p not in skip]
         for peer in lazy:
             ids = self._pending.setdefault(peer, [])
@@ -212,11 +226,27 @@ class Tree:
             self._flush_at = now + self._lazy_delay
         return targets
 
-    def learnt_by_batch(self, did: DeltaId) -> None:
-        """A new delta came in an anti-entropy batch, ahead of its push."""
+    def learnt_by_batch(self, did: DeltaId, sender: str, now: float) -> None:
+        """A new delta came from ``sender`` in an anti-entropy batch, ahead of its push."""
         if len(self._by_batch) >= self._max_missing:
             del self._by_batch[next(iter(self._by_batch))]
         self._by_batch[did] = None
+        self._remember(did, sender, now)
+
+    def _remember(self, did: DeltaId, sender: str | None, now: float) -> None:
+        self._recent.pop(did, None)
+        if len(self._recent) >= MAX_IDS:
+            del self._recent[next(iter(self._recent))]
+        self._recent[did] = (now, sender)
+
+    def catch_up(self, peer: str, now: float) -> list[DeltaId]:
+        """The deltas applied here in the last ``catch_up`` seconds that ``peer`` neither
+        made nor sent, oldest first: what to announce to it when its link request lands,
+        since it may have missed them while the request was on its way."""
+        since = now - self._catch_up
+        while self._recent and next(iter(self._recent.values()))[0] < since:
+            del self._recent[next(iter(self._recent))]
+        return [did for did, (_, sender) in self._recent.items() if peer not in (did[0], sender)]
 
     def duplicate(self, did: DeltaId, peer: str) -> bool | None:
         """A pushed duplicate came from ``peer``. True: make the link lazy and send
@@ -231,16 +261,25 @@ class Tree:
             self.add_lazy(peer)
         return True
 
-    def announced(self, did: DeltaId, peer: str, now: float) -> None:
-        """``peer`` announced a delta this replica lacks: wait for it, then graft."""
+    def announced(self, did: DeltaId, peer: str, now: float) -> bool:
+        """``peer`` announced a delta this replica lacks: wait for it, then graft. True:
+        graft it from ``peer`` at once (the caller sends the Graft): this node asked
+        ``peer`` to push and no push came, so ``peer`` had the delta before the request
+        landed and will not push it. One such graft per delta; further announcers wait
+        their turn."""
         self.add_lazy(peer)
         entry = self._missing.get(did)
         if entry is None:
             if len(self._missing) >= self._max_missing:
-                return  # left to anti-entropy
-            self._missing[did] = _Missing(now + self._graft_timeout, [peer])
-        elif peer not in entry.announcers and len(entry.announcers) < MAX_ANNOUNCERS:
+                return False  # left to anti-entropy
+            entry = self._missing[did] = _Missing(now + self._graft_timeout)
+        if peer in self._asking and not entry.hurried:
+            entry.hurried = True
+            entry.deadline = now + self._graft_timeout  # then the other announcers in turn
+            return True
+        if peer not in entry.announcers and len(entry.announcers) < MAX_ANNOUNCERS:
             entry.announcers.append(peer)
+        return False
 
     # Timers ---------------------------------------------------------------------------
     def next_deadline(self) -> float:

@@ -62,12 +62,12 @@ from typing import Any, Protocol
 import trio
 
 from p2pnode.card import AgentCard, Capability, Origin
-from p2pnode.crdt.clock import CRDTError, VectorClock
+from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.gossip import GossipConfig, GossipError, GossipNode, GossipStats, decode_untrusted
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Replica
-from p2pnode.crdt.signing import ForgedDeltaError, Signer
+from p2pnode.crdt.signing import Signer
 from p2pnode.crdt.store import AsyncCRDTStore
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError
@@ -87,6 +87,7 @@ from p2pnode.node.sharedpeers import (
     mutual,
     refused_replicas,
 )
+from p2pnode.node.sharedreport import report_rejected
 from p2pnode.node.sharedwatch import Watch
 from p2pnode.node.subscriptions import SUBSCRIPTIONS_FILE_NAME, SubscriptionFile
 
@@ -402,7 +403,8 @@ class SharedState(TaskOwner):
                 d.core.remove_peer(peer)
         for peer, via in eligible.items():
             d.routes[peer] = via
-            d.core.add_peer(peer)
+            card = self.host.registry.find(peer)  # the ring of links is by replica id
+            d.core.add_peer(peer, None if card is None else str(card.peer_id))
         if d.core.next_deadline() <= trio.current_time():
             d.wake.set()  # new links: their requests go now, before any update
 
@@ -513,39 +515,16 @@ class SharedState(TaskOwner):
             self.host.policy, self.host.local_agent(target), source
         ):
             self._suspended.pop(peer, None)  # it reached us: worth trying again
-            d.core.add_peer(peer)
+            d.core.add_peer(peer, str(source.peer_id))
         result = d.core.receive(peer, msg, trio.current_time())
         if result.rejected:
-            self._report_rejected(doc, source, envelope, result.rejected)
+            self.forged_deltas += report_rejected(
+                self.host.events, doc, source, envelope, result.rejected
+            )
         if result.new:
             self._notify(d)
             self._dirty.set()
         self._flush(d)
-
-    def _report_rejected(
-        self, doc: str, source: AgentCard, envelope: Envelope, rejected: tuple[CRDTError, ...]
-    ) -> None:
-        """Forged deltas as security events naming the sending peer; malformed ones as
-        one error event per frame."""
-        peer = source.id
-        malformed = [exc for exc in rejected if not isinstance(exc, ForgedDeltaError)]
-        for exc in rejected:
-            if isinstance(exc, ForgedDeltaError):
-                self.forged_deltas += 1
-                self.host.events.security(
-                    exc.code,
-                    f"forged CRDT update of {doc!r} from agent {peer} dropped: {exc.message}",
-                    str(source.peer_id),
-                    envelope,
-                )
-        if malformed:
-            self.host.events.error(
-                ErrorCode.CRDT_DESERIALIZATION_FAILED,
-                f"skipped {len(malformed)} bad CRDT update(s) of {doc!r} from agent {peer}: "
-                f"{malformed[-1].message}",
-                str(source.peer_id),
-                envelope,
-            )
 
     # -- timers, durability, watchers -------------------------------------------------------
 
