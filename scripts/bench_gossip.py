@@ -12,7 +12,9 @@ subscribed to one document through ``node.open_shared()`` with the default
 gossip configuration (only the anti-entropy period is set, by ``--ae``).
 Measured: wall time from ``shared.update()`` until every other node applied the
 update (each node watches the document), over ``--updates`` updates by
-rotating writers, after N warm-up updates (the first ones prune the tree).
+rotating writers, after N warm-up updates (the first ones prune the tree; the
+very first is made as soon as the nodes found each other, while channels and
+link requests are still on their way).
 Baseline in the same run, over the same channels: the writer sends the encoded
 delta directly to all N-1 peer agents (``stream-data`` envelopes, concurrently)
 and each receiving agent's handler decodes and applies it to a replica.
@@ -22,7 +24,9 @@ new delta by push, or, where an anti-entropy batch raced the push and came
 first, the push afterwards (``pushes_after_batch``), so no node depended on
 anti-entropy. The share of updates no batch raced at all is printed too.
 Each period runs ``--runs`` times; the summary gives the medians and whether
-the targets (p95 <= 50 ms, >= 99 % by push) are met.
+the targets (p95 <= 50 ms, >= 99 % by push over the measured updates and over
+all of them, warm-up included; the first update by push with <= 2 redundant
+copies per node) are met.
 
 Usage: python scripts/bench_gossip.py [--nodes 20] [--updates 100] [--runs 3] [--durable]
        [--ae 1.0] [--sizes 100 1000] [--seeds 1 2 3 4 5] [--skip-sim]
@@ -129,6 +133,7 @@ class Run:
     p95: float
     base_p95: float
     by_push: float  # percent of updates whose pushes reached every node
+    by_push_all: float  # the same over the warm-up updates and the measured ones
     untouched: float  # percent of updates no anti-entropy batch brought anyone first
     cold: float  # redundant deliveries per node of the first update
     cold_by_push: bool  # the first update reached every node by push
@@ -159,13 +164,17 @@ async def part_two(
                 await node.shared.refresh()
             for i, node in enumerate(nodes):
                 nursery.start_soon(watch_node, node, i, arrivals)
-            # Warm up: every link open, peers known. The first update builds the tree.
+            # Warm up: one update per writer. The first is made as soon as the peers were
+            # found (many channels and link requests still on their way) and builds the
+            # tree; the warm-up ones are not timed, but whether push reached every node
+            # counts for them too.
             dups = sum(n.shared.statistics(DOC).duplicates for n in nodes)
             first = await measure_gossip(nodes, 0, arrivals)
             cold = (sum(n.shared.statistics(DOC).duplicates for n in nodes) - dups) / count
+            warm = [first[1]]
             await measure_baseline(nodes, 0, arrivals)
             for k in range(1, count):
-                await measure_gossip(nodes, k % count, arrivals)
+                warm.append((await measure_gossip(nodes, k % count, arrivals))[1])
                 await measure_baseline(nodes, k % count, arrivals)
             gossip, base, pushed, no_ae = [], [], [], []
             for k in range(updates):
@@ -187,9 +196,11 @@ async def part_two(
     p50, p95 = pct(gossip, 0.5), pct(gossip, 0.95)
     by_push = 100.0 * sum(pushed) / len(pushed)
     untouched_pct = 100.0 * sum(no_ae) / len(no_ae)
-    out.append(Run(p50, p95, pct(base, 0.95), by_push, untouched_pct, cold, first[1]))
+    every = 100.0 * (sum(pushed) + sum(warm)) / (len(pushed) + len(warm))
+    out.append(Run(p50, p95, pct(base, 0.95), by_push, every, untouched_pct, cold, first[1]))
     print(f"first update (tree being built): {first[0]:.2f} ms, {cold:.2f} redundant per "
-          f"node, reached every node by push: {first[1]}")  # fmt: skip
+          f"node, reached every node by push: {first[1]}; warm-up updates by push: "
+          f"{sum(warm)}/{len(warm)}")  # fmt: skip
     print(f"gossip/baseline: p50 x{p50 / pct(base, 0.5):.2f}, p95 x{p95 / pct(base, 0.95):.2f}; "
           f"updates whose push reached every node: {by_push:.1f}% (no node learnt it from "
           f"anti-entropy first: {untouched_pct:.1f}%)")  # fmt: skip
@@ -287,14 +298,16 @@ def summary(runs: list[Run], interval: float) -> None:
     p95 = statistics.median(r.p95 for r in runs)
     base = statistics.median(r.base_p95 for r in runs)
     push = statistics.median(r.by_push for r in runs)
+    push_all = min(r.by_push_all for r in runs)
     untouched = statistics.median(r.untouched for r in runs)
     print(f"\n== medians of {len(runs)} runs, anti-entropy {interval}s ==")
     print(f"gossip update -> all have it: p50 {p50:.2f} ms, p95 {p95:.2f} ms "
           f"(baseline direct send p95 {base:.2f} ms)")  # fmt: skip
     print(f"target p95 <= {P95_TARGET:.0f} ms: {'met' if p95 <= P95_TARGET else 'MISSED'}")
-    met = "met" if push >= PUSH_TARGET else "MISSED"
-    print(f"updates whose push reached every node (no anti-entropy needed): {push:.1f}%; "
-          f"target >= {PUSH_TARGET:.0f}%: {met}")  # fmt: skip
+    met = "met" if min(push, push_all) >= PUSH_TARGET else "MISSED"
+    print(f"updates whose push reached every node (no anti-entropy needed): {push:.1f}% "
+          f"(median), {push_all:.1f}% counting the warm-up updates too (worst run); "
+          f"target >= {PUSH_TARGET:.0f}% for both: {met}")  # fmt: skip
     print(f"  (updates no node learnt from an anti-entropy batch first, the batch racing "
           f"the push: {untouched:.1f}%)")  # fmt: skip
     cold = statistics.median(r.cold for r in runs)
