@@ -202,12 +202,13 @@ class Lookup:
 
     def next_requests(self, now: float) -> list[Contact]:
         """Contacts to ask now; each is marked in flight with a fresh deadline."""
-        if self.done:
+        short = self._shortlist()
+        if self._finished or self._converged(short):
             return []
         in_flight = len(self._flying)
         out: list[Contact] = []
         rto = self._rtt.timeout()
-        for e in self._shortlist():
+        for e in short:
             if in_flight >= self.alpha or self.queries >= self.max_queries:
                 break
             if e.state is PeerState.CANDIDATE:
@@ -228,9 +229,10 @@ class Lookup:
     @property
     def done(self) -> bool:
         """True when the lookup has converged, run dry, hit its bound or was finished."""
-        if self._finished:
-            return True
-        short = self._shortlist()
+        return self._finished or self._converged(self._shortlist())
+
+    def _converged(self, short: list[_Entry]) -> bool:
+        """:attr:`done` but for :meth:`finish`, given the shortlist."""
         if all(e.state is PeerState.ANSWERED for e in short):
             # Nobody answered yet but requests are out, all past their timeout: the
             # nodes (or this process) are overloaded, not all dead. Wait for a late

@@ -276,11 +276,12 @@ class DhtPeer:
                 self.calls.wake = scope
                 while True:
                     data, source = await endpoint.recvfrom()
+                    now = trio.current_time()
                     try:
-                        self._take_datagram(data, source)
+                        self._take_datagram(data, source, now)
                     except Exception as exc:
                         self.boundary.contain(_text(source), "datagram", exc)
-                    self._summarise(trio.current_time())
+                    self._summarise(now)
             self.calls.wake = None
             self._handle_timer(trio.current_time())
 
@@ -300,17 +301,17 @@ class DhtPeer:
 
     async def _handle_datagram(self, data: bytes, source: Address) -> None:
         """:meth:`_take_datagram`, then a checkpoint (for callers that feed datagrams)."""
-        self._take_datagram(data, source)
+        self._take_datagram(data, source, trio.current_time())
         await trio.lowlevel.checkpoint()
 
-    def _take_datagram(self, data: bytes, source: Address) -> None:
-        """Process one datagram from ``source`` and send what it calls for.
+    def _take_datagram(self, data: bytes, source: Address, now: float) -> None:
+        """Process one datagram from ``source`` at ``now`` and send what it calls for.
 
         Bad peer input is dropped and logged, not raised; anything else that
         processing raises propagates (the receive loop contains it behind
         :attr:`boundary`).
         """
-        for event in self.rpc.receive_datagram_untrusted(data, source, trio.current_time()):
+        for event in self.rpc.receive_datagram_untrusted(data, source, now):
             _EVENT_HANDLERS[type(event)](self, event)
         self.calls.flush()
 
