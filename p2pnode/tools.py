@@ -110,11 +110,13 @@ class ToolSpec:
         converted, problem = self.arguments.convert({} if arguments is None else arguments)
         if problem is not None:
             raise RemoteError(ErrorCode.INVALID_INPUT, problem, tool=self.name)
-        extra = {self.caller_parameter: caller} if self.caller_parameter else {}
-        if self.takes_object:
-            value = self.function(converted, **extra)
+        function = self.function
+        if not self.caller_parameter:  # most tools: no keyword map to build
+            value = function(converted) if self.takes_object else function(**converted)
+        elif self.takes_object:
+            value = function(converted, **{self.caller_parameter: caller})
         else:
-            value = self.function(**converted, **extra)
+            value = function(**converted, **{self.caller_parameter: caller})
         # The exact type test first: a plain result is the common case, and the general
         # awaitable check (an ABC isinstance) costs microseconds on every call.
         if type(value) not in _PLAIN and inspect.isawaitable(value):

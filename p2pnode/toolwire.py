@@ -6,6 +6,7 @@ naming the failing key.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,6 +73,7 @@ def string_map(arguments: Any) -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)  # a caller names the same few tools again and again
 def split_qualified(name: str) -> tuple[str, str]:
     """``agent.tool`` as ``(agent id, tool name)`` (agent ids may hold dots; names may not).
 

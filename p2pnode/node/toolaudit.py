@@ -30,7 +30,6 @@ from p2pnode.agent import Agent, Reply
 from p2pnode.card import AgentCard
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, P2PError
-from p2pnode.jsonutil import is_flat_json_map
 from p2pnode.node.observability import Observability
 from p2pnode.registry import Registry
 from p2pnode.toolrecord import ToolInvocation
@@ -47,6 +46,7 @@ _USES = frozenset({TOOLS_CALL, RESOURCES_READ, PROMPTS_GET})
 
 
 _SCALARS = (str, int, float, bool, type(None))
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1  # what msgpack packs
 
 
 def _canonical_bytes(value: Any) -> bytes:
@@ -70,10 +70,12 @@ def arguments_digest(value: Any) -> str:
 
 
 def _recorded(value: Any) -> Any:
+    """``value`` as an invocation record keeps it: itself, or when it packs past
+    RECORDED_VALUE_BYTES a note of its size and digest."""
     kind = type(value)
     if kind is int or kind is float or kind is bool or value is None:
         return value
-    if _small_flat_map(value):
+    if kind is dict and _small_flat_map(value):
         return value  # packs to well under RECORDED_VALUE_BYTES: no need to pack it
     if isinstance(value, _SCALARS):
         return (
@@ -90,17 +92,36 @@ def _recorded(value: Any) -> Any:
     return {"omitted": f"{size} bytes", "sha256": arguments_digest(value)}
 
 
-def _small_flat_map(value: Any) -> bool:
-    """A map of at most 16 entries whose keys and strings have at most 24 characters and
-    whose other values are JSON scalars: at most 16 * 2 * (5 + 4 * 24) + 5 = 3,237 bytes
-    of msgpack, under RECORDED_VALUE_BYTES."""
-    return is_flat_json_map(value, max_str_len=24, max_items=16, max_key_len=24)
+def _small_flat_map(value: dict[Any, Any]) -> bool:
+    """At most 16 entries whose keys and strings have at most 24 characters and whose
+    other values are scalars msgpack packs: at most 16 * 2 * (5 + 4 * 24) + 5 = 3,237
+    bytes of msgpack, under RECORDED_VALUE_BYTES. (Most arguments and results: this
+    runs twice a use, so it is :func:`~p2pnode.jsonutil.is_flat_json_map` inlined.)"""
+    if len(value) > 16:
+        return False
+    for key, item in value.items():
+        if type(key) is not str or len(key) > 24:
+            return False
+        kind = type(item)
+        if kind is str:
+            if len(item) > 24:
+                return False
+        elif kind is int:
+            if not _MIN_INT <= item <= _MAX_INT:
+                return False
+        elif kind is not float and kind is not bool and item is not None:
+            return False
+    return True
 
 
 def used_name(owner: str, method: str, params: Any) -> str:
     """What one use names in the audit: ``owner.tool``, ``resource:<uri>`` or
     ``prompt:owner.name``."""
-    params = params if isinstance(params, dict) else {}
+    params = params if type(params) is dict else {}
+    if method == TOOLS_CALL:
+        name = params.get("name")
+        if type(name) is str and len(name) <= 64:  # most uses: no formatting
+            return owner + "." + name
     if method == RESOURCES_READ:
         return f"resource:{params.get('uri')!s:.256}"
     name = f"{owner}.{params.get('name')!s:.64}"
@@ -130,7 +151,10 @@ class ToolAudit:
 
     def invocations(self) -> list[ToolInvocation]:
         """The most recent uses of this node's tools, resources and prompts, oldest first."""
-        return [ToolInvocation(*fields) for fields in self._history]
+        return [
+            ToolInvocation(name, caller, arguments, result, error, round(duration, 3), started)
+            for name, caller, arguments, result, error, duration, started in self._history
+        ]
 
     async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
         """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited;
@@ -193,7 +217,17 @@ class ToolAudit:
             result = None
         else:
             code, detail = None, ""
-            result = _recorded(_result_of(method, payload))
+            if method == TOOLS_CALL and type(payload) is dict and "structuredContent" in payload:
+                payload = payload["structuredContent"]  # a tool's value, not the whole answer
+            result = _recorded(payload)
+        kept = _recorded(arguments)
+        # The digest is computed when the event is read (most never are), from the
+        # arguments the record keeps; arguments too large to keep were digested already.
+        digest = (
+            partial(arguments_digest, kept)
+            if kept is arguments
+            else kept.get("sha256") or arguments_digest(arguments)
+        )
         self._events.tool_invocation(
             name,
             envelope.sender,
@@ -202,26 +236,15 @@ class ToolAudit:
             code=code,
             detail=detail,
             owner=owner,
-            # Computed when the event is read (most never are): the hash is a good part
-            # of what the audit costs a call.
-            arguments_digest=partial(arguments_digest, arguments),
+            arguments_digest=digest,
         )
         if code is ErrorCode.PERMISSION_DENIED:
             peer = str(card.peer_id) if card is not None else None
             self._events.security(code, detail, peer, envelope)
         # One clock read: the start is the end less the duration.
         started_ms = self._events.now_ms() - int(duration_ms)
-        self._history.append(
-            (
-                name,
-                envelope.sender,
-                _recorded(arguments),
-                result,
-                None if code is None else str(code),
-                round(duration_ms, 3),
-                started_ms,
-            )
-        )
+        error = None if code is None else str(code)
+        self._history.append((name, envelope.sender, kept, result, error, duration_ms, started_ms))
 
 
 def _failure(payload: Any) -> tuple[ErrorCode, str]:
@@ -230,13 +253,6 @@ def _failure(payload: Any) -> tuple[ErrorCode, str]:
     raw = str(body.get("code"))
     code = ErrorCode(raw) if raw in ErrorCode.__members__ else ErrorCode.INTERNAL
     return code, str(body.get("message", ""))
-
-
-def _result_of(method: str, payload: Any) -> Any:
-    """What a record keeps as the result: a tool's value, else the whole answer."""
-    if method == TOOLS_CALL and isinstance(payload, dict) and "structuredContent" in payload:
-        return payload["structuredContent"]
-    return payload
 
 
 @dataclass(frozen=True, slots=True)
