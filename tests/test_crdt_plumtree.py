@@ -436,3 +436,22 @@ def test_the_first_link_requests_form_one_ring_by_replica_id_whatever_peers_are_
         seen.add(k)
         k = successor[k]
     assert k == 0 and len(seen) == n
+
+
+def test_a_new_ring_successor_is_asked_even_when_it_is_linked_already() -> None:
+    # P asks only its successor. When that one leaves, the next one (which had asked P,
+    # so its link exists) must be asked too, else no request of the ring reaches P.
+    me = rid("P")
+    config = GossipConfig(anti_entropy=False, fanout=1, eager_fanout=1)
+    core = GossipNode(replica("P"), docs=["doc"], rng=random.Random(0), now=0.0, config=config)
+    core.add_peer("s", me + "1")
+    core.add_peer("z", me + "2")
+    core.handle_timer(0.0)
+    assert sent(core) == [("s", Graft("doc"))]
+    core.receive("z", Graft("doc"), 0.1)
+    core.remove_peer("s")
+    core.handle_timer(0.2)
+    assert sent(core) == [("z", Graft("doc"))]
+    core.add_peer("s", me + "1")  # back: a new link, asked again
+    core.handle_timer(0.3)
+    assert sent(core) == [("s", Graft("doc"))]

@@ -89,6 +89,7 @@ class Tree:
         self._fanout = fanout
         self._eager_fanout = eager_fanout
         self._asked = 0  # link requests sent: peers asked to push here eagerly
+        self._requested: dict[str, None] = {}  # the peers they went to (still peers)
         self._max_links = max_links
         self._lazy_delay = lazy_delay
         self._graft_timeout = graft_timeout
@@ -125,7 +126,9 @@ class Tree:
         ``eager_fanout`` of them were asked to push here; returns the peers to ask
         (each gets a link request). New links start lazy on this side."""
         ask: list[str] = []
-        if self._link(successor):
+        # The successor is asked even when already linked (it asked here first, or
+        # announced something): the ring of requests must not miss this node.
+        if successor not in self._requested and (self._link(successor) or self.linked(successor)):
             ask.append(successor)
         wanted = max(self._fanout - self.links, self._eager_fanout - self._asked - len(ask))
         if wanted > 0:
@@ -137,6 +140,7 @@ class Tree:
                 if self._link(peer) and more_asks:
                     ask.append(peer)
         self._asked += len(ask)
+        self._requested.update(dict.fromkeys(ask))
         self._asking.update(dict.fromkeys(ask))
         return ask
 
@@ -184,6 +188,7 @@ class Tree:
         self.lazy.pop(peer, None)
         self._pending.pop(peer, None)
         self._asking.pop(peer, None)
+        self._requested.pop(peer, None)
         for entry in self._missing.values():
             if peer in entry.announcers:
                 entry.announcers.remove(peer)
