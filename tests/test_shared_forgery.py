@@ -34,11 +34,7 @@ DOC = "ledger"
 async def four() -> AsyncIterator[tuple[Swarm, Member, Member, Member, Member]]:
     """victim, honest, bystander and evil, all subscribed to DOC and gossiping."""
     async with open_swarm(seed=11, discovery=True, shared=FAST_SHARED) as sw:
-        members = []
-        for i in range(4):
-            m = await sw.add(agent=f"agent{i}")
-            await m.shared.subscribe(m.agent, DOC)
-            members.append(m)
+        members = await sw.add_subscribed(4, DOC)
         victim, honest, bystander, evil = members
         assert victim.node is not None and evil.node is not None
         victim_node, evil_node = victim.node, evil.node

@@ -33,11 +33,7 @@ async def test_the_first_update_made_as_peers_meet_reaches_every_node_by_push(
     # still on their way (their channels open first) when the update spreads. The peers
     # are named by agent id and the ring of requests is by replica id.
     async with open_swarm(seed=seed, discovery=True, shared=FAST_SHARED) as sw:
-        members = []
-        for i in range(12):
-            member = await sw.add(agent=f"agent{i}")
-            await member.shared.subscribe(member.agent, DOC)
-            members.append(member)
+        members = await sw.add_subscribed(12, DOC)
         for member in members:
             await member.shared.refresh()
         writer = members[0]
@@ -52,11 +48,7 @@ async def test_a_node_that_joins_later_gets_the_next_update_by_push(autojump_clo
     # The tree is built; a new node joins and an update is made at once, before its
     # link requests (or the others' requests to it) landed.
     async with open_swarm(seed=5, discovery=True, shared=FAST_SHARED) as sw:
-        members = []
-        for i in range(8):
-            member = await sw.add(agent=f"agent{i}")
-            await member.shared.subscribe(member.agent, DOC)
-            members.append(member)
+        members = await sw.add_subscribed(8, DOC)
         for member in members:
             await member.shared.refresh()
         for k in range(3):

@@ -162,6 +162,16 @@ class Swarm:
         await self.start(member)
         return member
 
+    async def add_subscribed(self, count: int, doc: str) -> list[Member]:
+        """Add ``count`` members hosting agents ``agent<index>``, each subscribed to
+        ``doc`` (the swarm must open shared state)."""
+        members = []
+        for _ in range(count):
+            member = await self.add(agent=f"agent{len(self.members)}")
+            await member.shared.subscribe(member.agent, doc)
+            members.append(member)
+        return members
+
     async def start(self, member: Member) -> Node:
         """(Re)start ``member``'s node and return it once it is open."""
         if member.running:
