@@ -322,7 +322,6 @@ class Tree:
                 ids.append(did)
             self.make_eager(peer)
             entry.deadline = now + self._graft_timeout
-
         return out
 
     def missing_ids(self) -> list[DeltaId]:

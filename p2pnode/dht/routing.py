@@ -51,7 +51,6 @@ import operator
 import random
 import sys
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from p2pnode.errors import ErrorCode, LocalError
@@ -278,13 +277,7 @@ class RoutingTable:
             return Refusal.HOST_FULL
         return None
 
-    def closest(
-        self,
-        target: bytes,
-        count: int | None = None,
-        *,
-        exclude: Callable[[Contact], bool] | None = None,
-    ) -> list[Contact]:
+    def closest(self, target: bytes, count: int | None = None) -> list[Contact]:
         """The ``count`` (default k) contacts nearest ``target`` by XOR, nearest first."""
         _check_id(target)
         t = id_int(target)
@@ -297,11 +290,11 @@ class RoutingTable:
         buckets, los = self._buckets, self._los
         i = bisect.bisect_right(los, t) - 1
         s = buckets[i].shift
-        best = _distances(buckets[i], t, exclude)
+        best = _distances(buckets[i], t)
         while len(best) < n and s < ID_BITS:
             lo = ((t >> s) ^ 1) << s
             for b in buckets[bisect.bisect_left(los, lo) : bisect.bisect_left(los, lo + (1 << s))]:
-                best += _distances(b, t, exclude)
+                best += _distances(b, t)
             s += 1
         best.sort(key=_distance_of)
         return [c for _, c in best[:n]]
@@ -487,14 +480,9 @@ def _ids(held: bytes | tuple[bytes, ...] | None) -> tuple[bytes, ...]:
     return (held,) if isinstance(held, bytes) else held
 
 
-def _distances(
-    bucket: _Bucket, t: int, exclude: Callable[[Contact], bool] | None
-) -> list[tuple[int, Contact]]:
-    """``(distance to t, contact)`` of the contacts of ``bucket`` not excluded."""
-    held = bucket.contacts.values()
-    if exclude is None:
-        return [(c.number ^ t, c) for c in held]
-    return [(c.number ^ t, c) for c in held if not exclude(c)]
+def _distances(bucket: _Bucket, t: int) -> list[tuple[int, Contact]]:
+    """``(distance to t, contact)`` of the contacts of ``bucket``."""
+    return [(c.number ^ t, c) for c in bucket.contacts.values()]
 
 
 def _bound(bucket: _Bucket, t: int) -> int:
