@@ -18,7 +18,10 @@ themselves without knowing any of this.
   :meth:`Admission.on_request` says whether to ping the source address now
   (:attr:`Verdict.CHECK`); the id the ping reply names is then admitted.
   Checks are bounded so that a flood cannot turn into a flood of pings:
-  one check per address at a time; a check holds one of ``max_checks``
+  one check per address at a time; none of an address a request of ours
+  waits on (its reply proves the address, and a peer that checks us while
+  our request to it is out would otherwise be checked back: a ping for
+  nothing); a check holds one of ``max_checks``
   slots, at most ``max_checks_per_host`` of them per host, for
   ``slot_time`` seconds or until it ends (a reply after that still counts);
   no check of a host that already holds its limit of ids
@@ -65,6 +68,7 @@ class Verdict(enum.Enum):
     KNOWN = "known"  # the table holds this id at this address: it was heard from
     CHECK = "check"  # ping the source address now; report with check_done()
     CHECKING = "checking"  # a check of this address is out already
+    ASKED = "asked"  # a request of ours to this address is out: its reply is the proof
     BUSY = "busy"  # every check slot is taken (the sender waits for one), or its host's are
     RECENT = "recent"  # this address was checked less than retry_after ago
     HOST_FULL = "host full"  # this host holds its limit of ids in the table
@@ -142,15 +146,23 @@ class Admission:
         return len(self._waiting)
 
     def on_request(
-        self, node_id: bytes, source: Address, table: RoutingTable, now: float
+        self,
+        node_id: bytes,
+        source: Address,
+        table: RoutingTable,
+        now: float,
+        *,
+        asked: bool = False,
     ) -> Verdict:
         """A request from ``source`` claims ``node_id``: what to do about the sender.
 
+        ``asked``: a request of ours to ``source`` waits for its reply, which will
+        prove the address if it comes (:attr:`Verdict.ASKED`, no check).
         After :attr:`Verdict.CHECK` the check counts as out until :meth:`check_done`.
         A sender turned away because every slot is taken waits for one
         (:meth:`next_waiting`), up to ``max_waiting`` of them, the oldest dropped.
         """
-        verdict = self._verdict(node_id, source, table, now)
+        verdict = self._verdict(node_id, source, table, now, asked)
         if verdict is Verdict.BUSY and len(self._slots) >= self.max_checks:
             self._wait(source, node_id)
         return verdict
@@ -208,12 +220,16 @@ class Admission:
             self._recent.popitem(last=False)
         return False
 
-    def _verdict(self, node_id: bytes, source: Address, table: RoutingTable, now: float) -> Verdict:
+    def _verdict(
+        self, node_id: bytes, source: Address, table: RoutingTable, now: float, asked: bool = False
+    ) -> Verdict:
         held = table.get(node_id)
         if held is not None and held.address == source:
             return Verdict.KNOWN
         if source in self._checking:
             return Verdict.CHECKING
+        if asked:
+            return Verdict.ASKED
         until = self._recent.get(source)
         if until is not None:
             if until > now:

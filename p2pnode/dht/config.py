@@ -68,9 +68,9 @@ class DhtStatistics:
     dropped_replies: int = 0
     #: Admission (dht.md §5.1): contacts that entered the table; pings sent to
     #: check unproven senders, those unanswered, and checks tried again after an
-    #: unanswered ping; senders not checked (a check out already, too many out,
-    #: checked recently, host full); proven contacts the table refused (address
-    #: held by another id, host full).
+    #: unanswered ping; senders not checked (a check out already, a request of
+    #: ours out, too many out, checked recently, host full, bucket full); proven
+    #: contacts the table refused (address held by another id, host full).
     contacts_admitted: int = 0
     checks_sent: int = 0
     checks_failed: int = 0

@@ -95,7 +95,8 @@ class Gate:
         host = self._host
         now = trio.current_time()
         admission = self.admission
-        verdict = admission.on_request(node_id, source, host.table, now)
+        asked = host.calls.core.awaiting(source)
+        verdict = admission.on_request(node_id, source, host.table, now, asked=asked)
         if verdict is Verdict.KNOWN:
             host.table.observe(Contact(node_id, *source), now)
         elif verdict is Verdict.CHECK:

@@ -177,6 +177,7 @@ class RpcCore:
         "_pending",
         "_remember",
         "_rng",
+        "_to",
         "max_pending",
         "timeout",
     )
@@ -202,6 +203,8 @@ class RpcCore:
         self._remember = remember
         # Insertion order is deadline order (see call()), so the head is the next timer.
         self._pending: OrderedDict[bytes, _Call] = OrderedDict()
+        # Pending calls per destination address (admission asks, for every request).
+        self._to: dict[Address, int] = {}
         # Oldest first (dict order); bounded by ``remember``.
         self._finished: dict[bytes, CallState] = {}
         self._last_deadline = float("-inf")
@@ -218,6 +221,10 @@ class RpcCore:
         """The state of ``msg_id`` while pending or remembered (not once answered), else None."""
         call = self._pending.get(msg_id)
         return call.state if call is not None else self._finished.get(msg_id)
+
+    def awaiting(self, address: Address) -> bool:
+        """True while a call to ``address`` waits for its reply."""
+        return address in self._to
 
     def next_deadline(self) -> float | None:
         """When :meth:`handle_timer` has work: the earliest deadline pending, or None."""
@@ -256,6 +263,7 @@ class RpcCore:
         deadline = max(now + self.timeout, self._last_deadline)
         self._last_deadline = deadline
         self._pending[msg_id] = _Call(msg_id, address, method, now, deadline)
+        self._to[address] = self._to.get(address, 0) + 1
         self._out.append((datagram, address))
         return OutgoingCall(msg_id, address, method, deadline)
 
@@ -267,8 +275,8 @@ class RpcCore:
         call = self._pending.pop(msg_id, None)
         if call is None:
             return False
-        self._compact()
         self._finish(call, CallState.ABANDONED)
+        self._compact()
         return True
 
     def handle_timer(self, now: float) -> list[CallTimedOut]:
@@ -330,14 +338,19 @@ class RpcCore:
             reason = DropReason.WRONG_ADDRESS
             return DatagramDropped(source, reason, f"{reason.value} ({call.method})")
         del self._pending[msg.msg_id]
-        self._compact()
         self._finish(call, CallState.ANSWERED)
+        self._compact()
         return ReplyReceived(call.msg_id, call.method, call.address, msg.value, now - call.sent_at)
 
     def _finish(self, call: _Call, state: CallState) -> None:
         if state not in _TRANSITIONS[call.state]:
             raise LocalError(ErrorCode.ILLEGAL_TRANSITION, f"call {call.state} -> {state}")
         call.state = state
+        left = self._to[call.address] - 1
+        if left:
+            self._to[call.address] = left
+        else:
+            del self._to[call.address]
         if self._remember and state is not CallState.ANSWERED:
             # Only the id and the outcome: a node makes many calls, and this
             # memory exists to name stray replies, not to keep calls alive.
@@ -351,6 +364,7 @@ class RpcCore:
         # would keep its peak table, kilobytes, for the node's life.
         if not self._pending:
             self._pending = OrderedDict()
+            self._to = {}
 
     def _new_id(self) -> bytes:
         for _ in range(_ID_ATTEMPTS):

@@ -387,3 +387,19 @@ def test_an_address_whose_check_admitted_its_id_is_not_remembered() -> None:
     assert adm.on_request(_id(2), refused, table, 2.0) is Verdict.RECENT
     # An unanswered ping is never "admitted".
     assert adm.check_done(admitted, 3.0, answered=False, admitted=True) is True
+
+
+def test_a_sender_we_await_a_reply_from_is_not_checked() -> None:
+    # Our request to that address is out: its reply proves the address, so a
+    # ping would be a datagram for nothing (a peer that checks us while our
+    # request to it is out would otherwise be checked back).
+    table = RoutingTable(OWN)
+    adm = Admission()
+    src = ("10.0.0.1", 1)
+    assert adm.on_request(_id(1), src, table, 0.0, asked=True) is Verdict.ASKED
+    assert adm.checking == 0
+    # Nothing is remembered of it: once no request of ours is out, it is checked.
+    assert adm.on_request(_id(1), src, table, 0.1) is Verdict.CHECK
+    # A contact held at its address is known, asked or not.
+    table.observe(Contact(_id(2), "10.0.0.2", 1), 0.0)
+    assert adm.on_request(_id(2), ("10.0.0.2", 1), table, 0.2, asked=True) is Verdict.KNOWN

@@ -15,11 +15,11 @@ from p2pnode.dht.calls import NO_REPLY, Calls
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.peer import DhtPeer
 from p2pnode.dht.records import RecordStore, SignedRecord, capability_key
-from p2pnode.dht.routing import RoutingTable
+from p2pnode.dht.routing import Contact, RoutingTable
 from p2pnode.dht.rpc import Address, RpcCore
 from p2pnode.errors import LocalError
 from p2pnode.net import DatagramEndpoint
-from p2pnode.simnet import SimNetwork
+from p2pnode.simnet import LinkConditions, SimNetwork
 from tests.sim import dht_swarm, make_card, virtual_ms, wait_until
 
 OTHER_ID = b"\x0f" * 20
@@ -81,6 +81,26 @@ async def test_handle_datagram_answers_one_request(
         await peer._handle_datagram(b"\x01" * 30, caller.local_address)
         assert peer.stats.datagrams_dropped == 1
         assert peer.stats.requests_handled == 1
+
+
+async def test_a_peer_that_checks_us_while_our_request_to_it_is_out_is_not_checked_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # dht.md §5.1: B answers our find_node and pings us to check us, the ping
+    # queued first (no jitter: it arrives first). Our request to B is still out,
+    # so its reply is the proof we need of B: no ping back.
+    sim = SimNetwork(random.Random(5), default=LinkConditions(jitter=0.0))
+    a = _peer(sim)
+    host = sim.add_host()
+    b = DhtPeer(host, node_id=OTHER_ID, address=(host.host, 4000), rng=random.Random(2))
+    async with a, b:
+        contact = Contact(OTHER_ID, *b.address)
+        value = await a._call(b.address, "find_node", [a.node_id, a.node_id], contact=contact)
+        assert value == []
+        await wait_until(lambda: a.node_id in b.table)
+        assert OTHER_ID in a.table
+        assert (a.stats.checks_sent, b.stats.checks_sent) == (0, 1)
+        assert a.stats.rpcs_sent == 1
 
 
 class _BrokenStore(RecordStore):

@@ -250,6 +250,41 @@ def test_max_pending_is_enforced_and_freed_by_replies_and_timeouts() -> None:
     assert a.pending == 2
 
 
+_AWAIT_OP = st.tuples(
+    st.sampled_from(["call", "reply", "stray", "cancel", "timer"]),
+    st.sampled_from([A, B]),
+    st.integers(0, 7),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_AWAIT_OP, max_size=60))
+def test_awaiting_says_whether_a_call_to_the_address_is_pending(
+    ops: list[tuple[str, Address, int]],
+) -> None:
+    """Admission skips checking an address while a call to it is pending (dht.md §5.1):
+    the answer must follow every call, reply, cancel and timeout exactly."""
+    a = core(1, timeout=1.0)
+    calls: list[tuple[bytes, Address]] = []
+    now = 0.0
+    for op, address, i in ops:
+        now += 0.125
+        if op == "call":
+            calls.append((a.call(address, "ping", [A_ID], now).msg_id, address))
+        elif op == "timer":
+            a.handle_timer(now)
+        elif calls:
+            msg_id, to = calls[i % len(calls)]
+            if op == "cancel":
+                a.cancel(msg_id)
+            else:  # a reply from where the call went, or a stray one from elsewhere
+                source = to if op == "reply" else (B if to == A else A)
+                a.receive_datagram_untrusted(rpcwire.encode_response(msg_id, B_ID), source, now)
+        for where in (A, B):
+            pending = any(to == where and a.state_of(m) is CallState.PENDING for m, to in calls)
+            assert a.awaiting(where) == pending
+
+
 def test_bad_calls_and_replies_leave_nothing_behind() -> None:
     a, b = core(1), core(2)
     with pytest.raises(LocalError) as unknown:
