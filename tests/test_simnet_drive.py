@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 import trio
@@ -18,19 +19,28 @@ def _net(seed: int = 1, **kw: float) -> SimNetwork:
     return SimNetwork(random.Random(seed), default=LinkConditions(**kw))
 
 
-async def _exchange(sim: SimNetwork, *, drive: bool) -> tuple[list[list[Arrival]], list[float]]:
+async def _exchange(
+    sim: SimNetwork, *, drive: bool, handlers: bool = False
+) -> tuple[list[list[Arrival]], list[float]]:
     """One sender, 20 receivers that answer some datagrams, a sleeper, a host killed
-    halfway: what arrived where and when, and when the sleeper woke."""
+    halfway: what arrived where and when, and when the sleeper woke. ``handlers``:
+    the receivers take their datagrams in a callback (receive_with), not recvfrom."""
     eps = [await sim.add_host().bind_datagram(("", 0)) for _ in range(21)]
     arrivals: list[list[Arrival]] = [[] for _ in eps]
     woke: list[float] = []
 
+    def take(i: int, ep: DatagramEndpoint, data: bytes, src: Address) -> None:
+        arrivals[i].append((trio.current_time() - t0, data, src))
+        if len(data) == 2 and data[0] % 3 == 0:
+            ep.sendto_nowait(b"re" + data, src)
+
     async def receive(i: int, ep: DatagramEndpoint) -> None:
+        if handlers:
+            ep.receive_with(partial(take, i, ep))  # type: ignore[attr-defined]
         while True:
             data, src = await ep.recvfrom()
-            arrivals[i].append((trio.current_time() - t0, data, src))
-            if len(data) == 2 and data[0] % 3 == 0:
-                await ep.sendto(b"re" + data, src)
+            take(i, ep, data, src)
+            await trio.lowlevel.checkpoint()
 
     async def sleeper() -> None:
         for pause in (0.013, 0.2, 0.0, 1.7):
@@ -67,6 +77,44 @@ async def test_driven_deliveries_are_those_of_the_heaps(
     assert driven[1] == pytest.approx(plain[1], abs=1e-9)
     assert not driven[0][5][150:]  # nothing reaches the killed host
     assert sum(len(a) for a in driven[0]) > 300 * (1 - loss) * 0.8
+
+
+async def test_driven_handlers_get_what_the_heaps_deliver(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The DHT takes datagrams in a callback under the driver (no receiver wakes per
+    # datagram): the same datagrams, at the same times, in the same order.
+    plain = await _exchange(_net(5, latency=0.02, jitter=0.01, loss=0.1), drive=False)
+    handed = await _exchange(
+        _net(5, latency=0.02, jitter=0.01, loss=0.1), drive=True, handlers=True
+    )
+    for got, expected in zip(handed[0], plain[0], strict=True):
+        assert [(d, s) for _, d, s in got] == [(d, s) for _, d, s in expected]
+        assert [t for t, _, _ in got] == pytest.approx([t for t, _, _ in expected], abs=1e-9)
+    assert handed[1] == pytest.approx(plain[1], abs=1e-9)
+    assert not handed[0][5][150:]  # nothing reaches the killed host
+
+
+async def test_a_handler_endpoint_reads_what_a_stopped_driver_hands_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sim = _net(latency=1.0, jitter=0.0)
+    a, b = sim.add_host(), sim.add_host()
+    ea, eb = await a.bind_datagram(("", 0)), await b.bind_datagram(("", 0))
+    handed: list[bytes] = []
+    eb.receive_with(lambda data, src: handed.append(data))  # type: ignore[attr-defined]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.drive)
+        await ea.sendto(b"1", eb.local_address)
+        await trio.sleep(1.5)
+        await ea.sendto(b"2", eb.local_address)
+        await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert handed == [b"1"]
+    assert (await eb.recvfrom())[0] == b"2"
+    eb.close()
+    await ea.sendto(b"3", eb.local_address)
+    assert handed == [b"1"]
 
 
 def _arrivals(tick: float, drive: bool) -> list[tuple[float, bytes]]:

@@ -8,8 +8,9 @@ hands the core's :class:`~p2pnode.dht.rpc.ReplyReceived` and
 :meth:`Calls.on_timeout`, which call it with the raw reply or
 :data:`NO_REPLY`. Nothing here starts a task or opens a cancel scope per
 call: a caller that awaits one result waits on an event (:meth:`Calls.call`),
-a lookup collects many through its channel, a liveness ping just updates
-the routing table from its callback.
+a lookup takes each reply in its callback
+(:class:`~p2pnode.dht.lookup_driver.LookupDriver`), a liveness ping just
+updates the routing table from its callback.
 
 Timers are the receive loop's: it sleeps in one cancel scope until the
 core's next deadline and exposes that scope as :attr:`Calls.wake`; a new
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
@@ -44,21 +45,6 @@ class _NoReply(enum.Enum):
 NO_REPLY = _NoReply.NO_REPLY
 #: Gets a call's raw reply value, or :data:`NO_REPLY`.
 OnResult = Callable[[Any], None]
-
-_Tag = TypeVar("_Tag")
-
-
-def to_channel(send: trio.MemorySendChannel[tuple[_Tag, Any]], tag: _Tag) -> OnResult:
-    """A callback that puts ``(tag, result)`` on ``send`` (a lookup's replies), and
-    drops it once the channel is closed (the lookup ended)."""
-
-    def deliver(value: Any) -> None:
-        try:
-            send.send_nowait((tag, value))
-        except trio.BrokenResourceError:
-            pass  # the lookup ended; the routing table was told (Gate.informing)
-
-    return deliver
 
 
 class _Result:
@@ -193,4 +179,4 @@ async def count_answers(
     return answered
 
 
-__all__ = ["NO_REPLY", "Calls", "OnResult", "count_answers", "to_channel"]
+__all__ = ["NO_REPLY", "Calls", "OnResult", "count_answers"]

@@ -14,17 +14,22 @@ Everything protocol-shaped happens in sans-IO objects it drives:
   and are answered inline (no task per request); a reply or a timeout goes
   to the callback its call registered. Datagrams the core queues are sent
   by whoever made them due.
+* A network whose endpoints hand datagrams to a callback (:class:`Delivering`,
+  the simulator under its driver) calls the same datagram handling directly,
+  sparing the receive loop a wake-up per datagram.
 * **Timers** are a query, not a cancel scope per call: the receive loop
   sleeps in one cancel scope until the earliest of the core's
   ``next_deadline()`` and the maintenance schedule, then runs
   ``handle_timer(now)``. A call that needs an earlier wake-up pulls the
   scope's deadline in.
 * **Lookups** (§6) are driven from the sans-IO :class:`~p2pnode.dht.lookup.Lookup`
-  without a task per request: each request's callback puts its reply on the
-  lookup's memory channel, and the lookup wakes at its own
-  ``next_deadline()`` to mark slow nodes. When a lookup ends, its
-  outstanding calls run on to their reply or hard timeout for the routing
-  table's sake only (a dead contact must fail to be evicted).
+  by a :class:`~p2pnode.dht.lookup_driver.LookupDriver`, without a task per
+  request nor a wake-up per reply: each request's callback hands its reply
+  to the lookup and queues the requests it frees, and the lookup's task
+  wakes at its own ``next_deadline()`` to mark slow nodes, or at its end.
+  When a lookup ends, its outstanding calls run on to their reply or hard
+  timeout for the routing table's sake only (a dead contact must fail to be
+  evicted).
 * **Rejoining** (§5.2): when the table is empty, :class:`~p2pnode.dht.rejoin.Rejoin`
   schedules attempts to join again from the bootstrap and snapshot
   addresses, with backoff.
@@ -47,26 +52,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
-from typing import Any, Self
+from typing import Any, Protocol, Self, runtime_checkable
 
 import trio
 
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.dht import rpcwire
-from p2pnode.dht.calls import NO_REPLY, Calls, count_answers, to_channel
+from p2pnode.dht.calls import NO_REPLY, Calls, count_answers
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
-from p2pnode.dht.lookup import Lookup, RecordCollector, RttEstimator, merge_records
+from p2pnode.dht.lookup import Lookup, RttEstimator, merge_records
+from p2pnode.dht.lookup_driver import LookupDriver
 from p2pnode.dht.maintenance import MaintenanceSchedule, maintenance_pass, mark_fresh
 from p2pnode.dht.publish import Publisher
-from p2pnode.dht.records import RecordError, RecordStore, SignedRecord
+from p2pnode.dht.records import RecordStore, SignedRecord
 from p2pnode.dht.rejoin import Rejoin
 from p2pnode.dht.routing import Contact, RoutingTable
 from p2pnode.dht.rpc import (
@@ -112,6 +117,16 @@ def _node_id_of(identity: Identity | None, node_id: bytes | None) -> bytes:
     if len(node_id) != 20:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, "node ids are 20 bytes")
     return node_id
+
+
+@runtime_checkable
+class Delivering(Protocol):
+    """A datagram endpoint that can hand each datagram to a callback from the
+    network's own task (the simulator's driver, :mod:`p2pnode.simnet`): no wake-up
+    of the receive loop per datagram. The receive loop still runs, for timers and
+    for whatever the endpoint delivers through ``recvfrom`` after all."""
+
+    def receive_with(self, handler: Callable[[bytes, Address], None] | None) -> None: ...
 
 
 class DhtPeer:
@@ -226,6 +241,8 @@ class DhtPeer:
             async with trio.open_nursery() as nursery:
                 self._endpoint, self._nursery = endpoint, nursery
                 self.calls.endpoint = endpoint
+                if isinstance(endpoint, Delivering):
+                    endpoint.receive_with(self._take_delivered)
                 task_status.started(self)
                 await self._receive_loop(endpoint)
         finally:
@@ -285,6 +302,16 @@ class DhtPeer:
             self.calls.wake = None
             self._handle_timer(trio.current_time())
 
+    def _take_delivered(self, data: bytes, source: Address) -> None:
+        """One datagram the network hands over itself (:class:`Delivering`), as the
+        receive loop takes one; never raises."""
+        now = trio.current_time()
+        try:
+            self._take_datagram(data, source, now)
+        except Exception as exc:
+            self.boundary.contain(_text(source), "datagram", exc)
+        self._summarise(now)
+
     def _next_wake(self) -> float:
         deadline = self.rpc.next_deadline()
         wake = min(
@@ -334,7 +361,7 @@ class DhtPeer:
         self.stats.inputs_failed += 1
         log.debug("dht.input_failed peer=%s input=%s error=%s", source, what, describe(exc))
 
-    def _drop(self, source: Address, reason: str, kind: str) -> None:
+    def drop(self, source: Address, reason: str, kind: str) -> None:
         """Count a dropped datagram under ``dropped_<kind>``; the log has a summary."""
         stats = self.stats
         stats.datagrams_dropped += 1
@@ -349,7 +376,7 @@ class DhtPeer:
             reply = self.handlers.answer_untrusted(event.method, event.source, event.args, now)
             self.rpc.reply(event, reply)
         except RemoteError as exc:
-            self._drop(event.source, f"{event.method}: {exc.message}", "requests")
+            self.drop(event.source, f"{event.method}: {exc.message}", "requests")
             return
         except LocalError as exc:  # our reply would not fit: say nothing, as stock does
             log.warning("dht.reply_failed method=%s reason=%s", event.method, exc.message)
@@ -358,7 +385,7 @@ class DhtPeer:
 
     def _on_drop(self, event: DatagramDropped) -> None:
         kind = "malformed" if event.reason is DropReason.MALFORMED else "replies"
-        self._drop(event.source, event.detail, kind)
+        self.drop(event.source, event.detail, kind)
 
     # ------------------------------------------------------------------ calls
 
@@ -384,80 +411,10 @@ class DhtPeer:
         soft_timeouts: bool = True,
     ) -> tuple[Lookup, list[SignedRecord]]:
         """Run one iterative lookup (§6); with ``want_value`` collect records too."""
-        lookup = Lookup(
-            target,
-            self.gate.seeds(target),
-            rtt=self.rtt,
-            own_id=self.node_id,
-            k=self.config.k,
-            alpha=self.config.alpha,
-            soft_timeouts=soft_timeouts,
+        driver = LookupDriver(
+            self, target, want_value=want_value, quorum=quorum, soft_timeouts=soft_timeouts
         )
-        self.table.touch_range(target, trio.current_time())
-        method = "find_value" if want_value else "find_node"
-        args = [self.node_id, target]
-        collector = RecordCollector(target, self.records.known)
-        send, recv = trio.open_memory_channel[tuple[Contact, Any]](math.inf)
-        try:
-            # Bounded: the lookup asks at most max_queries nodes, and each call
-            # ends in a reply or its hard timeout.
-            while True:
-                now = trio.current_time()
-                lookup.handle_timer(now)
-                for c in lookup.next_requests(now):
-                    deliver = self.gate.informing(c, to_channel(send, c))
-                    self.calls.call_nowait(c.address, method, args, deliver)
-                self.calls.flush()
-                if lookup.done:
-                    break
-                deadline = lookup.next_deadline()
-                if deadline is None:  # no soft timeout to wake for: no cancel scope either
-                    c, value = await recv.receive()
-                    self._take_reply(lookup, collector, method, c, value, quorum)
-                    continue
-                with trio.move_on_at(deadline):
-                    c, value = await recv.receive()
-                    self._take_reply(lookup, collector, method, c, value, quorum)
-        finally:
-            # Calls still out belong to a finished lookup: it takes no more answers, but
-            # each still tells the routing table how its contact did (§6: a request is
-            # a failure at the hard timeout), or contacts that died are never evicted.
-            recv.close()
-        return lookup, collector.records()
-
-    def _take_reply(
-        self,
-        lookup: Lookup,
-        collector: RecordCollector,
-        method: str,
-        c: Contact,
-        value: Any,
-        quorum: int | None,
-    ) -> None:
-        if value is NO_REPLY:
-            lookup.handle_failure(c.node_id)
-            return
-        try:
-            if method == "find_value":
-                raw, contacts = rpcwire.parse_find_value_reply_untrusted(value)
-            else:
-                raw, contacts = None, rpcwire.parse_contacts_untrusted(value)
-        except rpcwire.RpcError as exc:
-            self._drop(c.address, f"{method} reply: {exc.message}", "replies")
-            lookup.handle_failure(c.node_id)
-            return
-        lookup.handle_response(c.node_id, contacts, trio.current_time())
-        if raw is None:
-            return
-        try:
-            self.stats.records_rejected += collector.add_untrusted(raw, self.wall_clock_ms())
-        except RecordError as exc:  # not a record list (say, a stock node's plain value)
-            self._drop(c.address, f"find_value value: {exc.message}", "replies")
-        except Exception as exc:  # one node's value must not end the lookup
-            self.boundary.contain(_text(c.address), f"{method} value", exc)
-            return
-        if quorum is not None and collector.hits >= quorum:
-            lookup.finish()
+        return await driver.run()
 
     async def _lookup_value(self, key: bytes) -> tuple[list[Contact], list[SignedRecord]]:
         """A value lookup to the k closest: the nodes that answered and the records read.
@@ -483,7 +440,7 @@ class DhtPeer:
         try:
             node_id = rpcwire.parse_ping_reply_untrusted(value)
         except rpcwire.RpcError as exc:
-            self._drop(address, exc.message, "replies")
+            self.drop(address, exc.message, "replies")
             return None
         self.gate.proven(node_id, address, stated=True)
         self.calls.flush()

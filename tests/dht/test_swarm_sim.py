@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import trio
 import trio.testing
 
 from p2pnode.card import AgentCard
 from p2pnode.dht.node import DhtNode
+from p2pnode.dht.peer import DhtPeer
 from p2pnode.identity import PeerId
+from p2pnode.net import Address
 from tests.sim import FAST_DHT, dht_swarm, make_card
 
 N = 200
@@ -62,6 +65,29 @@ async def test_every_provider_found_without_churn(
     async with dht_swarm(N, seed=21) as (_, nodes):
         expected = await _publish(nodes, rng)
         assert await _lookups(nodes, expected, rng, 200) == 1.0
+
+
+async def test_every_provider_found_with_datagrams_handed_over_by_the_driver(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under SimNetwork.drive the nodes take each datagram in a callback from the
+    # driver's task (no receive loop wakes per datagram): the same DHT.
+    handed: list[int] = [0]
+    take = DhtPeer._take_delivered
+
+    def counting(peer: DhtPeer, data: bytes, source: Address) -> None:
+        handed[0] += 1
+        take(peer, data, source)
+
+    monkeypatch.setattr(DhtPeer, "_take_delivered", counting)
+    rng = random.Random(24)
+    async with dht_swarm(N // 2, seed=24) as (sim, nodes), trio.open_nursery() as nursery:
+        await nursery.start(sim.drive)
+        sent = sim.datagrams_sent
+        expected = await _publish(nodes, rng)
+        assert await _lookups(nodes, expected, rng, 100) == 1.0
+        assert handed[0] >= (sim.datagrams_sent - sent) * 0.95
+        nursery.cancel_scope.cancel()
 
 
 async def test_lookups_survive_killing_a_fifth(autojump_clock: trio.testing.MockClock) -> None:

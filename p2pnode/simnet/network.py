@@ -22,7 +22,12 @@ without a deadline of their own, so a datagram costs no cancel scope and no
 ``Cancelled`` raised through a receiver; delivery times, loss and ordering
 are the same as without the driver.
 
-Each delivery is a pass of trio's scheduler (the driver's, then the
+An endpoint may also take its datagrams in a callback
+(:meth:`_SimDatagramEndpoint.receive_with`, what
+:class:`p2pnode.dht.peer.DhtPeer` does): the driver then calls it for each
+datagram as it falls due, and no receiver task wakes at all.
+
+Otherwise each delivery is a pass of trio's scheduler (the driver's, then the
 receivers'), and with jittered delays no two datagrams are due at the same
 instant. A ``tick`` (say a millisecond, well inside the jitter) delivers
 datagrams at the next multiple of it instead: everything due in one tick is
@@ -43,19 +48,17 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import operator
 import random
-from collections import deque
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 import trio
 import trio.testing
 
 from p2pnode.net import Address, DatagramEndpoint, Network, StreamListener
+from p2pnode.simnet.streams import Pipe, SimListener, SimStream
 
 _MAX_QUEUE = 512  # datagrams buffered per endpoint, like a socket receive buffer
-_STREAM_WINDOW = 256 * 1024  # bytes in flight per stream direction before send_all waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +94,8 @@ class SimNetwork:
         self._killed: set[str] = set()
         self._group: dict[str, int] = {}
         self._datagram: dict[Address, _SimDatagramEndpoint] = {}
-        self._listeners: dict[Address, _SimListener] = {}
-        self._streams: set[_SimStream] = set()
+        self._listeners: dict[Address, SimListener] = {}
+        self._streams: set[SimStream] = set()
         self._ports = itertools.count(40_000)
         self._seq = itertools.count()
         # While drive() runs: datagrams in flight, (due, seq, endpoint, data, source),
@@ -257,12 +260,20 @@ class SimNetwork:
                 # The jump may land an ulp short of ``nearest``: it is due all the same.
                 now = nearest
         landed = trio.current_time()
+        reachable = self.reachable
+        # What handlers send is due a delay later (or now, on a link without one:
+        # then it is handed over in this same step, in order).
         while flight and flight[0][0] <= now:
             due, seq, endpoint, data, src = heapq.heappop(flight)
             endpoint._flying -= 1
-            if not endpoint._closed:
+            if endpoint._closed:
+                continue
+            handler = endpoint._handler
+            if handler is None:
                 heapq.heappush(endpoint._heap, (min(due, landed), seq, data, src))
                 endpoint._lot.unpark_all()
+            elif reachable(src[0], endpoint._address[0]):  # as recvfrom re-checks
+                handler(data, src)
 
 
 class SimHost(Network):
@@ -287,7 +298,7 @@ class SimHost(Network):
     async def listen_stream(self, address: Address) -> StreamListener:
         await trio.lowlevel.checkpoint()
         bound = self.sim._alloc(self.host, address, self.sim._listeners)
-        listener = _SimListener(self.sim, bound)
+        listener = SimListener(self.sim, bound)
         self.sim._listeners[bound] = listener
         return listener
 
@@ -305,10 +316,10 @@ class SimHost(Network):
         if not sim.reachable(self.host, address[0]):
             raise OSError(f"connect to {address} failed")
         local = (self.host, next(sim._ports))
-        a_to_b = _Pipe()
-        b_to_a = _Pipe()
-        mine = _SimStream(sim, local, address, send=a_to_b, recv=b_to_a)
-        theirs = _SimStream(sim, address, local, send=b_to_a, recv=a_to_b)
+        a_to_b = Pipe()
+        b_to_a = Pipe()
+        mine = SimStream(sim, local, address, send=a_to_b, recv=b_to_a)
+        theirs = SimStream(sim, address, local, send=b_to_a, recv=a_to_b)
         mine._peer = theirs
         theirs._peer = mine
         sim._streams.add(mine)
@@ -326,7 +337,7 @@ def _seconds_to_deadline() -> float:
 
 
 class _SimDatagramEndpoint(DatagramEndpoint):
-    __slots__ = ("_address", "_closed", "_flying", "_heap", "_lot", "_sim", "_wake")
+    __slots__ = ("_address", "_closed", "_flying", "_handler", "_heap", "_lot", "_sim", "_wake")
 
     def __init__(self, sim: SimNetwork, address: Address) -> None:
         self._sim = sim
@@ -340,6 +351,19 @@ class _SimDatagramEndpoint(DatagramEndpoint):
         # The scope a receiver sleeps in until the head of the heap is due.
         self._wake: trio.CancelScope | None = None
         self._closed = False
+        # Takes each datagram from the driver instead of recvfrom (receive_with).
+        self._handler: Callable[[bytes, Address], None] | None = None
+
+    def receive_with(self, handler: Callable[[bytes, Address], None] | None) -> None:
+        """Under :meth:`SimNetwork.drive`, hand each datagram to ``handler(data,
+        source)`` from the driver's task when it is due, instead of to ``recvfrom``
+        (None: to ``recvfrom`` again). ``handler`` must not block nor raise.
+
+        Without the driver, and for what a stopped driver hands back, ``recvfrom``
+        still delivers: a receiver keeps calling it and simply never wakes while
+        the driver hands everything to ``handler``.
+        """
+        self._handler = handler
 
     def _wake_at(self, due: float) -> None:
         """A datagram due at ``due`` became the head: wake the receiver no later."""
@@ -399,193 +423,8 @@ class _SimDatagramEndpoint(DatagramEndpoint):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._handler = None
             self._heap.clear()
             if self._sim._datagram.get(self._address) is self:
                 del self._sim._datagram[self._address]
             self._lot.unpark_all()
-
-
-class _SimListener(StreamListener):
-    __slots__ = ("_address", "_backlog", "_closed", "_lot", "_sim")
-
-    def __init__(self, sim: SimNetwork, address: Address) -> None:
-        self._sim = sim
-        self._address = address
-        self._backlog: deque[_SimStream] = deque()
-        self._lot = trio.lowlevel.ParkingLot()
-        self._closed = False
-
-    @property
-    def local_address(self) -> Address:
-        return self._address
-
-    async def accept(self) -> trio.abc.Stream:
-        while True:
-            if self._closed:
-                raise trio.ClosedResourceError("listener closed")
-            if self._backlog:
-                await trio.lowlevel.checkpoint()
-                return self._backlog.popleft()
-            await self._lot.park()
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            if self._sim._listeners.get(self._address) is self:
-                del self._sim._listeners[self._address]
-            for s in self._backlog:
-                s._break()
-            self._backlog.clear()
-            self._lot.unpark_all()
-        await trio.lowlevel.checkpoint()
-
-
-class _Pipe:
-    """One direction of a stream: chunks with delivery times, kept in order."""
-
-    __slots__ = ("broken", "buffered", "chunks", "eof", "last_due", "lot")
-
-    def __init__(self) -> None:
-        self.chunks: deque[tuple[float, bytes]] = deque()  # b"" marks EOF
-        self.buffered = 0
-        self.last_due = 0.0
-        self.broken = False
-        self.eof = False  # EOF already handed to the reader
-        self.lot = trio.lowlevel.ParkingLot()
-
-
-class _SimStream(trio.abc.HalfCloseableStream):
-    """A simulated TCP connection end honouring latency, partitions and kills."""
-
-    def __init__(
-        self, sim: SimNetwork, local: Address, remote: Address, *, send: _Pipe, recv: _Pipe
-    ) -> None:
-        self._sim = sim
-        self.local_address = local
-        self.remote_address = remote
-        self._send = send
-        self._recv = recv
-        self._peer: _SimStream | None = None
-        self._closed = False
-        self._send_eof = False
-        self._sending = False
-        self._receiving = False
-
-    @property
-    def local_host(self) -> str:
-        return self.local_address[0]
-
-    @property
-    def remote_host(self) -> str:
-        return self.remote_address[0]
-
-    def _break(self) -> None:
-        for s in (self, self._peer):
-            if s is not None:
-                self._sim._streams.discard(s)
-        for p in (self._send, self._recv):
-            p.broken = True
-            p.lot.unpark_all()
-
-    def _push(self, chunk: bytes) -> None:
-        due = trio.current_time() + self._sim._stream_delay(self.local_host, self.remote_host)
-        due = max(due, self._send.last_due)
-        self._send.last_due = due
-        self._send.chunks.append((due, chunk))
-        self._send.buffered += len(chunk)
-        self._send.lot.unpark_all()
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if self._sending:
-            raise trio.BusyResourceError("another task is sending on this stream")
-        self._sending = True
-        try:
-            if self._closed:
-                raise trio.ClosedResourceError("stream closed")
-            if self._send_eof:
-                raise trio.ClosedResourceError("send side already closed")
-            while self._send.buffered >= _STREAM_WINDOW and not self._send.broken:
-                await self._send.lot.park()
-                if self._closed:
-                    raise trio.ClosedResourceError("stream closed")
-            if self._send.broken or not self._sim.reachable(self.local_host, self.remote_host):
-                self._break()
-                raise trio.BrokenResourceError("connection lost")
-            if data:
-                self._push(bytes(data))
-            await trio.lowlevel.checkpoint()
-        finally:
-            self._sending = False
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await trio.lowlevel.checkpoint()
-        while True:
-            if self._closed:
-                raise trio.ClosedResourceError("stream closed")
-            if self._send.buffered < _STREAM_WINDOW or self._send.broken:
-                return
-            await self._send.lot.park()
-
-    async def send_eof(self) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError("stream closed")
-        await trio.lowlevel.checkpoint()
-        if not self._send_eof:
-            self._send_eof = True
-            if not self._send.broken:
-                self._push(b"")
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if max_bytes is not None:
-            max_bytes = operator.index(max_bytes)
-            if max_bytes < 1:
-                raise ValueError("max_bytes must be >= 1")
-        if self._receiving:
-            raise trio.BusyResourceError("another task is receiving on this stream")
-        self._receiving = True
-        try:
-            pipe = self._recv
-            while True:
-                if self._closed:
-                    raise trio.ClosedResourceError("stream closed")
-                if pipe.broken:
-                    raise trio.BrokenResourceError("connection lost")
-                if pipe.eof:
-                    await trio.lowlevel.checkpoint()
-                    return b""
-                if pipe.chunks:
-                    due, chunk = pipe.chunks[0]
-                    if due <= trio.current_time():
-                        await trio.lowlevel.checkpoint_if_cancelled()
-                        if not chunk:
-                            pipe.chunks.popleft()
-                            pipe.eof = True
-                            continue
-                        n = len(chunk) if max_bytes is None else min(max_bytes, len(chunk))
-                        if n < len(chunk):
-                            pipe.chunks[0] = (due, chunk[n:])
-                        else:
-                            pipe.chunks.popleft()
-                        pipe.buffered -= n
-                        pipe.lot.unpark_all()  # a blocked sender may proceed
-                        await trio.lowlevel.cancel_shielded_checkpoint()
-                        return chunk[:n]
-                    with trio.move_on_at(due):
-                        await pipe.lot.park()
-                else:
-                    await pipe.lot.park()
-        finally:
-            self._receiving = False
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._sim._streams.discard(self)
-            if not self._send_eof and not self._send.broken:
-                self._send_eof = True
-                self._push(b"")
-            # Like a TCP RST: the peer's later sends fail.
-            self._recv.broken = True
-            self._recv.lot.unpark_all()
-            self._send.lot.unpark_all()
-        await trio.lowlevel.checkpoint()

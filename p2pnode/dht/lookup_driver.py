@@ -1,0 +1,210 @@
+"""The trio side of lookups (docs/protocol/dht.md §6): the calls' callbacks drive them.
+
+Theory of operation: a :class:`~p2pnode.dht.lookup.Lookup` is sans-IO; a
+:class:`LookupDriver` feeds it. Each request's callback (registered with
+:meth:`~p2pnode.dht.calls.Calls.call_nowait`, wrapped by
+:meth:`~p2pnode.dht.gate.Gate.informing` so the routing table learns how the
+contact did) takes the reply where it lands, in the node's receive loop:
+parses it, hands it to the lookup and queues the requests that frees, which
+the receive loop's flush sends with its own datagrams. No task wakes per
+reply. The task that runs :meth:`LookupDriver.run` sleeps until the lookup
+is done or its next soft timeout (§6) is due, in one cancel scope whose
+deadline each round of requests moves.
+
+A reply that comes after the lookup ended (its requests run on to their
+reply or hard timeout for the routing table's sake) is ignored here. A
+reply whose processing raises anything unexpected is contained to that
+reply (the node's failure boundary logs it) and counts as a failed request,
+so the lookup never waits for an answer it already had.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+import trio
+
+from p2pnode.boundary import FailureBoundary
+from p2pnode.dht import rpcwire
+from p2pnode.dht.calls import NO_REPLY, Calls
+from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.gate import Gate
+from p2pnode.dht.lookup import Lookup, RecordCollector, RttEstimator
+from p2pnode.dht.records import RecordError, RecordStore, SignedRecord
+from p2pnode.dht.routing import Contact, RoutingTable
+from p2pnode.dht.rpc import Address
+
+
+class LookupHost(Protocol):
+    """What a lookup reads of its node, at each use."""
+
+    @property
+    def node_id(self) -> bytes: ...
+    @property
+    def config(self) -> DhtConfig: ...
+    @property
+    def table(self) -> RoutingTable: ...
+    @property
+    def rtt(self) -> RttEstimator: ...
+    @property
+    def gate(self) -> Gate: ...
+    @property
+    def calls(self) -> Calls: ...
+    @property
+    def stats(self) -> DhtStatistics: ...
+    @property
+    def records(self) -> RecordStore: ...
+    @property
+    def boundary(self) -> FailureBoundary: ...
+    @property
+    def wall_clock_ms(self) -> Callable[[], int]: ...
+
+    def drop(self, source: Address, reason: str, kind: str) -> None: ...
+
+
+def _text(address: Address) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+class LookupDriver:
+    """One iterative lookup of ``host`` for ``target`` (see the module docstring).
+
+    ``want_value``: ask ``find_value`` and collect records; ``quorum``: finish once
+    that many replies held records; ``soft_timeouts``: see :class:`Lookup`.
+    """
+
+    __slots__ = (
+        "_done",
+        "_ended",
+        "_host",
+        "_pumping",
+        "_scope",
+        "args",
+        "collector",
+        "lookup",
+        "method",
+        "quorum",
+    )
+
+    def __init__(
+        self,
+        host: LookupHost,
+        target: bytes,
+        *,
+        want_value: bool = False,
+        quorum: int | None = None,
+        soft_timeouts: bool = True,
+    ) -> None:
+        config = host.config
+        self._host = host
+        self.lookup = Lookup(
+            target,
+            host.gate.seeds(target),
+            rtt=host.rtt,
+            own_id=host.node_id,
+            k=config.k,
+            alpha=config.alpha,
+            soft_timeouts=soft_timeouts,
+        )
+        self.method = "find_value" if want_value else "find_node"
+        self.args = [host.node_id, target]
+        self.quorum = quorum
+        self.collector = RecordCollector(target, host.records.known)
+        self._done = trio.Event()
+        # True once run() returned: late results only tell the routing table.
+        self._ended = False
+        self._scope: trio.CancelScope | None = None
+        # True while _pump sends: a call refused at once (max_pending) fails inside it.
+        self._pumping = False
+
+    async def run(self) -> tuple[Lookup, list[SignedRecord]]:
+        """Run the lookup to its end: the lookup and the records read.
+
+        Bounded: the lookup asks at most ``max_queries`` nodes, and each call ends
+        in a reply or its hard timeout.
+        """
+        host = self._host
+        host.table.touch_range(self.lookup.target, trio.current_time())
+        try:
+            self._pump(trio.current_time())
+            host.calls.flush()
+            while not self._done.is_set():
+                deadline = self.lookup.next_deadline()
+                with trio.move_on_at(math.inf if deadline is None else deadline) as scope:
+                    self._scope = scope
+                    await self._done.wait()
+                self._scope = None
+                if not self._done.is_set():  # a soft timeout: slots free up
+                    self._pump(trio.current_time())
+                    host.calls.flush()
+        finally:
+            self._ended = True
+        return self.lookup, self.collector.records()
+
+    def _pump(self, now: float) -> None:
+        """Mark slow requests, send what that and the replies freed; end when done."""
+        lookup = self.lookup
+        lookup.handle_timer(now)
+        host = self._host
+        self._pumping = True
+        try:
+            # A call refused at once fails inside call_nowait and frees its slot for
+            # the next round (bounded: the lookup's requests are).
+            while requests := lookup.next_requests(now):
+                for c in requests:
+                    deliver = host.gate.informing(c, partial(self._on_result, c))
+                    host.calls.call_nowait(c.address, self.method, self.args, deliver)
+        finally:
+            self._pumping = False
+        if lookup.done:
+            self._done.set()
+            return
+        scope = self._scope
+        if scope is not None:
+            deadline = lookup.next_deadline()
+            scope.deadline = math.inf if deadline is None else deadline
+
+    def _on_result(self, c: Contact, value: Any) -> None:
+        if self._ended or self._done.is_set():
+            return
+        try:
+            self._take(c, value)
+        except Exception as exc:  # one node's reply must not end or stall the lookup
+            self.lookup.handle_failure(c.node_id)
+            self._host.boundary.contain(_text(c.address), f"{self.method} reply", exc)
+        if not self._pumping:
+            self._pump(trio.current_time())
+
+    def _take(self, c: Contact, value: Any) -> None:
+        lookup, host = self.lookup, self._host
+        if value is NO_REPLY:
+            lookup.handle_failure(c.node_id)
+            return
+        try:
+            if self.method == "find_value":
+                raw, contacts = rpcwire.parse_find_value_reply_untrusted(value)
+            else:
+                raw, contacts = None, rpcwire.parse_contacts_untrusted(value)
+        except rpcwire.RpcError as exc:
+            host.drop(c.address, f"{self.method} reply: {exc.message}", "replies")
+            lookup.handle_failure(c.node_id)
+            return
+        lookup.handle_response(c.node_id, contacts, trio.current_time())
+        if raw is None:
+            return
+        collector = self.collector
+        try:
+            host.stats.records_rejected += collector.add_untrusted(raw, host.wall_clock_ms())
+        except RecordError as exc:  # not a record list (say, a stock node's plain value)
+            host.drop(c.address, f"find_value value: {exc.message}", "replies")
+        except Exception as exc:  # one node's value must not end the lookup
+            host.boundary.contain(_text(c.address), f"{self.method} value", exc)
+            return
+        if self.quorum is not None and collector.hits >= self.quorum:
+            lookup.finish()
+
+
+__all__ = ["LookupDriver", "LookupHost"]

@@ -1,0 +1,10 @@
+"""An in-memory network for simulating thousands of nodes in one process.
+
+:mod:`p2pnode.simnet.network` holds the network, its hosts and datagrams (the
+theory of operation is there); :mod:`p2pnode.simnet.streams` its TCP-like
+streams.
+"""
+
+from p2pnode.simnet.network import LinkConditions, SimHost, SimNetwork
+
+__all__ = ["LinkConditions", "SimHost", "SimNetwork"]
