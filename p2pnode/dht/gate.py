@@ -35,7 +35,7 @@ from p2pnode.dht import rpcwire
 from p2pnode.dht.admission import Admission, Verdict
 from p2pnode.dht.calls import NO_REPLY, Calls, OnResult
 from p2pnode.dht.config import DhtConfig, DhtStatistics
-from p2pnode.dht.routing import Contact, RoutingTable, distance
+from p2pnode.dht.routing import Contact, RoutingTable, distance, make_contact
 from p2pnode.dht.rpc import Address
 
 log = logging.getLogger("p2pnode.dht")
@@ -90,19 +90,23 @@ class Gate:
 
     # ------------------------------------------------------------------ requests
 
-    def heard(self, node_id: bytes, source: Address) -> None:
-        """A request from ``source`` claims ``node_id``: refresh or maybe check it."""
+    def heard(self, node_id: bytes, source: Address, now: float) -> None:
+        """A request from ``source`` at ``now`` claims ``node_id``: refresh or maybe
+        check it."""
         host = self._host
-        now = trio.current_time()
+        table = host.table
         admission = self.admission
-        asked = host.calls.core.awaiting(source)
-        verdict = admission.on_request(node_id, source, host.table, now, asked=asked)
-        if verdict is Verdict.KNOWN:
-            host.table.observe(Contact(node_id, *source), now)
-        elif verdict is Verdict.CHECK:
-            self._check(source)
+        held = table.get(node_id)
+        if held is not None and held.address == source:
+            # Known (most requests): seen again; the admission has nothing to decide.
+            table.observe(held, now)
         else:
-            host.stats.checks_skipped += 1
+            asked = host.calls.core.awaiting(source)
+            verdict = admission.on_request(node_id, source, table, now, asked=asked)
+            if verdict is Verdict.CHECK:
+                self._check(source)
+            elif verdict is not Verdict.KNOWN:
+                host.stats.checks_skipped += 1
         if admission.waiting:
             self.check_waiting(now)
 
@@ -141,11 +145,12 @@ class Gate:
         """``on_result`` after telling the table whether ``contact`` answered."""
 
         def done(value: Any) -> None:
-            self.candidates.pop(contact.node_id, None)
+            if self.candidates:
+                self.candidates.pop(contact.node_id, None)
             if value is NO_REPLY:
                 self._host.table.record_failure(contact.node_id)
             else:
-                self.proven(contact.node_id, contact.address)
+                self.admit(contact)
             on_result(value)
 
         return done
@@ -156,18 +161,23 @@ class Gate:
         ``stated``: the reply named the id itself (a ping), so another id held at
         ``address`` is gone from there and leaves the table.
         """
+        self.admit(make_contact(node_id, *address), stated=stated)
+
+    def admit(self, contact: Contact, *, stated: bool = False) -> None:
+        """:meth:`proven` for a contact at hand (the one a call went to)."""
         host = self._host
         table = host.table
-        contact = Contact(node_id, *address)
-        held = table.holder(address)
-        if stated and held is not None and held != node_id:
-            table.remove(held)
-        refusal = table.refusal(contact)
-        if refusal is not None:
-            host.stats.admissions_refused += 1
-            log.debug("dht.not_admitted peer=%s:%s reason=%s", *address, refusal.value)
-            return
-        new = node_id not in table
+        node_id = contact.node_id
+        held = table.holder(contact.address)
+        if held != node_id:  # else nothing the table limits can refuse: it holds it there
+            if stated and held is not None:
+                table.remove(held)
+            refusal = table.refusal(contact)
+            if refusal is not None:
+                host.stats.admissions_refused += 1
+                log.debug("dht.not_admitted peer=%s:%s reason=%s", *contact.address, refusal.value)
+                return
+        new = table.get(node_id) is None
         to_ping = table.observe(contact, trio.current_time())
         if new and node_id in table:
             host.stats.contacts_admitted += 1

@@ -31,8 +31,8 @@ from p2pnode.dht.rpc import Address
 
 log = logging.getLogger("p2pnode.dht")
 
-#: ``(claimed caller id, source address)`` of a request, for admission (§5.1).
-Heard = Callable[[bytes, Address], None]
+#: ``(claimed caller id, source address, now)`` of a request, for admission (§5.1).
+Heard = Callable[[bytes, Address, float], None]
 
 
 class HandlerHost(Protocol):
@@ -67,12 +67,12 @@ class RequestHandlers:
         return _HANDLERS[method](self, source, args, now)
 
     def _ping(self, source: Address, args: list[Any], now: float) -> Any:
-        self._heard(rpcwire.parse_ping_args_untrusted(args), source)
+        self._heard(rpcwire.parse_ping_args_untrusted(args), source, now)
         return self._host.node_id
 
     def _store(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key, value = rpcwire.parse_store_args_untrusted(args)
-        self._heard(node_id, source)
+        self._heard(node_id, source, now)
         host = self._host
         if not host.records.allow_store(source[0], now):
             host.stats.stores_rate_limited += 1
@@ -96,12 +96,12 @@ class RequestHandlers:
 
     def _find_node(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key = rpcwire.parse_find_args_untrusted(args)
-        self._heard(node_id, source)
+        self._heard(node_id, source, now)
         return self._closest_wire(key, source)
 
     def _find_value(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key = rpcwire.parse_find_args_untrusted(args)
-        self._heard(node_id, source)
+        self._heard(node_id, source, now)
         recs = self._host.records.get(key, self._host.wall_clock_ms())
         if recs:
             return {"value": encode_value(recs)}

@@ -159,17 +159,26 @@ class Lookup:
         self._slow = 0
         self._soft = soft_timeouts
         self._finished = False
+        # The shortlist until it changes: a request, an answer or a hard-timeout reply
+        # that lands far out leaves it as it is, and the driver asks for it (and
+        # whether the lookup is done) after every one.
+        self._short: list[_Entry] | None = None
         self.add_contacts(seeds)
 
     # ------------------------------------------------------------------ inputs
 
     def add_contacts(self, contacts: Iterable[Contact]) -> None:
         """Merge newly heard-of contacts (duplicates and our own id ignored)."""
+        short = self._short
+        # Past the last of a full shortlist, a newcomer does not enter it.
+        bound = short[-1].dist if short is not None and len(short) >= self.k else None
         for c in contacts:
             if c.node_id == self._own or c.node_id in self._entries:
                 continue
             e = self._entries[c.node_id] = _Entry(c, c.number ^ self._t)
             bisect.insort(self._order, e, key=_dist_of)
+            if bound is None or e.dist < bound:
+                self._short = None
 
     def handle_response(self, node_id: bytes, contacts: Iterable[Contact], now: float) -> None:
         """``node_id`` answered (possibly late) and named ``contacts``."""
@@ -265,18 +274,24 @@ class Lookup:
     # ------------------------------------------------------------------ internals
 
     def _shortlist(self) -> list[_Entry]:
+        out = self._short
+        if out is not None:
+            return out
         out = []
         for e in self._order:
             if e.state in _SHORTLISTED:
                 out.append(e)
                 if len(out) >= self.k:
                     break
+        self._short = out
         return out
 
     def _move(self, e: _Entry, new: PeerState) -> bool:
         old = e.state
         if new not in _TRANSITIONS[old]:
             return False
+        if (old in _SHORTLISTED) != (new in _SHORTLISTED):  # it leaves or (late) re-enters
+            self._short = None
         if old is PeerState.IN_FLIGHT:
             self._flying.remove(e)
         elif old is PeerState.SLOW:

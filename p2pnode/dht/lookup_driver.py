@@ -170,15 +170,16 @@ class LookupDriver:
     def _on_result(self, c: Contact, value: Any) -> None:
         if self._ended or self._done.is_set():
             return
+        now = trio.current_time()
         try:
-            self._take(c, value)
+            self._take(c, value, now)
         except Exception as exc:  # one node's reply must not end or stall the lookup
             self.lookup.handle_failure(c.node_id)
             self._host.boundary.contain(_text(c.address), f"{self.method} reply", exc)
         if not self._pumping:
-            self._pump(trio.current_time())
+            self._pump(now)
 
-    def _take(self, c: Contact, value: Any) -> None:
+    def _take(self, c: Contact, value: Any, now: float) -> None:
         lookup, host = self.lookup, self._host
         if value is NO_REPLY:
             lookup.handle_failure(c.node_id)
@@ -192,7 +193,7 @@ class LookupDriver:
             host.drop(c.address, f"{self.method} reply: {exc.message}", "replies")
             lookup.handle_failure(c.node_id)
             return
-        lookup.handle_response(c.node_id, contacts, trio.current_time())
+        lookup.handle_response(c.node_id, contacts, now)
         if raw is None:
             return
         collector = self.collector

@@ -49,7 +49,7 @@ def test_find_node_reply_is_the_k_nearest_but_the_asker_and_the_key(
     source: Address = ("10.9.9.9", 1)
     if asker is not None and present:
         source = present[asker % len(present)].address
-    handlers = RequestHandlers(_Host(table), lambda node_id, address: None)
+    handlers = RequestHandlers(_Host(table), lambda node_id, address, now: None)
     reply = handlers.answer_untrusted("find_node", source, [b"\x01" * 20, key], 0.0)
     expected = sorted(
         (c for c in present if c.address != source and c.node_id != key),

@@ -222,15 +222,21 @@ def test_rtt_backoff_doubles_within_bounds_until_the_next_sample(
     assert rtt.timeout() == again.timeout()  # a sample ends the back-off
 
 
-def _reference_done(lookup: Lookup, known: list[Contact]) -> bool:
-    """dht.md §6's end rule, computed by scanning every contact."""
+def _reference_short(lookup: Lookup, known: list[Contact]) -> list[Contact]:
+    """The k nearest contacts neither slow nor failed, by scanning every contact."""
     states = {c.node_id: lookup.state_of(c.node_id) for c in known}
     ranked = sorted(
         (c for c in known if states[c.node_id] is not None),
         key=lambda c: distance(c.node_id, lookup.target),
     )
     shortlisted = [PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED]
-    short = [c for c in ranked if states[c.node_id] in shortlisted][: lookup.k]
+    return [c for c in ranked if states[c.node_id] in shortlisted][: lookup.k]
+
+
+def _reference_done(lookup: Lookup, known: list[Contact]) -> bool:
+    """dht.md §6's end rule, computed by scanning every contact."""
+    states = {c.node_id: lookup.state_of(c.node_id) for c in known}
+    short = _reference_short(lookup, known)
     values = list(states.values())
     if all(states[c.node_id] is PeerState.ANSWERED for c in short):
         return bool(short) or PeerState.SLOW not in values
@@ -261,7 +267,17 @@ def test_bookkeeping_matches_a_full_scan(seed: int, ops: list[str], soft: bool) 
     asked: list[Contact] = []
     for op in ops:
         if op == "ask":
-            asked += lookup.next_requests(now)
+            # The nearest contacts not asked yet, as many as free slots, unless done.
+            short = _reference_short(lookup, everyone)
+            free = lookup.alpha - sum(
+                1 for c in everyone if lookup.state_of(c.node_id) is PeerState.IN_FLIGHT
+            )
+            fresh = [c for c in short if lookup.state_of(c.node_id) is PeerState.CANDIDATE]
+            done = lookup.done
+            sent = lookup.next_requests(now)
+            if not done and lookup.queries < lookup.max_queries:
+                assert sent == fresh[: max(0, free)]
+            asked += sent
         elif op == "tick":
             now += rng.uniform(0.0, 0.5)
             lookup.handle_timer(now)
@@ -269,8 +285,9 @@ def test_bookkeeping_matches_a_full_scan(seed: int, ops: list[str], soft: bool) 
             c = asked.pop(rng.randrange(len(asked)))
             if op == "fail":
                 lookup.handle_failure(c.node_id)
-            else:
-                lookup.handle_response(c.node_id, rng.sample(everyone, 4), now)
+            else:  # a late answer may name nobody new: it (re-)enters the shortlist alone
+                named = rng.sample(everyone, 4) if op == "answer" else []
+                lookup.handle_response(c.node_id, named, now)
         flying = [c for c in everyone if lookup.state_of(c.node_id) is PeerState.IN_FLIGHT]
         assert len(flying) <= lookup.alpha
         assert (lookup.next_deadline() is None) == (not flying or not soft)
@@ -309,3 +326,19 @@ def test_without_soft_timeouts_a_slow_nearest_contact_is_waited_for() -> None:
         lookup.handle_response(ranked[0].node_id, [], 0.9)
         assert lookup.done
         assert lookup.closest_answered() == ranked[:3]
+
+
+def test_a_late_answer_puts_its_contact_back_among_the_k_closest() -> None:
+    # k = 2: A is slow, so B and C are the shortlist; A answers late and is one of
+    # the two closest again, so once B answers the lookup is done, C never asked.
+    a, b, c = (Contact(bytes([i]) + bytes(19), "10.0.0.1", i) for i in (1, 2, 3))
+    lookup = Lookup(bytes(20), [a, b, c], rtt=RttEstimator(initial=0.2), k=2, alpha=1)
+    assert lookup.next_requests(0.0) == [a]
+    lookup.handle_timer(0.5)
+    assert lookup.state_of(a.node_id) is PeerState.SLOW
+    assert lookup.next_requests(0.5) == [b]
+    lookup.handle_response(a.node_id, [], 0.6)
+    lookup.handle_response(b.node_id, [], 0.7)
+    assert lookup.done
+    assert lookup.next_requests(0.7) == []
+    assert lookup.closest_answered() == [a, b]

@@ -172,6 +172,30 @@ async def test_a_finished_lookup_leaves_its_calls_to_the_routing_table(
         assert not [r for r in caplog.records if "caller gave up" in r.getMessage()]
 
 
+async def test_a_reply_whose_processing_raises_costs_its_lookup_one_contact(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Replies are handled in their calls' callbacks, in the receive loop: one that
+    # raises is contained to it (a failed request), and the lookup goes on.
+    async with dht_swarm(12, seed=7) as (_, nodes):
+        asker = nodes[5]
+        parse = rpcwire.parse_contacts_untrusted
+        calls = [0]
+
+        def defective(value: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 1:
+                raise ZeroDivisionError("defect")
+            return parse(value)
+
+        monkeypatch.setattr(rpcwire, "parse_contacts_untrusted", defective)
+        failed = asker.stats.inputs_failed
+        found = await asker.find_node(nodes[9].node_id)
+        assert found[0].node_id == nodes[9].node_id
+        assert asker.stats.inputs_failed == failed + 1
+        assert asker.boundary.stats.unexpected.get("ZeroDivisionError") == 1
+
+
 async def test_calls_beyond_max_pending_fail_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
