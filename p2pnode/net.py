@@ -9,7 +9,9 @@ framed channels) runs unchanged over them.
 
 Two implementations exist:
 
-* :class:`TrioNetwork` here: real trio UDP and TCP sockets.
+* :class:`TrioNetwork` here: real trio UDP and TCP sockets. Its TCP streams
+  are :class:`p2pnode.tcpstream.TcpStream`, which reads data already waiting
+  without a pass of trio's scheduler.
 * :class:`p2pnode.simnet.SimNetwork`: an in-memory network with per-link
   latency, jitter, loss, partitions and killed hosts, driven by trio's
   (virtual) clock and a seeded :class:`random.Random`.
@@ -35,6 +37,8 @@ import logging
 import socket as _stdlib_socket
 
 import trio
+
+from p2pnode.tcpstream import TcpStream
 
 Address = tuple[str, int]
 """A network address: host (IP literal or simulator label) and port."""
@@ -205,7 +209,7 @@ class _TrioStreamListener(StreamListener):
         return self._address
 
     async def accept(self) -> trio.abc.Stream:
-        return await self._listener.accept()
+        return TcpStream.adopt(await self._listener.accept())
 
     async def aclose(self) -> None:
         await self._listener.aclose()
@@ -239,7 +243,7 @@ class TrioNetwork(Network):
         return _TrioStreamListener(trio.SocketListener(sock), (str(bound[0]), int(bound[1])))
 
     async def connect_stream(self, address: Address) -> trio.abc.Stream:
-        return await trio.open_tcp_stream(address[0], address[1])
+        return TcpStream.adopt(await trio.open_tcp_stream(address[0], address[1]))
 
 
 def _family(host: str) -> int:

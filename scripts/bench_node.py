@@ -10,7 +10,8 @@ policy, routing events, the Noise channel, frame and envelope decoding with
 limits, sender authentication, ingress policy, the agent's inbox and
 handler, and (for round trips) the response coming back the same way. The
 baselines, measured in the same run over the same loopback: raw TCP with a
-4-byte length prefix, and the secure channel alone as the node configures it;
+4-byte length prefix (on trio's own SocketStream), and the secure channel
+alone as the node configures it (on the node's TcpStream);
 both carry the same 256-byte messages.
 
 An agent's request round trip is also measured with the agent embedded in a
@@ -66,6 +67,7 @@ from p2pnode.node.agentsocket import AgentSocket
 from p2pnode.node.attachwire import AGENT_SOCKET_NAME
 from p2pnode.node.node import Node
 from p2pnode.secure import SecureIdentity
+from p2pnode.tcpstream import TcpStream
 
 ECHO, SINK, DONE = b"e", b"s", b"x"  # first byte of a baseline message: what the server does
 MESSAGE = b"\0" * 255
@@ -99,7 +101,8 @@ class ChannelServer:
         self.identity = SecureIdentity(Identity.generate())
 
     async def __call__(self, stream: trio.SocketStream) -> None:
-        channel = await accept_secure(stream, self.identity, config=CHANNEL_CONFIG)
+        # The channel baseline runs on the node's own TCP streams; raw TCP stays on trio's.
+        channel = await accept_secure(TcpStream.adopt(stream), self.identity, config=CHANNEL_CONFIG)
         await serve_messages(ChannelEndpoint(channel))
 
 
@@ -196,7 +199,7 @@ async def connect_raw(ports: Ports) -> Endpoint:
 
 
 async def connect_channel(ports: Ports) -> Endpoint:
-    stream = await trio.open_tcp_stream(HOST, ports.channel)
+    stream = TcpStream.adopt(await trio.open_tcp_stream(HOST, ports.channel))
     identity = SecureIdentity(Identity.generate())
     return ChannelEndpoint(await connect_secure(stream, identity, config=CHANNEL_CONFIG))
 

@@ -18,7 +18,7 @@ LAYERS = {
     "card": 2, "card_rules": 2, "envelope": 2, "agent": 2, "registry": 2, "tools": 2, "a2a": 2,
     "cardfile": 2, "threadstore": 2,
     "toolschema": 2, "toolrecord": 2, "toolwire": 2, "toolaccess": 2, "task": 2, "taskwork": 2,
-    "net": 3, "simnet": 3, "lifetime": 3,
+    "net": 3, "tcpstream": 3, "simnet": 3, "lifetime": 3,
     "noise": 4, "aead": 4, "framing": 4, "secure": 4, "channel": 4,
     "dht": 5, "crdt": 5,
     "node": 6, "aio": 6, "aioguest": 6, "aiohandoff": 6,

@@ -289,7 +289,7 @@ class LinkManager(TaskOwner):
 
 def remote_host(stream: trio.abc.Stream) -> str | None:
     """The host a connection comes from (None when the stream cannot say)."""
-    address = getattr(stream, "remote_address", None)  # simulated streams
+    address = getattr(stream, "remote_address", None)  # TcpStream, simulated streams
     if address is None and isinstance(stream, trio.SocketStream):
         try:
             address = stream.socket.getpeername()
