@@ -23,6 +23,17 @@ FINAL_TYPES = frozenset(
 )
 
 
+class _Owned:
+    """What one owner has filed: its entries, oldest first (seq -> thread key), and
+    their bytes."""
+
+    __slots__ = ("bytes", "entries")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[int, str] = OrderedDict()
+        self.bytes = 0
+
+
 class ThreadStore:
     """Envelopes grouped by correlation id, each thread in timestamp order.
 
@@ -65,9 +76,8 @@ class ThreadStore:
         #: When the oldest finished thread is due (or earlier): no expiry pass before it.
         self._expire_at = math.inf
         self._clock = clock
-        #: Each owner's entries, oldest first: seq -> thread key.
-        self._owned: dict[str, OrderedDict[int, str]] = {}
-        self._owner_bytes: dict[str, int] = {}
+        #: What each owner has filed.
+        self._owners: dict[str, _Owned] = {}
         self._max_threads = max_threads
         self._max_per_thread = max_per_thread
         self._max_bytes = max_bytes
@@ -89,39 +99,38 @@ class ThreadStore:
             size = envelope_size(envelope)
         if size > self._max_per_owner:
             return
-        finished = self._finished
-        finished.pop(key, None)  # the thread goes on, or finishes (again) now
-        if envelope.type in FINAL_TYPES:
-            if not finished:
-                self._expire_at = now + self._finished_ttl
-            finished[key] = now
-        threads = self._threads
+        seq = self._seq = self._seq + 1
+        entry = (envelope.timestamp, seq, envelope, owner, size)
+        threads, finished = self._threads, self._finished
         thread = threads.get(key)
-        if thread is None:
-            thread = threads[key] = []
+        if thread is None:  # most envelopes: a reply opens and ends its thread
+            thread = threads[key] = [entry]
             if len(threads) > self._max_threads:
                 self._drop_thread(next(iter(threads)))
         else:
             threads.move_to_end(key)
-        seq = self._seq = self._seq + 1
-        entry = (envelope.timestamp, seq, envelope, owner, size)
-        if not thread or thread[-1][0] <= entry[0]:
-            thread.append(entry)  # in order already: seq is the largest yet
-        else:
-            bisect.insort(thread, entry)
-        owned = self._owned.get(owner)
-        if owned is None:
-            owned = self._owned[owner] = OrderedDict()
-        owned[seq] = key
-        held = self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
+            finished.pop(key, None)  # the thread goes on, or finishes (again) now
+            if thread[-1][0] <= entry[0]:
+                thread.append(entry)  # in order already: seq is the largest yet
+            else:
+                bisect.insort(thread, entry)
+        if envelope.type in FINAL_TYPES:
+            if not finished:
+                self._expire_at = now + self._finished_ttl
+            finished[key] = now
+        held = self._owners.get(owner)
+        if held is None:
+            held = self._owners[owner] = _Owned()
+        held.entries[seq] = key
+        held.bytes += size
         self.bytes += size
         if len(thread) > self._max_per_thread:
             self._remove(key, thread[0][1])
-            held = self._owner_bytes.get(owner, 0)
-        while owned and held > self._max_per_owner:
-            seq, oldest = owned.popitem(last=False)
-            self._remove(oldest, seq)
-            held = self._owner_bytes.get(owner, 0)
+        if held.bytes > self._max_per_owner:
+            entries = held.entries
+            while entries and held.bytes > self._max_per_owner:
+                oldest_seq, oldest = entries.popitem(last=False)
+                self._remove(oldest, oldest_seq)
         while self.bytes > self._max_bytes and threads:
             self._drop_thread(next(iter(threads)))
 
@@ -141,17 +150,20 @@ class ThreadStore:
     def forget(self, owner: str) -> int:
         """Drop every envelope ``owner`` left; returns the bytes released."""
         before = self.bytes
-        for seq, key in list(self._owned.get(owner, {}).items()):
-            self._remove(key, seq)
+        held = self._owners.get(owner)
+        if held is not None:
+            for seq, key in list(held.entries.items()):
+                self._remove(key, seq)
         return before - self.bytes
 
     def owners(self) -> list[str]:
         """Owners with envelopes held."""
-        return list(self._owned)
+        return list(self._owners)
 
     def bytes_of(self, owner: str) -> int:
         """Bytes held of ``owner``'s envelopes."""
-        return self._owner_bytes.get(owner, 0)
+        held = self._owners.get(owner)
+        return 0 if held is None else held.bytes
 
     def _remove(self, key: str, seq: int) -> None:
         thread = self._threads.get(key)
@@ -173,16 +185,12 @@ class ThreadStore:
 
     def _uncharge(self, owner: str, seq: int, size: int) -> None:
         self.bytes -= size
-        owned = self._owned.get(owner)
-        if owned is not None:
-            owned.pop(seq, None)
-            if not owned:
-                del self._owned[owner]
-        left = self._owner_bytes.get(owner, 0) - size
-        if left > 0:
-            self._owner_bytes[owner] = left
-        else:
-            self._owner_bytes.pop(owner, None)
+        held = self._owners.get(owner)
+        if held is not None:
+            held.entries.pop(seq, None)
+            held.bytes -= size
+            if not held.entries:
+                del self._owners[owner]
 
     def thread(self, correlation_id: str) -> list[Envelope]:
         """Every stored envelope of ``correlation_id``, oldest first (ties in arrival order)."""
