@@ -165,7 +165,9 @@ class LookupDriver:
         scope = self._scope
         if scope is not None:
             deadline = lookup.next_deadline()
-            scope.deadline = math.inf if deadline is None else deadline
+            deadline = math.inf if deadline is None else deadline
+            if deadline != scope.deadline:  # moving a deadline costs trio a heap push
+                scope.deadline = deadline
 
     def _on_result(self, c: Contact, value: Any) -> None:
         if self._ended or self._done.is_set():
