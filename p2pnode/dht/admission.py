@@ -29,7 +29,14 @@ themselves without knowing any of this.
   whose bucket is full and cannot split
   (:meth:`~p2pnode.dht.routing.RoutingTable.has_room`): the table could
   keep it only as a replacement, and replies to our own requests fill
-  replacement caches without a ping each; and an address
+  replacement caches without a ping each; nor of a sender that would not
+  be one of the k contacts nearest our id while its bucket already holds
+  ``check_fill`` contacts (:attr:`Verdict.ENOUGH`): that is enough to route
+  through, replies to our own requests add more for free, and in a large
+  swarm most requests come from such far senders (Kademlia §4.1 likewise
+  spares traffic by learning about contacts from the messages it sends
+  anyway); the nearest contacts, which decide where records go, are
+  checked as before; and an address
   checked in the last ``retry_after`` seconds is not checked again (a
   memory of ``memory`` addresses, the oldest forgotten first; an address
   whose check admitted its id is not remembered: its requests are known).
@@ -73,6 +80,7 @@ class Verdict(enum.Enum):
     RECENT = "recent"  # this address was checked less than retry_after ago
     HOST_FULL = "host full"  # this host holds its limit of ids in the table
     NO_ROOM = "no room"  # its bucket is full and cannot split: a replacement at best
+    ENOUGH = "enough"  # not near us, and its bucket holds check_fill contacts already
 
 
 class Admission:
@@ -87,6 +95,7 @@ class Admission:
         "_slots",
         "_waiting",
         "attempts",
+        "check_fill",
         "max_checks",
         "max_checks_per_host",
         "max_waiting",
@@ -106,13 +115,20 @@ class Admission:
         max_waiting: int = 256,
         attempts: int = 3,
         limit_loopback: bool = True,
+        check_fill: int | None = None,
     ) -> None:
-        """Raises LocalError(INVALID_ARGUMENT) for a bound below 1 or a time below 0."""
+        """``check_fill``: a sender that would not be one of the k contacts nearest our
+        id is checked only while its bucket holds fewer contacts (None: always).
+
+        Raises LocalError(INVALID_ARGUMENT) for a bound below 1 or a time below 0.
+        """
         if (
             min(max_checks, max_checks_per_host, memory, max_waiting, attempts) < 1
             or min(retry_after, slot_time) < 0
+            or (check_fill is not None and check_fill < 0)
         ):
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "admission bounds must be >= 1")
+        self.check_fill = check_fill
         self.max_checks = max_checks
         self.max_checks_per_host = max_checks_per_host
         self.slot_time = slot_time
@@ -239,6 +255,9 @@ class Admission:
             return Verdict.HOST_FULL
         if not table.has_room(node_id):
             return Verdict.NO_ROOM
+        fill = self.check_fill
+        if fill is not None and table.bucket_size(node_id) >= fill and not table.near(node_id):
+            return Verdict.ENOUGH
         self._free_slots(now)
         key = self._key(source)
         if len(self._slots) >= self.max_checks or (

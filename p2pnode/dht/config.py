@@ -38,6 +38,9 @@ class DhtConfig:
     check_attempts: int = 3
     check_retry_after: float = 60.0
     check_memory: int = 4096
+    #: A sender that would not be one of the k contacts nearest our id is checked
+    #: only while its bucket holds fewer contacts than this (dht.md §5.1).
+    check_fill: int = 4
     #: Joining again with an empty table (dht.md §5.2): the first attempt this long
     #: after the table emptied, each later one twice as long after the last, at most
     #: ``rejoin_max_delay`` (each ±25%).
@@ -69,7 +72,8 @@ class DhtStatistics:
     #: Admission (dht.md §5.1): contacts that entered the table; pings sent to
     #: check unproven senders, those unanswered, and checks tried again after an
     #: unanswered ping; senders not checked (a check out already, a request of
-    #: ours out, too many out, checked recently, host full, bucket full); proven
+    #: ours out, too many out, checked recently, host full, bucket full, far and
+    #: enough held there); proven
     #: contacts the table refused (address held by another id, host full).
     contacts_admitted: int = 0
     checks_sent: int = 0

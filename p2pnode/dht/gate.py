@@ -84,6 +84,7 @@ class Gate:
             memory=config.check_memory,
             attempts=config.check_attempts,
             limit_loopback=config.limit_loopback,
+            check_fill=config.check_fill,
         )
         #: Restored contacts not proven yet, by id.
         self.candidates: dict[bytes, Contact] = {}

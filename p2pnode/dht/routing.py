@@ -81,16 +81,29 @@ class Contact:
         object.__setattr__(self, "number", int.from_bytes(self.node_id, "big"))
 
 
-# Contacts held by the tables of this process, by id (see the module docstring).
-_SHARED: weakref.WeakValueDictionary[bytes, Contact] = weakref.WeakValueDictionary()
+# Contacts held by the tables of this process, by id (see the module docstring): a
+# weak map as WeakValueDictionary keeps one, read without its Python-level get (every
+# contact of every reply is looked up here).
+_SHARED: dict[bytes, weakref.KeyedRef[bytes, Contact]] = {}
+
+
+def _forget(ref: weakref.KeyedRef[bytes, Contact]) -> None:
+    """A shared contact died: drop its entry, unless another took the id since."""
+    if _SHARED.get(ref.key) is ref:
+        del _SHARED[ref.key]
+
+
+def _held(node_id: bytes) -> Contact | None:
+    ref = _SHARED.get(node_id)
+    return None if ref is None else ref()
 
 
 def shared(contact: Contact) -> Contact:
     """The contact equal to ``contact`` that this process holds already, else ``contact``
     (which is then the one shared). Equal contacts are interchangeable: they are frozen."""
-    held = _SHARED.get(contact.node_id)
+    held = _held(contact.node_id)
     if held is None:
-        _SHARED[contact.node_id] = contact
+        _SHARED[contact.node_id] = weakref.KeyedRef(contact, _forget, contact.node_id)
         return contact
     return held if held == contact else contact
 
@@ -99,7 +112,7 @@ def make_contact(node_id: bytes, host: str, port: int) -> Contact:
     """The contact at ``(host, port)`` with ``node_id``: the shared one when this process
     holds it (nothing is built), else a new one with ``host`` interned (thousands of
     contacts share a handful of hosts)."""
-    held = _SHARED.get(node_id)
+    held = _held(node_id)
     if held is not None and held.port == port and held.host == host:
         return held
     return Contact(node_id, sys.intern(host), port)
@@ -216,6 +229,9 @@ class RoutingTable:
         # as a tuple. Hosts are counted only when there is a limit to apply.
         self._at: dict[tuple[str, int], bytes] = {}
         self._hosts: dict[str, bytes | tuple[bytes, ...]] = {}
+        # The distance to our id of the k-th nearest contact (None: to compute again,
+        # after the contacts changed), for near().
+        self._near: int | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -267,6 +283,20 @@ class RoutingTable:
             return True
         splittable = bucket.lo <= self._own < bucket.hi or bucket.depth() % _SPLIT_B != 0
         return splittable and bucket.hi - bucket.lo > 1
+
+    def bucket_size(self, node_id: bytes) -> int:
+        """How many contacts the bucket ``node_id`` falls in holds."""
+        return len(self._bucket_for(id_int(node_id)).contacts)
+
+    def near(self, node_id: bytes) -> bool:
+        """True if ``node_id`` would be one of the k contacts nearest our own id: nearer
+        than the k-th nearest held, or the table holds fewer than k."""
+        bound = self._near
+        if bound is None:
+            nearest = self.closest(self.own_id, self.k)
+            bound = nearest[-1].number ^ self._own if len(nearest) >= self.k else _SPACE
+            self._near = bound
+        return id_int(node_id) ^ self._own < bound
 
     def refusal(self, contact: Contact) -> Refusal | None:
         """Why :meth:`observe` would not take ``contact``, or None if it may."""
@@ -339,6 +369,7 @@ class RoutingTable:
                 contact = shared(contact)
                 bucket.contacts[contact.node_id] = contact
                 self._index(contact)
+                self._near = None
                 bucket.last_touched = now
                 return None
             splittable = bucket.lo <= self._own < bucket.hi or bucket.depth() % _SPLIT_B != 0
@@ -433,6 +464,7 @@ class RoutingTable:
             self._unindex(bucket.replacements.pop(next(iter(bucket.replacements))))
 
     def _evict(self, bucket: _Bucket, node_id: bytes) -> None:
+        self._near = None
         self._unindex(bucket.contacts.pop(node_id, None))
         bucket.failures.pop(node_id, None)
         if bucket.pinging == node_id:
@@ -445,6 +477,7 @@ class RoutingTable:
         for rid in reversed(bucket.replacements):
             if rid not in bucket.contacts:
                 bucket.contacts[rid] = bucket.replacements.pop(rid)
+                self._near = None
                 return True
         return False
 

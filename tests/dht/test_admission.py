@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from p2pnode.dht.admission import Admission, Verdict
 from p2pnode.dht.config import DhtStatistics
-from p2pnode.dht.routing import Contact, Refusal, RoutingTable, host_key
+from p2pnode.dht.routing import Contact, Refusal, RoutingTable, distance, host_key
 from p2pnode.dht.summary import LogSummary
 from p2pnode.errors import LocalError
 
@@ -131,6 +131,52 @@ def test_the_indexes_match_the_table_after_any_operations(
     counted = {h: Counter(v if isinstance(v, tuple) else (v,)) for h, v in table._hosts.items()}
     assert counted == hosts
     assert all(len(ids) <= 3 for ids in hosts.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(_op, max_size=120), probe=st.integers(0, 255))
+def test_near_is_nearer_than_the_kth_nearest_contact(
+    ops: list[tuple[str, int, int, int]], probe: int
+) -> None:
+    """near() (cached between changes of the contacts) against a full scan."""
+    table = RoutingTable(OWN, k=3, replacement_size=2)
+    for i, (op, n, host, port) in enumerate(ops):
+        node_id = bytes([n * 6]) + bytes(19)
+        if op == "observe":
+            table.observe(Contact(node_id, f"10.0.{host}.{n}", port), float(i))
+        elif op == "fail":
+            table.record_failure(node_id)
+        elif op == "remove":
+            table.remove(node_id)
+        else:
+            table.ping_result(node_id, op == "alive", float(i))
+        candidate = bytes([probe]) + bytes([i % 256]) * 19
+        held = sorted(distance(c.node_id, OWN) for c in table.contacts())
+        expected = len(held) < table.k or distance(candidate, OWN) < held[table.k - 1]
+        assert table.near(candidate) == expected
+
+
+def test_far_senders_are_checked_until_their_bucket_holds_check_fill() -> None:
+    # Own id 0x00..: the near region fills buckets that split; ids 0x8.. are far.
+    table = RoutingTable(OWN, k=4)
+    for n in range(4):  # the k nearest: 0x00 0x01.., 0x00 0x02.., ...
+        table.observe(Contact(b"\x00" + bytes([n + 1]) * 19, f"10.0.1.{n}", 1), 0.0)
+    adm = Admission(check_fill=2)
+    far = [bytes([0x80 + n]) + bytes(19) for n in range(4)]
+    table.observe(Contact(far[0], "10.0.2.1", 1), 0.0)  # the full bucket splits
+    assert table.bucket_size(far[1]) == 1
+    assert adm.on_request(far[1], ("10.0.2.2", 1), table, 0.1) is Verdict.CHECK
+    table.observe(Contact(far[1], "10.0.2.2", 1), 0.2)
+    # Two contacts in that far bucket: enough to route through; no more pings there.
+    assert table.has_room(far[2]) and not table.near(far[2])
+    assert adm.on_request(far[2], ("10.0.2.3", 1), table, 0.2) is Verdict.ENOUGH
+    assert adm.checking == 1
+    # A sender that would be one of our k nearest is checked whatever its bucket holds.
+    nearer = b"\x00" + b"\x00" * 18 + b"\x07"
+    assert table.near(nearer)
+    assert adm.on_request(nearer, ("10.0.3.1", 1), table, 0.3) is Verdict.CHECK
+    # Without check_fill every sender with room is checked, as before.
+    assert Admission().on_request(far[2], ("10.0.2.3", 1), table, 0.3) is Verdict.CHECK
 
 
 def test_bucket_fill_runs_from_far_to_near() -> None:
