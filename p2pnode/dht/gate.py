@@ -100,7 +100,7 @@ class Gate:
         held = table.get(node_id)
         if held is not None and held.address == source:
             # Known (most requests): seen again; the admission has nothing to decide.
-            table.observe(held, now)
+            table.seen(held, now)
         else:
             asked = host.calls.core.awaiting(source)
             verdict = admission.on_request(node_id, source, table, now, asked=asked)
@@ -168,6 +168,8 @@ class Gate:
         """:meth:`proven` for a contact at hand (the one a call went to)."""
         host = self._host
         table = host.table
+        if table.seen(contact, trio.current_time()):  # most replies: a contact held there
+            return
         node_id = contact.node_id
         held = table.holder(contact.address)
         if held != node_id:  # else nothing the table limits can refuse: it holds it there

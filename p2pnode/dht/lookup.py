@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +112,6 @@ _TRANSITIONS: dict[PeerState, frozenset[PeerState]] = {
 }
 
 _SHORTLISTED = (PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED)
-_dist_of = operator.attrgetter("dist")
 
 
 @dataclass(slots=True)
@@ -153,6 +151,7 @@ class Lookup:
         self._own = own_id
         self._entries: dict[bytes, _Entry] = {}
         self._order: list[_Entry] = []  # sorted by distance
+        self._dists: list[int] = []  # their distances, to bisect without a key function
         # Requests within their deadline (at most alpha) and past it, kept apart so
         # that timers and the end test do not scan every contact heard of.
         self._flying: list[_Entry] = []
@@ -175,9 +174,12 @@ class Lookup:
         for c in contacts:
             if c.node_id == self._own or c.node_id in self._entries:
                 continue
-            e = self._entries[c.node_id] = _Entry(c, c.number ^ self._t)
-            bisect.insort(self._order, e, key=_dist_of)
-            if bound is None or e.dist < bound:
+            d = c.number ^ self._t
+            e = self._entries[c.node_id] = _Entry(c, d)
+            i = bisect.bisect(self._dists, d)
+            self._dists.insert(i, d)
+            self._order.insert(i, e)
+            if bound is None or d < bound:
                 self._short = None
 
     def handle_response(self, node_id: bytes, contacts: Iterable[Contact], now: float) -> None:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import bisect
 import enum
 import ipaddress
-import operator
 import random
 import sys
 import weakref
@@ -59,7 +58,6 @@ ID_BYTES = 20
 ID_BITS = 160
 _SPACE = 1 << ID_BITS
 _SPLIT_B = 5
-_distance_of = operator.itemgetter(0)
 # The canonical spellings of an IPv4 octet: a host of four of them is its own key.
 _OCTETS = frozenset(str(i) for i in range(256))
 
@@ -326,7 +324,7 @@ class RoutingTable:
             for b in buckets[bisect.bisect_left(los, lo) : bisect.bisect_left(los, lo + (1 << s))]:
                 best += _distances(b, t)
             s += 1
-        best.sort(key=_distance_of)
+        best.sort()  # distances differ (one contact per id): contacts are never compared
         return [c for _, c in best[:n]]
 
     def stale_buckets(self, now: float, interval: float) -> list[tuple[int, int]]:
@@ -382,6 +380,21 @@ class RoutingTable:
                 bucket.pinging = head.node_id
                 return head
             return None
+
+    def seen(self, contact: Contact, now: float) -> bool:
+        """:meth:`observe` for a contact the table holds at its address (the common
+        case, without the limits' checks): moved to its bucket's tail. False, and
+        nothing changed, when the table does not hold it there."""
+        bucket = self._bucket_for(contact.number)
+        known = bucket.contacts.get(contact.node_id)
+        if known is None or known.address != contact.address:
+            return False
+        del bucket.contacts[contact.node_id]
+        bucket.contacts[contact.node_id] = known
+        if bucket.failures:
+            bucket.failures.pop(contact.node_id, None)
+        bucket.last_touched = now
+        return True
 
     def ping_result(self, node_id: bytes, alive: bool, now: float) -> None:
         """Report the outcome of a liveness ping requested by :meth:`observe`."""

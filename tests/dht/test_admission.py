@@ -449,3 +449,34 @@ def test_a_sender_we_await_a_reply_from_is_not_checked() -> None:
     # A contact held at its address is known, asked or not.
     table.observe(Contact(_id(2), "10.0.0.2", 1), 0.0)
     assert adm.on_request(_id(2), ("10.0.0.2", 1), table, 0.2, asked=True) is Verdict.KNOWN
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(_op, max_size=80), pick=st.integers(0, 40), port=st.integers(0, 3))
+def test_seen_is_observe_for_a_contact_held_at_its_address(
+    ops: list[tuple[str, int, int, int]], pick: int, port: int
+) -> None:
+    """The fast path of requests and replies from known contacts changes the table as
+    observe() would, and nothing when the table does not hold the contact there."""
+    tables = [RoutingTable(OWN, k=3, replacement_size=2) for _ in range(2)]
+    for table in tables:
+        for i, (op, n, host, p) in enumerate(ops):
+            node_id = bytes([n * 6]) + bytes(19)
+            if op == "observe":
+                table.observe(Contact(node_id, f"10.0.0.{host}", p), float(i))
+            elif op == "remove":
+                table.remove(node_id)
+            elif op == "fail":
+                table.record_failure(node_id)
+    fast, slow = tables
+    contact = Contact(bytes([pick * 6]) + bytes(19), f"10.0.0.{pick % 4}", port)
+    held = fast.get(contact.node_id)
+    if fast.seen(contact, 99.0):
+        assert held is not None and held.address == contact.address
+        slow.observe(contact, 99.0)
+    else:
+        assert held is None or held.address != contact.address
+    assert [c for b in fast._buckets for c in b.contacts.values()] == [
+        c for b in slow._buckets for c in b.contacts.values()
+    ]
+    assert fast.stale_buckets(99.0, 1.0) == slow.stale_buckets(99.0, 1.0)
