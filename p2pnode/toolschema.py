@@ -89,6 +89,9 @@ class Conversion:
 
     schema: Any
     convert: Callable[[Any], tuple[Any, str | None]]
+    #: A JSON type (str, int or bool) whose values, of exactly that type, pass unchanged
+    #: and need no conversion, or None. Tested before ``convert`` by whoever calls it.
+    plain: type | None = None
 
 
 def _plain(value: Any) -> tuple[Any, str | None]:
@@ -149,11 +152,13 @@ def derived_arguments(
         if is_json_value(default):
             schema["properties"][name]["default"] = default
 
+    # pydantic-core's validator itself: the adapter's method only passes its defaults on,
+    # through a frame with eight keywords, on every call.
+    validate = adapter.validator.validate_python
+
     def convert(value: Any) -> tuple[Any, str | None]:
-        if value is None:
-            value = {}
         try:
-            return adapter.validate_python(value), None
+            return validate({} if value is None else value), None
         except pydantic.ValidationError as exc:
             return None, _first_pydantic_problem(exc, "arguments")
 
@@ -185,7 +190,8 @@ def derived_result(function: Callable[..., Any]) -> Conversion | None:
         except pydantic_core.PydanticSerializationError as exc:
             return None, f"result: {exc}"
 
-    return Conversion(schema, convert)
+    # Not a float: NaN and the infinities are floats that are not JSON data.
+    return Conversion(schema, convert, plain if plain is not float else None)
 
 
 def _first_pydantic_problem(exc: Any, where: str) -> str:

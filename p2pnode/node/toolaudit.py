@@ -160,7 +160,10 @@ class ToolAudit:
         """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited;
         None when the agent forwarded it to its process (audited by :meth:`answered`)."""
         card = self._registry.find(envelope.sender)
-        caller = self._caller(card) if card is not None else None
+        caller = None
+        if card is not None:
+            cached = self._callers.get(id(card))
+            caller = cached[1] if cached is not None and cached[0] is card else self._caller(card)
         if method not in _USES:
             return await agent.handle(envelope, caller)
         perf = time.perf_counter()
@@ -174,9 +177,7 @@ class ToolAudit:
         return reply
 
     def _caller(self, card: AgentCard) -> Caller:
-        cached = self._callers.get(id(card))
-        if cached is not None and cached[0] is card:
-            return cached[1]
+        """The caller ``card`` stands for, built and cached (:meth:`serve` reads the cache)."""
         if len(self._callers) >= MAX_FORWARDED:
             self._callers.clear()
         caller = Caller.from_card(card, self._authority_key())
@@ -210,8 +211,13 @@ class ToolAudit:
     ) -> None:
         duration_ms = (time.perf_counter() - started_perf) * 1000
         params = envelope.payload
-        name = used_name(owner, method, params)
-        arguments = params.get("arguments") if type(params) is dict else None
+        is_map = type(params) is dict
+        arguments = params.get("arguments") if is_map else None
+        name = params.get("name") if is_map and method == TOOLS_CALL else None
+        if type(name) is str and len(name) <= 64:  # most uses: no formatting
+            name = owner + "." + name
+        else:
+            name = used_name(owner, method, params)
         if answer_type is MessageType.ERROR:
             code, detail = _failure(payload)
             result = None
@@ -219,8 +225,12 @@ class ToolAudit:
             code, detail = None, ""
             if method == TOOLS_CALL and type(payload) is dict and "structuredContent" in payload:
                 payload = payload["structuredContent"]  # a tool's value, not the whole answer
-            result = _recorded(payload)
-        kept = _recorded(arguments)
+            kind = type(payload)
+            result = payload if kind is int or kind is bool or kind is float else _recorded(payload)
+        # Small flat arguments (most) are kept as they are without a call.
+        kept = arguments if type(arguments) is dict and _small_flat_map(arguments) else None
+        if kept is None:
+            kept = _recorded(arguments)
         # The digest is computed when the event is read (most never are), from the
         # arguments the record keeps; arguments too large to keep were digested already.
         digest = (
@@ -228,11 +238,36 @@ class ToolAudit:
             if kept is arguments
             else kept.get("sha256") or arguments_digest(arguments)
         )
+        if code is None:  # most uses: the outcome's defaults, fewer keywords to pass
+            self._events.tool_invocation(
+                name, envelope.sender, duration_ms, True, owner=owner, arguments_digest=digest
+            )
+            error = None
+        else:
+            self._failed(name, envelope, duration_ms, code, detail, owner, digest, card)
+            error = str(code)
+        # One clock read: the start is the end less the duration.
+        started_ms = self._events.now_ms() - int(duration_ms)
+        self._history.append((name, envelope.sender, kept, result, error, duration_ms, started_ms))
+
+    def _failed(
+        self,
+        name: str,
+        envelope: Envelope,
+        duration_ms: float,
+        code: ErrorCode,
+        detail: str,
+        owner: str,
+        digest: str | Callable[[], str],
+        card: AgentCard | None,
+    ) -> None:
+        """The events of a use that failed: the tool invocation, and a security event
+        when an access rule refused it."""
         self._events.tool_invocation(
             name,
             envelope.sender,
             duration_ms,
-            code is None,
+            False,
             code=code,
             detail=detail,
             owner=owner,
@@ -241,10 +276,6 @@ class ToolAudit:
         if code is ErrorCode.PERMISSION_DENIED:
             peer = str(card.peer_id) if card is not None else None
             self._events.security(code, detail, peer, envelope)
-        # One clock read: the start is the end less the duration.
-        started_ms = self._events.now_ms() - int(duration_ms)
-        error = None if code is None else str(code)
-        self._history.append((name, envelope.sender, kept, result, error, duration_ms, started_ms))
 
 
 def _failure(payload: Any) -> tuple[ErrorCode, str]:
