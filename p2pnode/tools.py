@@ -32,7 +32,7 @@ import types
 import typing
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from p2pnode.card import MAX_TEXT, MAX_URI_CHARS, NAME_PATTERN, URI_PATTERN
@@ -42,6 +42,7 @@ from p2pnode.toolaccess import ANYONE, Access, Caller  # re-exported
 from p2pnode.toolschema import Conversion, derived_arguments, derived_result, explicit
 from p2pnode.toolwire import (  # the method names, re-exported
     MCP_METHODS,
+    PLAIN_RESULT,
     PROMPTS_GET,
     PROMPTS_LIST,
     RESOURCES_LIST,
@@ -96,6 +97,11 @@ class ToolSpec:
     caller_parameter: str | None = None
     #: The function takes the arguments object itself (a tool with an explicit schema).
     takes_object: bool = False
+    #: Anyone may use it (``access`` has no rule): decided once, asked on every call.
+    open: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "open", self.access.is_open())
 
     def descriptor(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "description": self.description}
@@ -105,6 +111,16 @@ class ToolSpec:
         return out
 
     async def call(self, arguments: Any, caller: Caller | None) -> Any:
+        """The checked result of the tool on ``arguments`` (a map or None) for ``caller``.
+        Raises RemoteError (INVALID_INPUT, INVALID_OUTPUT) or what the function raises."""
+        value = self.start(arguments, caller)
+        if type(value) not in _PLAIN and inspect.isawaitable(value):
+            value = await value
+        return self.finish(value)
+
+    def start(self, arguments: Any, caller: Caller | None) -> Any:
+        """The function called on the checked ``arguments``: its value, or its awaitable
+        for an async one (:meth:`call` in two steps, so a sync tool costs no coroutine)."""
         # MCP's tools/call may leave out "arguments": none is the empty object, whichever
         # way the tool's schema came (derived ones read it so already).
         converted, problem = self.arguments.convert({} if arguments is None else arguments)
@@ -112,17 +128,22 @@ class ToolSpec:
             raise RemoteError(ErrorCode.INVALID_INPUT, problem, tool=self.name)
         function = self.function
         if not self.caller_parameter:  # most tools: no keyword map to build
-            value = function(converted) if self.takes_object else function(**converted)
-        elif self.takes_object:
-            value = function(converted, **{self.caller_parameter: caller})
-        else:
-            value = function(**converted, **{self.caller_parameter: caller})
-        # The exact type test first: a plain result is the common case, and the general
-        # awaitable check (an ABC isinstance) costs microseconds on every call.
-        if type(value) not in _PLAIN and inspect.isawaitable(value):
-            value = await value
-        if self.result is not None:
-            value, problem = self.result.convert(value)
+            return function(converted) if self.takes_object else function(**converted)
+        if self.takes_object:
+            return function(converted, **{self.caller_parameter: caller})
+        return function(**converted, **{self.caller_parameter: caller})
+
+    def finish(self, value: Any) -> Any:
+        """The function's ``value`` checked against the output schema, as JSON data.
+        Raises RemoteError(INVALID_OUTPUT)."""
+        result = self.result
+        if result is not None:
+            kind = type(value)
+            # A value exactly of the plain type declared is the declared result as is,
+            # and JSON data once an int is in msgpack's range: nothing more to check.
+            if kind is result.plain and (kind is not int or _MIN_INT <= value <= _MAX_INT):
+                return value
+            value, problem = result.convert(value)
             if problem is not None:
                 raise RemoteError(ErrorCode.INVALID_OUTPUT, problem, tool=self.name)
         if not is_json_value(value):
@@ -135,6 +156,9 @@ class ToolSpec:
                 tool=self.name,
             )
         return value
+
+
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1  # what msgpack packs, and so JSON data here
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,9 +443,18 @@ class Catalog:
         """The answer to one MCP request from ``caller``. Raises P2PError (its details
         name this agent: ``agentId``)."""
         try:
-            if method == TOOLS_CALL:  # most requests: one coroutine less
+            if method == TOOLS_CALL:  # most requests: no coroutine but this one
                 tool, arguments = self._tool(params, caller)
-                return {"structuredContent": await tool.call(arguments, caller)}
+                value = tool.start(arguments, caller)
+                if type(value) not in _PLAIN and inspect.isawaitable(value):
+                    value = await value
+                value = tool.finish(value)
+                # A result that is not a map goes as it is to a caller that asked so
+                # (docs/protocol/tools.md §3.2): a map is always wrapped, so the two
+                # forms cannot be taken for each other (and wrapping is never wrong).
+                if type(value) is not dict and params.get(PLAIN_RESULT) is True:
+                    return value
+                return {"structuredContent": value}
             return await self._serve(method, params, caller)
         except P2PError as exc:
             exc.details.setdefault("agentId", self.owner)
@@ -440,7 +473,7 @@ class Catalog:
         tool = self.tools.get(name)
         if tool is None:
             raise RemoteError(ErrorCode.TOOL_NOT_FOUND, f"no tool {self.owner}.{name}", tool=name)
-        if not tool.access.is_open():
+        if not tool.open:
             self._check_access(tool.access, caller, f"tool {self.owner}.{name}")
         return tool, arguments
 
@@ -525,6 +558,7 @@ ToolFunction = Callable[..., Any | Awaitable[Any]]
 __all__ = [
     "ANYONE",
     "MCP_METHODS",
+    "PLAIN_RESULT",
     "PROMPTS_GET",
     "PROMPTS_LIST",
     "RESOURCES_LIST",

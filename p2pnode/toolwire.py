@@ -60,6 +60,11 @@ def call_params(params: Any, key: str) -> tuple[str, Any]:
     return name, arguments
 
 
+#: The key of ``tools/call`` params by which a caller takes a result that is not a map
+#: as the response payload itself (docs/protocol/tools.md §3.2).
+PLAIN_RESULT = "plainResult"
+
+
 def string_map(arguments: Any) -> dict[str, str]:
     if arguments is None:
         return {}
@@ -89,6 +94,7 @@ def split_qualified(name: str) -> tuple[str, str]:
 
 __all__ = [
     "MCP_METHODS",
+    "PLAIN_RESULT",
     "PROMPTS_GET",
     "PROMPTS_LIST",
     "RESOURCES_LIST",

@@ -32,6 +32,7 @@ from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.jsonutil import is_flat_json_map, is_json_value
 from p2pnode.node.service import ServiceHost
 from p2pnode.tools import (
+    PLAIN_RESULT,
     PROMPTS_GET,
     PROMPTS_LIST,
     RESOURCES_LIST,
@@ -150,13 +151,17 @@ class ToolClient:
         that are not JSON data, RemoteError with the owner's code otherwise.
         """
         owner, tool = split_qualified(name)
-        params = {"name": tool, "arguments": _json_object(arguments)}
+        # A plain result is asked for: an owner that knows the key answers a result that
+        # is not a map as it is, one that does not wraps it as every result.
+        params = {"name": tool, "arguments": _json_object(arguments), PLAIN_RESULT: True}
         answer = (
             await self._ask(caller or self._default_caller(), owner, TOOLS_CALL, params)
         ).payload
-        if isinstance(answer, dict) and "structuredContent" in answer:
+        if type(answer) is not dict:
+            return answer  # a plain result (or a bare answer of an agent serving itself)
+        if "structuredContent" in answer:
             return answer["structuredContent"]
-        return answer.get("content") if isinstance(answer, dict) else answer
+        return answer.get("content")
 
     async def read_resource(
         self, uri: str, *, caller: str | None = None, agent: str | None = None
