@@ -444,7 +444,10 @@ class Catalog:
         name this agent: ``agentId``)."""
         try:
             if method == TOOLS_CALL:  # most requests: no coroutine but this one
-                tool, arguments = self._tool(params, caller)
+                name, arguments = call_params(params, "name")
+                tool = self.tools.get(name)
+                if tool is None or not tool.open:
+                    tool = self._tool(name, tool, caller)
                 value = tool.start(arguments, caller)
                 if type(value) not in _PLAIN and inspect.isawaitable(value):
                     value = await value
@@ -467,15 +470,13 @@ class Catalog:
                 }
             raise
 
-    def _tool(self, params: Any, caller: Caller | None) -> tuple[ToolSpec, Any]:
-        """The tool a ``tools/call`` names, if ``caller`` may use it, and its arguments."""
-        name, arguments = call_params(params, "name")
-        tool = self.tools.get(name)
+    def _tool(self, name: str, tool: ToolSpec | None, caller: Caller | None) -> ToolSpec:
+        """``tool`` (the one named ``name``) if ``caller`` may use it: an open tool is
+        not asked here."""
         if tool is None:
             raise RemoteError(ErrorCode.TOOL_NOT_FOUND, f"no tool {self.owner}.{name}", tool=name)
-        if not tool.open:
-            self._check_access(tool.access, caller, f"tool {self.owner}.{name}")
-        return tool, arguments
+        self._check_access(tool.access, caller, f"tool {self.owner}.{name}")
+        return tool
 
     async def _serve(self, method: str, params: Any, caller: Caller | None) -> Any:
         if method == RESOURCES_READ:

@@ -153,7 +153,14 @@ class ToolClient:
         owner, tool = split_qualified(name)
         # A plain result is asked for: an owner that knows the key answers a result that
         # is not a map as it is, one that does not wraps it as every result.
-        params = {"name": tool, "arguments": _json_object(arguments), PLAIN_RESULT: True}
+        limits = DEFAULT_LIMITS
+        if type(arguments) is dict and is_flat_json_map(
+            arguments, limits.max_str_len // 4, limits.max_array_len
+        ):
+            value = arguments  # what _json_object checks first, without its call
+        else:
+            value = _json_object(arguments)
+        params = {"name": tool, "arguments": value, PLAIN_RESULT: True}
         answer = (
             await self._ask(caller or self._default_caller(), owner, TOOLS_CALL, params)
         ).payload
