@@ -62,7 +62,7 @@ class _Result:
 class Calls:
     """Waiters of one node's outgoing calls, over its :class:`RpcCore` and endpoint."""
 
-    __slots__ = ("_results", "core", "endpoint", "stats", "wake")
+    __slots__ = ("_results", "core", "endpoint", "idle_wake", "stats", "wake")
 
     def __init__(self, core: RpcCore, stats: DhtStatistics) -> None:
         self.core = core
@@ -71,6 +71,8 @@ class Calls:
         self.endpoint: DatagramEndpoint | None = None
         #: The receive loop's timer scope while it sleeps (None while it works).
         self.wake: trio.CancelScope | None = None
+        #: When the receive loop must wake with no call pending (its other timers).
+        self.idle_wake: Callable[[], float] | None = None
         self._results: dict[bytes, OnResult] = {}
 
     def call_nowait(
@@ -131,8 +133,20 @@ class Calls:
         self.stats.rpcs_answered += 1
         on_result = self._results.pop(event.msg_id, None)
         self._compact()
+        if not self.core.pending:
+            self._sleep_on()
         if on_result is not None:
             on_result(event.value)
+
+    def _sleep_on(self) -> None:
+        # The last pending call was answered: the receive loop's timer still stands at
+        # the first call's hard deadline. Move it to the loop's other timers instead of
+        # waking it for nothing (one deadline moved per burst of calls, not a wake-up).
+        wake, idle = self.wake, self.idle_wake
+        if wake is not None and idle is not None:
+            later = idle()
+            if later > wake.deadline:
+                wake.deadline = later
 
     def on_timeout(self, event: CallTimedOut) -> None:
         self.stats.rpcs_timed_out += 1

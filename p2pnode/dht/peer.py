@@ -195,6 +195,7 @@ class DhtPeer:
             self._rng, first_delay=config.rejoin_delay, max_delay=config.rejoin_max_delay
         )
         self.calls = Calls(self.rpc, self.stats)
+        self.calls.idle_wake = self._timers_wake
         self.gate = Gate(self, config)  # admission to the routing table (§5.1)
         self.handlers = RequestHandlers(self, self.gate.heard)
         self._endpoint: DatagramEndpoint | None = None
@@ -314,12 +315,16 @@ class DhtPeer:
 
     def _next_wake(self) -> float:
         deadline = self.rpc.next_deadline()
-        wake = min(
+        wake = self._timers_wake()
+        return wake if deadline is None or deadline > wake else deadline
+
+    def _timers_wake(self) -> float:
+        """When the receive loop must wake for anything but a pending call."""
+        return min(
             self.schedule.next_deadline(),
             self._summary.next_deadline(),
             self.rejoin.next_deadline(),
         )
-        return wake if deadline is None or deadline > wake else deadline
 
     def _summarise(self, now: float) -> None:
         line = self._summary.due(now, self.stats)

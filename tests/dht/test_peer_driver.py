@@ -58,6 +58,24 @@ async def test_a_call_nobody_answers_times_out_at_its_deadline(
             assert await peer.ping(other.address) == OTHER_ID
 
 
+async def test_the_loop_does_not_wake_for_the_deadline_of_an_answered_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sim = SimNetwork(random.Random(8))
+    peer = _peer(sim, config=DhtConfig(rpc_hard_timeout=3.0, maintenance_interval=600.0))
+    host = sim.add_host()
+    other = DhtPeer(host, node_id=OTHER_ID, address=(host.host, 4000), rng=random.Random(2))
+    async with peer, other:
+        await trio.testing.wait_all_tasks_blocked()
+        assert await peer.ping(other.address) == OTHER_ID
+        # No call is pending: the receive loop sleeps to its own timers (maintenance),
+        # not to the answered ping's hard deadline 3 s on.
+        assert peer.rpc.pending == 0
+        assert peer.calls.wake is not None
+        assert peer.calls.wake.deadline == peer.schedule.next_deadline()
+        assert peer.schedule.next_deadline() - trio.current_time() > 200
+
+
 async def test_handle_datagram_answers_one_request(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
