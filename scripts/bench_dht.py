@@ -107,13 +107,15 @@ async def run_ours(
     join_parallel: int = JOIN_PARALLEL,
     shared_rng: bool = False,
     freeze: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """The scenario of the module docstring on our nodes; ``shared_rng``: all nodes draw
     from one generator (a generator's state is 2.5 KB, too much per simulated node);
     ``freeze``: every thousand joins and after the join, the objects built so far leave
     the garbage collector's care (``gc.freeze``), so that its full passes do not walk
     every node's table again: at 10,000 simulated nodes they took 23 s of 256 (the
-    simulator; the UDP comparison leaves both sides' collectors as they are)."""
+    simulator; the UDP comparison leaves both sides' collectors as they are);
+    ``progress``: a line on stderr per tenth of the join and per phase."""
     rng = random.Random(seed)
     one_rng = random.Random(rng.random()) if shared_rng else None
     config = DhtConfig(rto_floor=0.05, rto_ceiling=1.0, rpc_hard_timeout=2.0)
@@ -138,14 +140,16 @@ async def run_ours(
     # no task per node to hold an ``async with`` open.
     async with trio.open_nursery() as nursery:
         t0 = trio.current_time()
-        nodes = await _join_all(nursery, make, n, rng, join_parallel, freeze)
+        nodes = await _join_all(nursery, make, n, rng, join_parallel, freeze, progress)
         results["join_s"] = trio.current_time() - t0
         gc.collect()
         results["mem_per_node"] = (rss_bytes() - rss0) / n
         if freeze:
             gc.freeze()
         publishers = [x for x in nodes if x.identity is not None]
+        _progress(progress, "joined")
         cards = await _publish_all(publishers, wall_ms)
+        _progress(progress, "published")
         results["before"] = await _measure(nodes, nodes, publishers, cards, lookups, rng)
         victims = set(rng.sample(range(1, len(nodes)), len(nodes) // 5))
         for v in victims:
@@ -166,10 +170,11 @@ async def _join_all(
     rng: random.Random,
     join_parallel: int,
     freeze: bool,
+    progress: bool = False,
 ) -> list[DhtNode]:
     """Node 0, then nodes 1..n-1 each bootstrapping off a random joined node,
-    ``join_parallel`` at a time; every node runs in ``nursery``. ``freeze``: see
-    run_ours."""
+    ``join_parallel`` at a time; every node runs in ``nursery``. ``freeze`` and
+    ``progress``: see run_ours."""
     nodes: list[DhtNode] = [await nursery.start(make(0).serve)]
     limiter = trio.CapacityLimiter(join_parallel)
 
@@ -181,11 +186,23 @@ async def _join_all(
             nodes.append(node)
             if freeze and len(nodes) % FREEZE_EVERY == 0:
                 gc.freeze()
+            if len(nodes) % max(1, n // 10) == 0:
+                _progress(progress, f"{len(nodes)} joined")
 
     async with trio.open_nursery() as joins:
         for i in range(1, n):
             joins.start_soon(join, i)
     return nodes
+
+
+_STARTED = time.perf_counter()
+
+
+def _progress(on: bool, what: str) -> None:
+    """A progress line on stderr (wall seconds since the script started, CPU seconds)."""
+    if on:
+        wall, cpu = time.perf_counter() - _STARTED, time.process_time()
+        print(f"[{wall:7.1f} s wall, {cpu:7.1f} s CPU] {what}", file=sys.stderr, flush=True)
 
 
 async def _publish_all(publishers: list[DhtNode], wall_ms: Any) -> dict[int, AgentCard]:
@@ -441,6 +458,7 @@ async def simulate(n: int, lookups: int) -> None:
             join_parallel=sim_join_parallel(n),
             shared_rng=True,
             freeze=True,
+            progress=True,
         )
         nursery.cancel_scope.cancel()
     wall = time.perf_counter() - t0
