@@ -118,21 +118,7 @@ async def run_ours(
     ``progress``: a line on stderr per tenth of the join and per phase."""
     rng = random.Random(seed)
     one_rng = random.Random(rng.random()) if shared_rng else None
-    config = DhtConfig(rto_floor=0.05, rto_ceiling=1.0, rpc_hard_timeout=2.0)
-
-    def make(i: int) -> DhtNode:
-        net: Network = net_factory(i)
-        ident = Identity(rng.randbytes(32)) if i % 10 == 0 else None
-        return DhtNode(
-            net,
-            identity=ident,
-            node_id=None if ident else rng.randbytes(20),
-            address=net_address(net, i),
-            config=config,
-            rng=one_rng or random.Random(rng.random()),
-            wall_clock_ms=wall_ms,
-        )
-
+    make = _maker(net_factory, wall_ms, rng, one_rng)
     gc.collect()
     rss0 = rss_bytes()
     results: dict[str, Any] = {}
@@ -161,6 +147,29 @@ async def run_ours(
         for x in nodes:
             x.close()
     return results
+
+
+def _maker(
+    net_factory: Any, wall_ms: Any, rng: random.Random, one_rng: random.Random | None
+) -> Any:
+    """Node ``i``'s factory: every tenth with an identity (a publisher), ids from ``rng``;
+    with ``one_rng`` all nodes draw from it, else each from a generator of its own."""
+    config = DhtConfig(rto_floor=0.05, rto_ceiling=1.0, rpc_hard_timeout=2.0)
+
+    def make(i: int) -> DhtNode:
+        net: Network = net_factory(i)
+        ident = Identity(rng.randbytes(32)) if i % 10 == 0 else None
+        return DhtNode(
+            net,
+            identity=ident,
+            node_id=None if ident else rng.randbytes(20),
+            address=net_address(net, i),
+            config=config,
+            rng=one_rng or random.Random(rng.random()),
+            wall_clock_ms=wall_ms,
+        )
+
+    return make
 
 
 async def _join_all(
@@ -272,17 +281,7 @@ async def stock_worker(n: int, lookups: int, seed: int) -> dict[str, Any]:
     servers: list[Any] = []
 
     async def start() -> Any:
-        s = Server()
-        await s.listen(0, interface="127.0.0.1")
-        orig = s.transport.sendto
-
-        def counting(data: bytes, addr: Any = None) -> None:
-            if data[:1] == b"\x00":
-                sent[0] += 1
-            orig(data, addr)
-
-        s.transport.sendto = counting
-        return s
+        return await _stock_server(Server, sent)
 
     t0 = time.perf_counter()
     servers.append(await start())
@@ -306,24 +305,7 @@ async def stock_worker(n: int, lookups: int, seed: int) -> dict[str, Any]:
     await asyncio.gather(*(p.set(keys[id(p)], values[id(p)]) for p in publishers))
 
     async def measure(alive: list[Any], targets: list[Any]) -> dict[str, float]:
-        lat: list[float] = []
-        ok = 0
-        before = sent[0]
-        lim = asyncio.Semaphore(IN_FLIGHT)
-
-        async def one() -> None:
-            nonlocal ok
-            asker = rng.choice(alive)
-            target = rng.choice(targets)
-            async with lim:
-                t = time.perf_counter()
-                got = await asker.get(keys[id(target)])
-                lat.append(time.perf_counter() - t)
-            if got == values[id(target)]:
-                ok += 1
-
-        await asyncio.gather(*(one() for _ in range(lookups)))
-        return summary(lat, ok, lookups, sent[0] - before)
+        return await _stock_measure(alive, targets, keys, values, lookups, rng, sent)
 
     out: dict[str, Any] = {"join_s": join_s, "mem_per_node": mem}
     out["before"] = await measure(servers, publishers)
@@ -335,6 +317,52 @@ async def stock_worker(n: int, lookups: int, seed: int) -> dict[str, Any]:
     for s in alive:
         s.stop()
     return out
+
+
+async def _stock_server(server_class: Any, sent: list[int]) -> Any:
+    """A stock server listening on 127.0.0.1 whose requests sent are counted in ``sent``."""
+    s = server_class()
+    await s.listen(0, interface="127.0.0.1")
+    orig = s.transport.sendto
+
+    def counting(data: bytes, addr: Any = None) -> None:
+        if data[:1] == b"\x00":
+            sent[0] += 1
+        orig(data, addr)
+
+    s.transport.sendto = counting
+    return s
+
+
+async def _stock_measure(
+    alive: list[Any],
+    targets: list[Any],
+    keys: dict[int, str],
+    values: dict[int, bytes],
+    lookups: int,
+    rng: random.Random,
+    sent: list[int],
+) -> dict[str, float]:
+    """``lookups`` gets from random ``alive`` servers of random ``targets``' values,
+    IN_FLIGHT at a time: latency, success and requests sent."""
+    lat: list[float] = []
+    ok = 0
+    before = sent[0]
+    lim = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one() -> None:
+        nonlocal ok
+        asker = rng.choice(alive)
+        target = rng.choice(targets)
+        async with lim:
+            t = time.perf_counter()
+            got = await asker.get(keys[id(target)])
+            lat.append(time.perf_counter() - t)
+        if got == values[id(target)]:
+            ok += 1
+
+    await asyncio.gather(*(one() for _ in range(lookups)))
+    return summary(lat, ok, lookups, sent[0] - before)
 
 
 # ---------------------------------------------------------------------------- report

@@ -129,6 +129,17 @@ class Delivering(Protocol):
     def receive_with(self, handler: Callable[[bytes, Address], None] | None) -> None: ...
 
 
+def _table(node_id: bytes, config: DhtConfig) -> RoutingTable:
+    """An empty routing table around ``node_id`` with ``config``'s bounds."""
+    return RoutingTable(
+        node_id,
+        k=config.k,
+        replacement_size=config.replacement_size,
+        max_per_host=config.max_ids_per_host,
+        limit_loopback=config.limit_loopback,
+    )
+
+
 class DhtPeer:
     """A Kademlia node without the Agent Card API (see :class:`p2pnode.dht.node.DhtNode`).
 
@@ -162,13 +173,7 @@ class DhtPeer:
         self._network = network
         self._bind_address = address
         self._rng: random.Random = rng if rng is not None else _OS_RANDOM
-        self.table = RoutingTable(
-            node_id,
-            k=config.k,
-            replacement_size=config.replacement_size,
-            max_per_host=config.max_ids_per_host,
-            limit_loopback=config.limit_loopback,
-        )
+        self.table = _table(node_id, config)
         self._summary = LogSummary(config.log_summary_interval)
         self.records = store if store is not None else RecordStore()
         self.rtt = RttEstimator(
