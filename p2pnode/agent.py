@@ -381,13 +381,13 @@ class Agent:
             except Exception:
                 logger.exception("%s: %s handler failed", self.id, envelope.type.value)
             return None
-        message = Message(envelope)
         meta = envelope.metadata
         asked = meta.capability if meta is not None else None
         if asked in MCP_METHODS and (self._fallback is None or self.catalog):
             # An agent with no catalog but one handler of everything (a bridge, or an
             # agent being withdrawn) answers MCP methods itself.
-            return await self._serve_catalog(asked, message, caller)
+            return await self._serve_catalog(asked, envelope.payload, caller)
+        message = Message(envelope)
         route = self._requests.get(asked) or self._fallback_route()
         if route is None:
             what = f"does not offer {asked!r}" if asked else "takes requests for a capability"
@@ -413,11 +413,9 @@ class Agent:
             error = RemoteError(ErrorCode.HANDLER_FAILED, failed)
             return Reply(MessageType.ERROR, error.to_dict())
 
-    async def _serve_catalog(self, method: str, message: Message, caller: Caller | None) -> Reply:
+    async def _serve_catalog(self, method: str, params: Any, caller: Caller | None) -> Reply:
         try:
-            return Reply(
-                MessageType.RESPONSE, await self.catalog.serve(method, message.payload, caller)
-            )
+            return Reply(MessageType.RESPONSE, await self.catalog.serve(method, params, caller))
         except P2PError as exc:
             return Reply(MessageType.ERROR, exc.to_dict())
         except Exception:

@@ -145,6 +145,16 @@ def test_percentile_is_nearest_rank(samples: list[float], q: int) -> None:
     assert sum(1 for x in samples if x < p) < need
 
 
+def test_tool_invocation_returns_the_timestamp_it_stamped() -> None:
+    # The tool audit's history takes its start from this instead of a clock read of its own.
+    for listening in (False, True):
+        obs = Observability(Clock(), logger=quiet_logger())
+        if listening:
+            obs.add_listener(lambda event: None)
+        stamped = obs.tool_invocation("search", "venus", 3, True)
+        assert [e.at_ms for e in obs.recent()] == [stamped]
+
+
 def test_reset_metrics_keeps_recent_events() -> None:
     obs = Observability(Clock(), logger=quiet_logger())
     obs.message_sent(envelope())

@@ -537,12 +537,14 @@ class Observability:
         detail: str = "",
         owner: str | None = None,
         arguments_digest: str | Callable[[], str] | None = None,
-    ) -> None:
+    ) -> int:
         """An MCP tool call by ``agent`` of ``owner``'s ``tool`` finished: the audit record
         of one invocation, allowed or refused (R12.2, Property 33). ``arguments_digest``
-        may be a function that computes it: called only once the event is read."""
+        may be a function that computes it: called only once the event is read. Returns
+        the event's timestamp (ms), so the caller's own record needs no clock read."""
+        now = self._clock_ms()
         fields = (
-            EventKind.TOOL_INVOCATION, self._clock_ms(), None, agent, owner, None, None, None,
+            EventKind.TOOL_INVOCATION, now, None, agent, owner, None, None, None,
             None, code, None, None, None, tool, duration_ms, success, arguments_digest, detail,
         )  # fmt: skip
         if self._is_quiet(logging.DEBUG if success else logging.INFO):
@@ -550,6 +552,7 @@ class Observability:
             self._counters.tool(tool, duration_ms, success)
         else:
             self.emit(_built(fields))
+        return now
 
 
 def _built(fields: tuple[Any, ...]) -> Event:

@@ -239,15 +239,15 @@ class ToolAudit:
             else kept.get("sha256") or arguments_digest(arguments)
         )
         if code is None:  # most uses: the outcome's defaults, fewer keywords to pass
-            self._events.tool_invocation(
+            stamped = self._events.tool_invocation(
                 name, envelope.sender, duration_ms, True, owner=owner, arguments_digest=digest
             )
             error = None
         else:
-            self._failed(name, envelope, duration_ms, code, detail, owner, digest, card)
+            stamped = self._failed(name, envelope, duration_ms, code, detail, owner, digest, card)
             error = str(code)
-        # One clock read: the start is the end less the duration.
-        started_ms = self._events.now_ms() - int(duration_ms)
+        # The event's clock read: the start is its end less the duration.
+        started_ms = stamped - int(duration_ms)
         self._history.append((name, envelope.sender, kept, result, error, duration_ms, started_ms))
 
     def _failed(
@@ -260,10 +260,10 @@ class ToolAudit:
         owner: str,
         digest: str | Callable[[], str],
         card: AgentCard | None,
-    ) -> None:
+    ) -> int:
         """The events of a use that failed: the tool invocation, and a security event
-        when an access rule refused it."""
-        self._events.tool_invocation(
+        when an access rule refused it. Returns the invocation event's timestamp (ms)."""
+        stamped = self._events.tool_invocation(
             name,
             envelope.sender,
             duration_ms,
@@ -276,6 +276,7 @@ class ToolAudit:
         if code is ErrorCode.PERMISSION_DENIED:
             peer = str(card.peer_id) if card is not None else None
             self._events.security(code, detail, peer, envelope)
+        return stamped
 
 
 def _failure(payload: Any) -> tuple[ErrorCode, str]:
