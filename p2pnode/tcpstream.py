@@ -80,11 +80,7 @@ class TcpStream(trio.abc.HalfCloseableStream):
         return address
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if self._sending:
-            raise trio.BusyResourceError("another task is sending on this stream")
-        if self._closed or self._shut:  # after send_eof too
-            await self._closed_error()
-        self._sending = True
+        await self._begin_send(after_eof=False)
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
             sock = self._sock
@@ -109,22 +105,14 @@ class TcpStream(trio.abc.HalfCloseableStream):
             self._sending = False
 
     async def wait_send_all_might_not_block(self) -> None:
-        if self._sending:
-            raise trio.BusyResourceError("another task is sending on this stream")
-        if self._closed:
-            await self._closed_error()
-        self._sending = True
+        await self._begin_send(after_eof=True)
         try:
             await trio.lowlevel.wait_writable(self._sock)
         finally:
             self._sending = False
 
     async def send_eof(self) -> None:
-        if self._sending:
-            raise trio.BusyResourceError("another task is sending on this stream")
-        if self._closed:
-            await self._closed_error()
-        self._sending = True
+        await self._begin_send(after_eof=True)
         try:
             await trio.lowlevel.checkpoint()
             if self._shut:
@@ -173,6 +161,15 @@ class TcpStream(trio.abc.HalfCloseableStream):
             trio.lowlevel.notify_closing(self._sock)
             self._sock.close()
         await trio.lowlevel.checkpoint()
+
+    async def _begin_send(self, *, after_eof: bool) -> None:
+        """Take the sending side, or raise: BusyResourceError while another task has it,
+        ClosedResourceError once closed (or, unless ``after_eof``, after send_eof)."""
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        if self._closed or (self._shut and not after_eof):
+            await self._closed_error()
+        self._sending = True
 
     @staticmethod
     async def _closed_error() -> None:
