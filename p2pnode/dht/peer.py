@@ -299,18 +299,13 @@ class DhtPeer:
                 self.calls.wake = scope
                 while True:
                     data, source = await endpoint.recvfrom()
-                    now = trio.current_time()
-                    try:
-                        self._take_datagram(data, source, now)
-                    except Exception as exc:
-                        self.boundary.contain(_text(source), "datagram", exc)
-                    self._summarise(now)
+                    self._take_delivered(data, source)
             self.calls.wake = None
             self._handle_timer(trio.current_time())
 
     def _take_delivered(self, data: bytes, source: Address) -> None:
-        """One datagram the network hands over itself (:class:`Delivering`), as the
-        receive loop takes one; never raises."""
+        """One datagram, from the receive loop or handed over by the network itself
+        (:class:`Delivering`); never raises."""
         now = trio.current_time()
         try:
             self._take_datagram(data, source, now)

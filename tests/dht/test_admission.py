@@ -103,6 +103,18 @@ _op = st.tuples(
 )
 
 
+def _apply(table: RoutingTable, op: str, node_id: bytes, host: str, port: int, now: float) -> None:
+    """One of the _op operations on ``table``."""
+    if op == "observe":
+        table.observe(Contact(node_id, host, port), now)
+    elif op == "fail":
+        table.record_failure(node_id)
+    elif op == "remove":
+        table.remove(node_id)
+    else:
+        table.ping_result(node_id, op == "alive", now)
+
+
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(_op, max_size=200))
 def test_the_indexes_match_the_table_after_any_operations(
@@ -110,15 +122,7 @@ def test_the_indexes_match_the_table_after_any_operations(
 ) -> None:
     table = RoutingTable(OWN, k=3, replacement_size=2, max_per_host=3)
     for i, (op, n, host, port) in enumerate(ops):
-        node_id = bytes([n * 6]) + bytes(19)
-        if op == "observe":
-            table.observe(Contact(node_id, f"10.0.0.{host}", port), float(i))
-        elif op == "fail":
-            table.record_failure(node_id)
-        elif op == "remove":
-            table.remove(node_id)
-        else:
-            table.ping_result(node_id, op == "alive", float(i))
+        _apply(table, op, bytes([n * 6]) + bytes(19), f"10.0.0.{host}", port, float(i))
     entries = [c for b in table._buckets for c in (*b.contacts.values(), *b.replacements.values())]
     assert table._at == {c.address: c.node_id for c in entries}
     assert len(table._at) == len(entries)  # one id per address
@@ -141,15 +145,7 @@ def test_near_is_nearer_than_the_kth_nearest_contact(
     """near() (cached between changes of the contacts) against a full scan."""
     table = RoutingTable(OWN, k=3, replacement_size=2)
     for i, (op, n, host, port) in enumerate(ops):
-        node_id = bytes([n * 6]) + bytes(19)
-        if op == "observe":
-            table.observe(Contact(node_id, f"10.0.{host}.{n}", port), float(i))
-        elif op == "fail":
-            table.record_failure(node_id)
-        elif op == "remove":
-            table.remove(node_id)
-        else:
-            table.ping_result(node_id, op == "alive", float(i))
+        _apply(table, op, bytes([n * 6]) + bytes(19), f"10.0.{host}.{n}", port, float(i))
         candidate = bytes([probe]) + bytes([i % 256]) * 19
         held = sorted(distance(c.node_id, OWN) for c in table.contacts())
         expected = len(held) < table.k or distance(candidate, OWN) < held[table.k - 1]
