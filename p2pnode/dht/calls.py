@@ -76,9 +76,15 @@ class Calls:
         self._results: dict[bytes, OnResult] = {}
 
     def call_nowait(
-        self, address: Address, method: str, args: list[Any], on_result: OnResult
+        self,
+        address: Address,
+        method: str,
+        args: list[Any],
+        on_result: OnResult,
+        now: float | None = None,
     ) -> bytes | None:
-        """Start one call; ``on_result`` gets the raw reply or NO_REPLY. :meth:`flush` sends it.
+        """Start one call at ``now`` (default: the clock's time); ``on_result`` gets the
+        raw reply or NO_REPLY. :meth:`flush` sends it.
 
         Returns the message id, or None when ``max_pending`` calls are pending
         (``on_result`` then got NO_REPLY already, as for a call nobody answers).
@@ -87,7 +93,9 @@ class Calls:
         if self.endpoint is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
         try:
-            call = self.core.call(address, method, args, trio.current_time())
+            if now is None:
+                now = trio.current_time()
+            call = self.core.call(address, method, args, now)
         except LocalError as exc:
             if exc.code is not ErrorCode.BUSY:
                 raise

@@ -105,7 +105,7 @@ class Gate:
             asked = host.calls.core.awaiting(source)
             verdict = admission.on_request(node_id, source, table, now, asked=asked)
             if verdict is Verdict.CHECK:
-                self._check(source)
+                self._check(source, now)
             elif verdict is not Verdict.KNOWN:
                 host.stats.checks_skipped += 1
         if admission.waiting:
@@ -114,9 +114,9 @@ class Gate:
     def check_waiting(self, now: float) -> None:
         """Check senders that wait for a slot, as long as slots are free."""
         while (waiting := self.admission.next_waiting(self._host.table, now)) is not None:
-            self._check(waiting[1])
+            self._check(waiting[1], now)
 
-    def _check(self, source: Address) -> None:
+    def _check(self, source: Address, now: float) -> None:
         host = self._host
         host.stats.checks_sent += 1
 
@@ -138,7 +138,7 @@ class Gate:
             self.check_waiting(now)
 
         # Queued; the flush after the datagram or timer at hand sends it (no task).
-        host.calls.call_nowait(source, "ping", [host.node_id], checked)
+        host.calls.call_nowait(source, "ping", [host.node_id], checked, now)
 
     # ------------------------------------------------------------------ replies
 
@@ -168,7 +168,8 @@ class Gate:
         """:meth:`proven` for a contact at hand (the one a call went to)."""
         host = self._host
         table = host.table
-        if table.seen(contact, trio.current_time()):  # most replies: a contact held there
+        now = trio.current_time()
+        if table.seen(contact, now):  # most replies: a contact held there
             return
         node_id = contact.node_id
         held = table.holder(contact.address)
@@ -181,7 +182,7 @@ class Gate:
                 log.debug("dht.not_admitted peer=%s:%s reason=%s", *contact.address, refusal.value)
                 return
         new = table.get(node_id) is None
-        to_ping = table.observe(contact, trio.current_time())
+        to_ping = table.observe(contact, now)
         if new and node_id in table:
             host.stats.contacts_admitted += 1
         if to_ping is None:
@@ -194,7 +195,7 @@ class Gate:
                 self.proven(answered, to_ping.address, stated=True)
 
         # Queued; the flush after the datagram or call at hand sends it (no task).
-        host.calls.call_nowait(to_ping.address, "ping", [host.node_id], alive)
+        host.calls.call_nowait(to_ping.address, "ping", [host.node_id], alive, now)
 
     # ------------------------------------------------------------------ candidates
 

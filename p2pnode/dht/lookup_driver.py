@@ -156,7 +156,7 @@ class LookupDriver:
             while requests := lookup.next_requests(now):
                 for c in requests:
                     deliver = host.gate.informing(c, partial(self._on_result, c))
-                    host.calls.call_nowait(c.address, self.method, self.args, deliver)
+                    host.calls.call_nowait(c.address, self.method, self.args, deliver, now)
         finally:
             self._pumping = False
         if lookup.done:

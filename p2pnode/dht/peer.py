@@ -344,7 +344,7 @@ class DhtPeer:
         :attr:`boundary`).
         """
         for event in self.rpc.receive_datagram_untrusted(data, source, now):
-            _EVENT_HANDLERS[type(event)](self, event)
+            _EVENT_HANDLERS[type(event)](self, event, now)
         self.calls.flush()
 
     def _handle_timer(self, now: float) -> None:
@@ -375,9 +375,9 @@ class DhtPeer:
 
     # ------------------------------------------------------------------ core events
 
-    def _on_request(self, event: RequestReceived) -> None:
+    def _on_request(self, event: RequestReceived, now: float) -> None:
+        """Answer ``event``, which arrived at ``now``."""
         try:
-            now = trio.current_time()
             reply = self.handlers.answer_untrusted(event.method, event.source, event.args, now)
             self.rpc.reply(event, reply)
         except RemoteError as exc:
@@ -388,7 +388,7 @@ class DhtPeer:
             return
         self.stats.requests_handled += 1
 
-    def _on_drop(self, event: DatagramDropped) -> None:
+    def _on_drop(self, event: DatagramDropped, now: float) -> None:
         kind = "malformed" if event.reason is DropReason.MALFORMED else "replies"
         self.drop(event.source, event.detail, kind)
 
@@ -548,10 +548,11 @@ class DhtPeer:
 
 
 # Shared by all nodes: no per-node dict of bound methods.
-_EVENT_HANDLERS: dict[type[RpcEvent], Callable[[DhtPeer, Any], None]] = {
+#: Each handler gets the event and the time its datagram arrived.
+_EVENT_HANDLERS: dict[type[RpcEvent], Callable[[DhtPeer, Any, float], None]] = {
     RequestReceived: DhtPeer._on_request,
-    ReplyReceived: lambda peer, event: peer.calls.on_reply(event),
-    CallTimedOut: lambda peer, event: peer.calls.on_timeout(event),
+    ReplyReceived: lambda peer, event, now: peer.calls.on_reply(event),
+    CallTimedOut: lambda peer, event, now: peer.calls.on_timeout(event),
     DatagramDropped: DhtPeer._on_drop,
 }
 

@@ -110,7 +110,8 @@ def make_contact(node_id: bytes, host: str, port: int) -> Contact:
     """The contact at ``(host, port)`` with ``node_id``: the shared one when this process
     holds it (nothing is built), else a new one with ``host`` interned (thousands of
     contacts share a handful of hosts)."""
-    held = _held(node_id)
+    ref = _SHARED.get(node_id)  # _held, written out: every contact of every reply
+    held = None if ref is None else ref()
     if held is not None and held.port == port and held.host == host:
         return held
     return Contact(node_id, sys.intern(host), port)
