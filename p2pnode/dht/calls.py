@@ -26,7 +26,8 @@ core for the next flush.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import trio
@@ -130,6 +131,48 @@ class Calls:
             if msg_id is not None and not result.done.is_set():
                 self.abandon(msg_id)
         return result.value
+
+    async def call_each(
+        self,
+        targets: Sequence[tuple[Address, Callable[[OnResult], OnResult] | None]],
+        method: str,
+        args: list[Any],
+    ) -> list[Any]:
+        """The same call to every address of ``targets`` at once, each with its ``wrap``
+        (as :meth:`call`); the raw replies (or NO_REPLY) in the order of ``targets``.
+
+        No task per call: each result lands in its callback, and this task wakes
+        once, when the last one is in. A cancelled caller abandons what is left.
+        """
+        values: list[Any] = [NO_REPLY] * len(targets)
+        left = len(targets)
+        done = trio.Event()
+
+        def landed(i: int, value: Any) -> None:
+            nonlocal left
+            values[i] = value
+            left -= 1
+            if not left:
+                done.set()
+
+        ids = []
+        for i, (address, wrap) in enumerate(targets):
+            on_result = partial(landed, i)
+            ids.append(
+                self.call_nowait(
+                    address, method, args, on_result if wrap is None else wrap(on_result)
+                )
+            )
+        try:
+            self.flush()
+            if left:
+                await done.wait()
+        finally:
+            if left:
+                for msg_id in ids:
+                    if msg_id is not None:
+                        self.abandon(msg_id)
+        return values
 
     def abandon(self, msg_id: bytes) -> None:
         """Nobody waits for ``msg_id`` any more: no callback, a late reply is dropped."""

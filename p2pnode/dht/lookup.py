@@ -162,6 +162,11 @@ class Lookup:
         # that lands far out leaves it as it is, and the driver asks for it (and
         # whether the lookup is done) after every one.
         self._short: list[_Entry] | None = None
+        # Bumped by every change that _converged depends on (a state moved, the
+        # shortlist rebuilt); its verdict is kept until then: the driver asks after
+        # every reply, and for every round of requests.
+        self._version = 0
+        self._verdict: tuple[int, bool] = (-1, False)
         self.add_contacts(seeds)
 
     # ------------------------------------------------------------------ inputs
@@ -181,6 +186,7 @@ class Lookup:
             self._order.insert(i, e)
             if bound is None or d < bound:
                 self._short = None
+                self._version += 1
 
     def handle_response(self, node_id: bytes, contacts: Iterable[Contact], now: float) -> None:
         """``node_id`` answered (possibly late) and named ``contacts``."""
@@ -243,7 +249,15 @@ class Lookup:
         return self._finished or self._converged(self._shortlist())
 
     def _converged(self, short: list[_Entry]) -> bool:
-        """:attr:`done` but for :meth:`finish`, given the shortlist."""
+        """:attr:`done` but for :meth:`finish`, given the shortlist (the verdict is
+        kept until something it depends on changes)."""
+        version, verdict = self._verdict
+        if version != self._version:
+            verdict = self._converged_now(short)
+            self._verdict = (self._version, verdict)
+        return verdict
+
+    def _converged_now(self, short: list[_Entry]) -> bool:
         if all(e.state is PeerState.ANSWERED for e in short):
             # Nobody answered yet but requests are out, all past their timeout: the
             # nodes (or this process) are overloaded, not all dead. Wait for a late
@@ -292,6 +306,7 @@ class Lookup:
         old = e.state
         if new not in _TRANSITIONS[old]:
             return False
+        self._version += 1
         if (old in _SHORTLISTED) != (new in _SHORTLISTED):  # it leaves or (late) re-enters
             self._short = None
         if old is PeerState.IN_FLIGHT:

@@ -10,7 +10,9 @@ Theory of operation (Kademlia §2.3 and §2.5; docs/protocol/dht.md §5 and §7)
 * :func:`maintenance_pass` is one pass: drop expired records, look up a
   random id in the range of every bucket no lookup touched for
   ``refresh_interval`` (§2.3), then let the publisher republish the owner's
-  records when ``republish_interval`` has passed.
+  records when ``republish_interval`` has passed. Most passes find no stale
+  bucket and no republish due: :func:`quiet_pass` tells so after expiring
+  records, and the driver then starts no task for the pass.
 
 The driver (:class:`p2pnode.dht.peer.DhtPeer`) asks :meth:`MaintenanceSchedule.next_deadline`
 when to wake and runs each pass in a short-lived task of its own nursery.
@@ -95,6 +97,24 @@ def mark_fresh(table: RoutingTable, now: float) -> None:
         table.touch_range(lo.to_bytes(20, "big"), now)
 
 
+def quiet_pass(
+    *,
+    table: RoutingTable,
+    records: RecordStore,
+    publisher: Publisher,
+    now: float,
+    now_ms: int,
+    refresh_interval: float,
+) -> bool:
+    """The part of a pass at ``now`` that needs no I/O: drop expired records. True when
+    that is the whole pass (no bucket is stale, no republish is due), so the driver
+    need not start a task for it; else :func:`maintenance_pass` is still to run."""
+    records.expire(now_ms)
+    if len(table) and table.stale_buckets(now, refresh_interval):
+        return False
+    return not publisher.republish_due(now)
+
+
 async def maintenance_pass(
     *,
     table: RoutingTable,
@@ -116,4 +136,10 @@ async def maintenance_pass(
     await publisher.republish_if_due(now)
 
 
-__all__ = ["MaintenanceSchedule", "MaintenanceState", "maintenance_pass", "mark_fresh"]
+__all__ = [
+    "MaintenanceSchedule",
+    "MaintenanceState",
+    "maintenance_pass",
+    "mark_fresh",
+    "quiet_pass",
+]

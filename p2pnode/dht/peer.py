@@ -69,7 +69,12 @@ from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
 from p2pnode.dht.lookup import Lookup, RttEstimator, merge_records
 from p2pnode.dht.lookup_driver import LookupDriver
-from p2pnode.dht.maintenance import MaintenanceSchedule, maintenance_pass, mark_fresh
+from p2pnode.dht.maintenance import (
+    MaintenanceSchedule,
+    maintenance_pass,
+    mark_fresh,
+    quiet_pass,
+)
 from p2pnode.dht.publish import Publisher
 from p2pnode.dht.records import RecordStore, SignedRecord
 from p2pnode.dht.rejoin import Rejoin
@@ -351,8 +356,11 @@ class DhtPeer:
         for event in self.rpc.handle_timer(now):
             self.calls.on_timeout(event)
         if self.schedule.handle_timer(now):
-            assert self._nursery is not None
-            self._nursery.start_soon(self._maintenance_task)
+            if self._quiet_pass(now):
+                self.schedule.finished()
+            else:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._maintenance_task)
         # Contacts leave the table only as calls time out, which is handled here.
         self.rejoin.observe(len(self.table), now)
         if self.rejoin.handle_timer(now):
@@ -429,11 +437,12 @@ class DhtPeer:
         lookup, recs = await self._lookup(key, want_value=True, soft_timeouts=False)
         return lookup.closest_answered(), recs
 
-    async def _store(self, contact: Contact, key: bytes, value: bytes) -> bool:
-        reply = await self._call(
-            contact.address, "store", [self.node_id, key, value], contact=contact
-        )
-        return reply is True
+    async def _store(self, contacts: list[Contact], key: bytes, value: bytes) -> int:
+        """``store(key, value)`` at every contact at once: how many accepted."""
+        informing = self.gate.informing
+        targets = [(c.address, partial(informing, c)) for c in contacts]
+        replies = await self.calls.call_each(targets, "store", [self.node_id, key, value])
+        return sum(1 for reply in replies if reply is True)
 
     # ------------------------------------------------------------------ public API
 
@@ -499,6 +508,17 @@ class DhtPeer:
             find_node=self.find_node,
             rng=self._rng,
             now=trio.current_time(),
+            now_ms=self.wall_clock_ms(),
+            refresh_interval=self.config.refresh_interval,
+        )
+
+    def _quiet_pass(self, now: float) -> bool:
+        """The pass at ``now`` without I/O; True if there is nothing more to it."""
+        return quiet_pass(
+            table=self.table,
+            records=self.records,
+            publisher=self.publisher,
+            now=now,
             now_ms=self.wall_clock_ms(),
             refresh_interval=self.config.refresh_interval,
         )

@@ -19,7 +19,8 @@ Theory of operation (docs/protocol/dht.md §4.4 and §7):
   ``agent:<agent id>`` that lets readers find an agent by id (§4.1).
 
 The publisher does no I/O of its own: it is given the value lookup and the
-store RPC it uses, and it fans stores out in its own nursery per call. Keys
+store RPCs it uses (all of one put at once, each landing in a callback: no
+task per store). Keys
 are put one after another, not all at once: publishing is background work,
 and a burst of lookups and stores slows every other node's round trips.
 """
@@ -27,8 +28,6 @@ and a burst of lookups and stores slows every other node's round trips.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-
-import trio
 
 from p2pnode.card import AgentCard
 from p2pnode.dht.lookup import merge_records
@@ -50,8 +49,8 @@ from p2pnode.identity import Identity
 Maker = Callable[[], SignedRecord]
 #: A value lookup for a key: the nearest nodes that answered, and the records read.
 ValueLookup = Callable[[bytes], Awaitable[tuple[list[Contact], list[SignedRecord]]]]
-#: One ``store`` RPC of ``(key, value)`` at a contact: True if it accepted.
-StoreCall = Callable[[Contact, bytes, bytes], Awaitable[bool]]
+#: ``store`` RPCs of ``(key, value)`` at every contact at once: how many accepted.
+StoreAll = Callable[[list[Contact], bytes, bytes], Awaitable[int]]
 
 #: Addresses carried by a provider record (dht.md §4.2).
 MAX_PROVIDER_ADDRESSES = 8
@@ -88,7 +87,7 @@ class Publisher:
         self,
         records: RecordStore,
         lookup: ValueLookup,
-        store: StoreCall,
+        store: StoreAll,
         *,
         wall_clock_ms: Callable[[], int],
         republish_interval: float,
@@ -124,17 +123,7 @@ class Publisher:
 
     async def store_at(self, contacts: list[Contact], key: bytes, value: bytes) -> int:
         """Store ``value`` at every contact at once; returns how many accepted."""
-        accepted = 0
-
-        async def one(c: Contact) -> None:
-            nonlocal accepted
-            if await self._store(c, key, value):
-                accepted += 1
-
-        async with trio.open_nursery() as nursery:
-            for c in contacts:
-                nursery.start_soon(one, c)
-        return accepted
+        return await self._store(contacts, key, value)
 
     async def publish(self, makers: Iterable[tuple[bytes, Maker]]) -> int:
         """Put a fresh record of each maker under its key, one key at a time; total accepted.
@@ -153,13 +142,17 @@ class Publisher:
             total += await self.put_records(key, [record])
         return total
 
+    def republish_due(self, now: float) -> bool:
+        """True if :meth:`republish_if_due` has records to republish at ``now``."""
+        return bool(self._makers) and now - self._last_republish >= self._interval
+
     async def republish_if_due(self, now: float) -> int:
         """Republish every kept record if ``republish_interval`` passed since the last time.
 
         A kept record whose card has expired is forgotten instead (§7: a record lives
         no longer than its card; an expired card is never announced again).
         """
-        if not self._makers or now - self._last_republish < self._interval:
+        if not self.republish_due(now):
             return 0
         self._last_republish = now
         now_ms = self._wall_ms()
@@ -211,4 +204,4 @@ def _split_address(text: str) -> tuple[str, int] | None:
     return (host, int(port))
 
 
-__all__ = ["Maker", "Publisher", "StoreCall", "ValueLookup", "card_makers", "merged_value"]
+__all__ = ["Maker", "Publisher", "StoreAll", "ValueLookup", "card_makers", "merged_value"]

@@ -103,6 +103,9 @@ class SimNetwork:
         self._driven = False
         self._flight: list[tuple[float, int, _SimDatagramEndpoint, bytes, Address]] = []
         self._idle = trio.lowlevel.ParkingLot()
+        # The time while the driver hands datagrams to handlers on a stopped clock
+        # (what they send is sent then: no clock read per datagram), else None.
+        self._step_time: float | None = None
         self.datagrams_sent = 0
         self.datagrams_dropped = 0
 
@@ -195,7 +198,8 @@ class SimNetwork:
             self.datagrams_dropped += 1
             return
         seq = next(self._seq)
-        due = trio.current_time() + delay
+        now = self._step_time
+        due = (trio.current_time() if now is None else now) + delay
         if self.tick:
             due = math.ceil(due / self.tick) * self.tick
         if self._driven:
@@ -260,6 +264,15 @@ class SimNetwork:
                 # The jump may land an ulp short of ``nearest``: it is due all the same.
                 now = nearest
         landed = trio.current_time()
+        self._step_time = landed if clock.rate == 0 else None
+        try:
+            self._deliver_due(now, landed)
+        finally:
+            self._step_time = None
+
+    def _deliver_due(self, now: float, landed: float) -> None:
+        """Hand over every datagram due by ``now`` (the clock reads ``landed``)."""
+        flight = self._flight
         reachable = self.reachable
         # What handlers send is due a delay later (or now, on a link without one:
         # then it is handed over in this same step, in order).
