@@ -90,9 +90,10 @@ class RequestHandlers:
         if rejected:
             host.stats.records_rejected += rejected
             log.debug("dht.records_rejected peer=%s:%s count=%d", source[0], source[1], rejected)
-        host.records.put(key, recs, now_ms)
-        held = {r.encoded for r in host.records.get(key, now_ms)}
-        return any(r.encoded in held for r in recs)
+        records = host.records
+        records.put(key, recs, now_ms)
+        # Each of recs is unexpired at now_ms; held is what the store has under its bytes.
+        return any(records.known(r.encoded) is not None for r in recs)
 
     def _find_node(self, source: Address, args: list[Any], now: float) -> Any:
         node_id, key = rpcwire.parse_find_args_untrusted(args)

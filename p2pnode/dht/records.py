@@ -243,7 +243,8 @@ class SignedRecord:
         """
         if not isinstance(data, bytes) or len(data) > MAX_RECORD_BYTES:
             raise RecordError(ErrorCode.MESSAGE_TOO_LARGE, "record too large")
-        held = _VERIFIED.get(data)
+        ref = _VERIFIED.get(data)
+        held = None if ref is None else ref()
         if held is not None:
             _check_expiry(held.expires_at, now_ms)
             return held
@@ -277,7 +278,7 @@ class SignedRecord:
                 raise RecordError(ErrorCode.INVALID_RECORD, "card record under a foreign key")
         elif key != capability_key(ProviderInfo.from_bytes_untrusted(payload).capability):
             raise RecordError(ErrorCode.INVALID_RECORD, "provider record key does not match")
-        _VERIFIED[rec.encoded] = rec
+        _VERIFIED[rec.encoded] = weakref.KeyedRef(rec, _forget_verified, rec.encoded)
         return rec
 
     def newer_than(self, other: SignedRecord) -> bool:
@@ -308,8 +309,16 @@ def encode_value(records: list[SignedRecord], limit: int = MAX_VALUE_BYTES) -> b
 
 # Records verified in this process, by their exact bytes: the nodes that store or
 # read one record (twenty of a simulated swarm, say) share one object and one
-# signature check. Weak: a record lives as long as some store or lookup holds it.
-_VERIFIED: weakref.WeakValueDictionary[bytes, SignedRecord] = weakref.WeakValueDictionary()
+# signature check. Weak: a record lives as long as some store or lookup holds it. A
+# plain map of weak references, as WeakValueDictionary keeps one, read without its
+# Python-level get (a store of a full value asks for each of its 64 records).
+_VERIFIED: dict[bytes, weakref.KeyedRef[bytes, SignedRecord]] = {}
+
+
+def _forget_verified(ref: weakref.KeyedRef[bytes, SignedRecord]) -> None:
+    """A verified record died: drop its entry, unless another took its bytes since."""
+    if _VERIFIED.get(ref.key) is ref:
+        del _VERIFIED[ref.key]
 
 
 def _check_expiry(expires_at: int, now_ms: int) -> None:
