@@ -28,6 +28,7 @@ from p2pnode.envelope import (
     Envelope,
     EnvelopeFactory,
     MessageType,
+    Metadata,
     envelope_size,
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
@@ -45,6 +46,7 @@ from p2pnode.node.replystream import STREAM_TYPES, ReplyStream, stream_parts
 from p2pnode.node.router import (
     ANSWERED_TYPES,
     BoundedSet,
+    Ingress,
     Interceptor,
     Refusal,
     Router,
@@ -64,6 +66,12 @@ Handler = Callable[[Envelope], Awaitable[Any]]
 
 #: Agent-id collisions remembered (to warn once each); a bound, not a limit.
 _MAX_COLLISIONS = 4096
+
+#: What the ingress decisions read of an envelope outside a thread: sender, recipient,
+#: type and metadata. The decision: the source card and its ingress (None once the
+#: sender failed authentication).
+_DecisionKey = tuple[str, str, MessageType, Metadata | None]
+_Decision = tuple[AgentCard | Refusal, Ingress | None]
 
 
 class Routing:
@@ -440,12 +448,14 @@ class Routing:
             elif isinstance(frame, EnvelopeBatch):
                 for problem in frame.rejected:
                     self._boundary.contain(peer, "envelope", problem)
+                decisions: dict[_DecisionKey, _Decision] = {}
                 for envelope in frame.envelopes:
                     # Each envelope of a batch is an input of its own: one that fails
                     # does not cost the peer the ones after it.
                     try:
-                        await self._on_envelope(peer_id, peer, envelope)
+                        await self._on_envelope(peer_id, peer, envelope, decisions)
                     except Exception as exc:
+                        decisions.clear()
                         self._boundary.contain(peer, "envelope", exc)
             else:
                 self._on_hello(peer_id, frame)
@@ -516,10 +526,28 @@ class Routing:
         self._links.learn_addresses(peer_id, addresses)
         self.hello_seen(peer_id).set()
 
-    async def _on_envelope(self, peer_id: PeerId, peer: str, envelope: Envelope) -> None:
-        """Ingress of one envelope from the authenticated ``peer_id`` (text: ``peer``)."""
-        source = self.router.authenticate(peer_id, envelope)
+    async def _on_envelope(
+        self,
+        peer_id: PeerId,
+        peer: str,
+        envelope: Envelope,
+        decisions: dict[_DecisionKey, _Decision] | None = None,
+    ) -> None:
+        """Ingress of one envelope from the authenticated ``peer_id`` (text: ``peer``).
+
+        ``decisions``, one map per ENVELOPES frame, keeps the sender's authentication
+        and the ingress decision of envelopes outside a thread, keyed by all they read
+        of an envelope: a burst is mostly one agent's envelopes of one type to one
+        recipient, and is decided once. Both decisions read the registry, the local
+        agents and the policy, which change only while this task waits, so the map is
+        emptied whenever handing an envelope over waited."""
+        key = (envelope.sender, envelope.recipient, envelope.type, envelope.metadata)
+        store = decisions if envelope.correlation_id is None else None
+        decided = store.get(key) if store is not None else None
+        source, ingress = decided or (self.router.authenticate(peer_id, envelope), None)
         if isinstance(source, Refusal):
+            if store is not None:
+                store[key] = (source, None)
             self._events.security(source.code, source.reason, peer, envelope)
             return
         if not self._seen.add(envelope.id):
@@ -530,16 +558,37 @@ class Routing:
             self.threads.add(envelope, peer, size)
             if self._resolve_pending(envelope):
                 return
-        ingress = self.router.ingress(source, envelope)
+        if ingress is None:
+            ingress = self.router.ingress(source, envelope)
+        without_wait = await self._hand_over(peer_id, peer, envelope, source, ingress, size)
+        if decisions is not None:
+            if not without_wait:
+                decisions.clear()
+            elif store is not None:
+                store[key] = (source, ingress)
+
+    async def _hand_over(
+        self,
+        peer_id: PeerId,
+        peer: str,
+        envelope: Envelope,
+        source: AgentCard,
+        ingress: Ingress,
+        size: int,
+    ) -> bool:
+        """Give an authenticated, new ``envelope`` to the recipients ``ingress`` allows,
+        refusing it to the others; True when that took no wait."""
         if ingress.refusal is not None:
             refusal = ingress.refusal
             self._events.security(refusal.code, refusal.reason, peer, envelope)
-            if envelope.type is MessageType.REQUEST:
-                # Answered in the name of the agent asked for, so the requester's
-                # pending request matches it instead of timing out.
-                error = RemoteError(refusal.code, refusal.reason, agent_id=envelope.recipient)
-                await self._refuse(peer_id, envelope, envelope.recipient, error)
-            return
+            if envelope.type is not MessageType.REQUEST:
+                return True
+            # Answered in the name of the agent asked for, so the requester's
+            # pending request matches it instead of timing out.
+            error = RemoteError(refusal.code, refusal.reason, agent_id=envelope.recipient)
+            await self._refuse(peer_id, envelope, envelope.recipient, error)
+            return False
+        without_wait = True
         allowed = []
         for agent_id, verdict in ingress.verdicts:
             if verdict is not None and (not verdict.allowed or verdict.cross_tier):
@@ -548,16 +597,18 @@ class Routing:
                 allowed.append(self._agents[agent_id])
             elif envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
                 await self._refuse(peer_id, envelope, agent_id, verdict.to_remote_error())
+                without_wait = False
         if allowed and envelope.type in ANSWERED_TYPES:
             self.router.note_request(envelope, peer_id)
         interceptor = self.interceptors.of(envelope)
         if interceptor is not None:
             for agent in allowed:
                 await interceptor(source, agent.card.id, envelope)
-            return
+            return not allowed and without_wait
         for agent in allowed:
             try:
                 if not agent.deliver_nowait(envelope, peer, peer_id, size):
+                    without_wait = False
                     await agent.deliver(envelope, peer, peer_id, size)  # waits for room
             except LocalError as exc:
                 if exc.code is not ErrorCode.BUSY:
@@ -567,6 +618,8 @@ class Routing:
                 if envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
                     error = RemoteError(exc.code, exc.message, agent_id=agent.card.id)
                     await self._refuse(peer_id, envelope, agent.card.id, error)
+                    without_wait = False
+        return without_wait
 
     async def _refuse(
         self, peer_id: PeerId, request: Envelope, sender: str, error: P2PError

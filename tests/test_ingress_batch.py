@@ -1,0 +1,114 @@
+"""Ingress of ENVELOPES frames: decided once per run of like envelopes, as if one by one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.envelope import Envelope, MessageType
+from p2pnode.errors import ErrorCode
+from p2pnode.node.frames import FrameKind, encode_envelope
+from p2pnode.node.node import Node
+from p2pnode.node.observability import EventKind
+from p2pnode.wire import pack
+from tests.sim import FAST_NODE, Inbox, connect_all, swarm, wait_until
+
+#: Who an envelope claims to come from: the evil node's own agent, or the victim's.
+SENDERS = ("mallory", "io")
+#: Where it goes: an open agent, a tier-0 agent a tier-3 sender may not address, nobody.
+RECIPIENTS = ("io", "vault", "ghost")
+TYPES = (MessageType.NOTIFICATION, MessageType.STREAM_DATA, MessageType.REQUEST)
+
+envelope_specs = st.lists(
+    st.tuples(st.sampled_from(SENDERS), st.sampled_from(RECIPIENTS), st.sampled_from(TYPES)),
+    min_size=1,
+    max_size=12,
+)
+
+
+def _what_arrived(victim: Node, inboxes: dict[str, Inbox]) -> tuple[Any, ...]:
+    delivered = {name: [e.payload for e in inbox.received] for name, inbox in inboxes.items()}
+    codes = sorted(str(e.code) for e in victim.events.recent(kind=EventKind.SECURITY))
+    return tuple(sorted(delivered.items())), tuple(codes)
+
+
+async def _victim_of(specs: list[tuple[str, str, MessageType]], batched: bool) -> tuple[Any, ...]:
+    """What a victim made of ``specs``, sent as one ENVELOPES frame or one frame each."""
+    async with swarm(2) as (_, (victim, evil)):
+        inboxes = {"io": Inbox(), "vault": Inbox()}
+        await victim.add_agent("io", inboxes["io"], tier=3)
+        await victim.add_agent("vault", inboxes["vault"], tier=0)
+        await evil.add_agent("mallory", Inbox(), tier=3)
+        await connect_all([victim, evil])
+        envelopes = [
+            evil._factory.create(sender, recipient, kind, index)
+            for index, (sender, recipient, kind) in enumerate(specs)
+        ]
+        link = evil.links.link(victim.peer_id)
+        if batched:
+            await link.send(pack([FrameKind.ENVELOPES, [e.to_dict() for e in envelopes]]))
+        else:
+            for envelope in envelopes:
+                await link.send(encode_envelope(envelope))
+        # Every envelope ends as a delivery or a security event.
+        await wait_until(lambda: _handled(victim, inboxes) == len(specs))
+        return _what_arrived(victim, inboxes)
+
+
+async def _both_ways(specs: list[tuple[str, str, MessageType]]) -> list[tuple[Any, ...]]:
+    return [await _victim_of(specs, batched) for batched in (True, False)]
+
+
+def _handled(victim: Node, inboxes: dict[str, Inbox]) -> int:
+    delivered = sum(len(inbox.received) for inbox in inboxes.values())
+    return delivered + len(victim.events.recent(kind=EventKind.SECURITY))
+
+
+@settings(max_examples=25, deadline=None)
+@given(envelope_specs)
+def test_a_batch_is_decided_as_its_envelopes_one_by_one(
+    specs: list[tuple[str, str, MessageType]],
+) -> None:
+    batched, single = trio.run(
+        _both_ways, specs, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
+    assert batched == single
+
+
+async def test_a_wait_in_a_batch_makes_the_next_envelope_decided_again(
+    autojump_clock: Any,
+) -> None:
+    """While the reader waits for room in an inbox, the registry may change: the
+    envelopes after that wait are decided against the registry as it is then."""
+    gate = trio.Event()
+    received: list[Envelope] = []
+
+    async def slow(envelope: Envelope) -> None:
+        received.append(envelope)
+        if envelope.payload == 0:
+            await gate.wait()
+
+    async with swarm(2, dataclasses.replace(FAST_NODE, inbox_size=1)) as (_, nodes):
+        victim, evil = nodes
+        await victim.add_agent("io", slow, tier=3)
+        await evil.add_agent("mallory", Inbox(), tier=3)
+        await connect_all([victim, evil])
+        burst = [evil.envelope("mallory", "io", MessageType.NOTIFICATION, i) for i in range(4)]
+        await evil.links.link(victim.peer_id).send(
+            pack([FrameKind.ENVELOPES, [e.to_dict() for e in burst]])
+        )
+        # 0 is in the handler, 1 in the inbox, and the reader waits to queue 2.
+        await wait_until(lambda: len(received) == 1)
+        await trio.testing.wait_all_tasks_blocked()
+        victim.registry.unregister("mallory")
+        gate.set()
+        await wait_until(lambda: len(victim.events.recent(kind=EventKind.SECURITY)) == 1)
+        await wait_until(lambda: len(received) == 3)
+        assert [e.payload for e in received] == [0, 1, 2]
+        refused = victim.events.recent(kind=EventKind.SECURITY)[0]
+        assert refused.code is ErrorCode.SENDER_MISMATCH and refused.envelope_id == burst[3].id
