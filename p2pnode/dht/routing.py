@@ -368,7 +368,7 @@ class RoutingTable:
                 contact = shared(contact)
                 bucket.contacts[contact.node_id] = contact
                 self._index(contact)
-                self._near = None
+                self._moved_near(contact.number)
                 bucket.last_touched = now
                 return None
             splittable = bucket.lo <= self._own < bucket.hi or bucket.depth() % _SPLIT_B != 0
@@ -430,6 +430,13 @@ class RoutingTable:
 
     # ------------------------------------------------------------------ internals
 
+    def _moved_near(self, number: int) -> None:
+        """The contact ``number`` came or went: near() computes its bound again, unless
+        the contact is farther from our id than the k-th nearest (which it leaves as it is)."""
+        bound = self._near
+        if bound is not None and (bound == _SPACE or number ^ self._own <= bound):
+            self._near = None
+
     def _nearest(self, bucket: _Bucket) -> int:
         return _bound(bucket, self._own)
 
@@ -478,7 +485,7 @@ class RoutingTable:
             self._unindex(bucket.replacements.pop(next(iter(bucket.replacements))))
 
     def _evict(self, bucket: _Bucket, node_id: bytes) -> None:
-        self._near = None
+        self._moved_near(id_int(node_id))
         self._unindex(bucket.contacts.pop(node_id, None))
         bucket.failures.pop(node_id, None)
         if bucket.pinging == node_id:
@@ -490,8 +497,8 @@ class RoutingTable:
         alive); one whose id is a contact already (at its old address) waits."""
         for rid in reversed(bucket.replacements):
             if rid not in bucket.contacts:
-                bucket.contacts[rid] = bucket.replacements.pop(rid)
-                self._near = None
+                promoted = bucket.contacts[rid] = bucket.replacements.pop(rid)
+                self._moved_near(promoted.number)
                 return True
         return False
 
