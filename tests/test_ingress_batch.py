@@ -1,4 +1,5 @@
-"""Ingress of ENVELOPES frames: decided once per run of like envelopes, as if one by one."""
+"""Bursts are decided once per run of like envelopes, as if one by one: the ingress of an
+ENVELOPES frame, and the routing of :meth:`Node.send_many`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode
+from p2pnode.errors import ErrorCode, P2PError
 from p2pnode.node.frames import FrameKind, encode_envelope
 from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
@@ -112,3 +113,53 @@ async def test_a_wait_in_a_batch_makes_the_next_envelope_decided_again(
         assert [e.payload for e in received] == [0, 1, 2]
         refused = victim.events.recent(kind=EventKind.SECURITY)[0]
         assert refused.code is ErrorCode.SENDER_MISMATCH and refused.envelope_id == burst[3].id
+
+
+async def _sent(specs: list[tuple[str, str, MessageType]], batched: bool) -> tuple[Any, ...]:
+    """What became of ``specs`` sent by one node's agents with send_many, or one by one
+    until the first refusal (where send_many stops, after writing the ones before it)."""
+    async with swarm(2) as (_, (sender, receiver)):
+        inboxes = {"io": Inbox(), "vault": Inbox()}
+        await receiver.add_agent("io", inboxes["io"], tier=3)
+        await receiver.add_agent("vault", inboxes["vault"], tier=0)
+        for name in SENDERS:  # "io" here too: a local agent of the sender's own
+            await sender.add_agent(name if name != "io" else "local", Inbox(), tier=3)
+        await connect_all([sender, receiver])
+        envelopes = [
+            sender.envelope("local" if who == "io" else who, recipient, kind, index)
+            for index, (who, recipient, kind) in enumerate(specs)
+        ]
+        refused = None
+        try:
+            if batched:
+                await sender.send_many(envelopes)
+            else:
+                for envelope in envelopes:
+                    await sender.send(envelope)
+        except P2PError as exc:
+            refused = exc.code
+        events = sorted(
+            (str(e.kind), str(e.outcome), str(e.code), e.recipient)
+            for e in sender.events.recent()
+            if e.envelope_id is not None
+        )
+        # The answer to a last request follows whatever was written before it.
+        await sender.request("mallory", "io", "last")
+        await trio.testing.wait_all_tasks_blocked()
+        delivered = {name: [e.payload for e in i.received] for name, i in inboxes.items()}
+        return delivered, refused, events
+
+
+async def _sent_both_ways(specs: list[tuple[str, str, MessageType]]) -> list[tuple[Any, ...]]:
+    return [await _sent(specs, batched) for batched in (True, False)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(envelope_specs)
+def test_send_many_routes_as_its_envelopes_one_by_one(
+    specs: list[tuple[str, str, MessageType]],
+) -> None:
+    batched, single = trio.run(
+        _sent_both_ways, specs, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
+    assert batched == single

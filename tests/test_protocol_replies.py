@@ -26,7 +26,7 @@ async def test_a_request_for_an_agent_the_node_does_not_host_is_answered(
         await a.connect(b.listen_address)
         # A card of b's that b no longer hosts (a stale card, as after a restart).
         ghost = dataclasses.replace(io, id="ghost", name="GHOST").signed(b.identity)
-        assert a.routing.learn_card(AgentCard.from_bytes_untrusted(ghost.to_bytes()))
+        assert a.routing.cards.learn(AgentCard.from_bytes_untrusted(ghost.to_bytes()))
         with trio.fail_after(2), pytest.raises(RemoteError) as info:
             await a.request("triton", "ghost", "anyone?")
         assert info.value.code is ErrorCode.AGENT_NOT_FOUND

@@ -433,7 +433,7 @@ class Node(TaskOwner):
         seer = self.local_agent(viewer) if viewer is not None else self._first_card()
         for card in await self.discovery.find_providers(capability):
             if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
-                self.routing.learn_card(card)
+                self.routing.cards.learn(card)
         now = self._clock_ms()
         cards = [c for c in self.registry.find_by_capability(capability) if not c.is_expired(now)]
         return cards if seer is None else self.policy.filter_discoverable(seer, cards)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from p2pnode.card import AgentCard, Origin
-from p2pnode.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType
+from p2pnode.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import PeerId
 from p2pnode.node.policy import Policy, Verdict
@@ -459,6 +459,24 @@ class Router:
         return envelope.type in REPLY_TYPES and (targets is None or envelope.sender in targets)
 
 
+#: What routing reads of an envelope outside a thread (sender, recipient, type, metadata):
+#: envelopes alike in these are routed alike, and decided once in a burst.
+DecisionKey = tuple[str, str, MessageType, Metadata | None]
+#: An ingress decision: the source card and its ingress (None once the sender failed
+#: authentication).
+IngressDecision = tuple[AgentCard | Refusal, Ingress | None]
+
+
+def silent_pass(envelope: Envelope, verdict: Verdict | None) -> bool:
+    """Did policy let ``envelope``, outside a thread, through without an event?"""
+    return (
+        envelope.correlation_id is None
+        and verdict is not None
+        and verdict.allowed
+        and not verdict.cross_tier
+    )
+
+
 def capability_refusal(source: AgentCard, capability: str, refused: list[Refused]) -> LocalError:
     """The error for ``capability`` when policy lets ``source`` use none of the agents that
     offer it (``refused``, non-empty): the first visible refusal's code (TIER_VIOLATION,
@@ -491,9 +509,11 @@ __all__ = [
     "REPLY_TYPES",
     "AmbiguousAgentError",
     "BoundedSet",
+    "DecisionKey",
     "Fanout",
     "HostedAgent",
     "Ingress",
+    "IngressDecision",
     "Interceptor",
     "Refusal",
     "Refused",
@@ -503,5 +523,6 @@ __all__ = [
     "SeenSet",
     "capability_refusal",
     "pinned_address",
+    "silent_pass",
     "split_address",
 ]

@@ -28,11 +28,11 @@ from p2pnode.envelope import (
     Envelope,
     EnvelopeFactory,
     MessageType,
-    Metadata,
     envelope_size,
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
+from p2pnode.node.cardintake import CardIntake
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import parse_address
 from p2pnode.node.discovery import Discovery
@@ -46,13 +46,16 @@ from p2pnode.node.replystream import STREAM_TYPES, ReplyStream, stream_parts
 from p2pnode.node.router import (
     ANSWERED_TYPES,
     BoundedSet,
+    DecisionKey,
     Ingress,
+    IngressDecision,
     Interceptor,
     Refusal,
     Router,
     RoutingResult,
     capability_refusal,
     pinned_address,
+    silent_pass,
     split_address,
 )
 from p2pnode.node.routes import PendingRequest as PendingRequest  # re-exported
@@ -63,15 +66,6 @@ from p2pnode.threadstore import ThreadStore
 logger = logging.getLogger("p2pnode.node")
 
 Handler = Callable[[Envelope], Awaitable[Any]]
-
-#: Agent-id collisions remembered (to warn once each); a bound, not a limit.
-_MAX_COLLISIONS = 4096
-
-#: What the ingress decisions read of an envelope outside a thread: sender, recipient,
-#: type and metadata. The decision: the source card and its ingress (None once the
-#: sender failed authentication).
-_DecisionKey = tuple[str, str, MessageType, Metadata | None]
-_Decision = tuple[AgentCard | Refusal, Ingress | None]
 
 
 class Routing:
@@ -109,7 +103,8 @@ class Routing:
         self._clock_ms = clock_ms
         self._max_peers = max_peers
         self._seen = BoundedSet(dedup_window)
-        self._collisions = BoundedSet(_MAX_COLLISIONS)
+        #: Admits the cards peers present.
+        self.cards = CardIntake(links.local_peer_id, registry, policy, events, clock_ms)
         self._hellos: dict[PeerId, trio.Event] = {}
         self.interceptors = Interceptors()
 
@@ -228,6 +223,10 @@ class Routing:
         results: list[RoutingResult | Route] = []
         remote: dict[PeerId, list[Route]] = {}
         error: P2PError | None = None
+        # Remote targets that envelopes alike take without a check or an event, as the
+        # last one routed in full did: a burst is routed once. Routing in full may wait,
+        # the only time the registry, local agents or policy change: emptied first.
+        plain: dict[DecisionKey, AgentCard] = {}
         for envelope in envelopes:
             if envelope.is_broadcast and remote:
                 # A broadcast is written at once: what is queued for its peers goes first.
@@ -235,11 +234,19 @@ class Routing:
                 remote = {}
                 if error is not None:
                     break
-            try:
-                routed = await self._route(envelope)
-            except P2PError as exc:
-                error = exc
-                break
+            target = None
+            if envelope.correlation_id is None:
+                key = (envelope.sender, envelope.recipient, envelope.type, envelope.metadata)
+                target = plain.get(key)
+            if target is not None and not target.is_expired(envelope.timestamp):
+                routed: RoutingResult | Route = Route(envelope, target, trio.current_time())
+            else:
+                plain.clear()
+                try:
+                    routed = await self._route(envelope, plain)
+                except P2PError as exc:
+                    error = exc
+                    break
             if isinstance(routed, Route):
                 remote.setdefault(routed.target.peer_id, []).append(routed)
             results.append(routed)
@@ -267,10 +274,14 @@ class Routing:
                 )
         return error
 
-    async def _route(self, envelope: Envelope) -> RoutingResult | Route:
+    async def _route(
+        self, envelope: Envelope, plain: dict[DecisionKey, AgentCard] | None = None
+    ) -> RoutingResult | Route:
         """Resolve and check ``envelope``; deliver it when the target is local (or it is a
         broadcast), else return the route for the caller to write. A refusal emits its
-        routing event and is raised. One coroutine: it runs for every envelope sent."""
+        routing event and is raised. One coroutine: it runs for every envelope sent.
+        A remote target that envelopes like this one may take without a check is
+        entered in ``plain`` (see :meth:`send_many`)."""
         start = trio.current_time()
         sent = envelope
         try:
@@ -297,6 +308,8 @@ class Routing:
             if target.origin is not Origin.LOCAL:
                 if envelope.type is MessageType.TASK_PROPOSAL:  # answers pass ingress policy
                     self.router.note_request(envelope)
+                elif plain is not None and envelope is sent and silent_pass(sent, verdict):
+                    plain[sent.sender, sent.recipient, sent.type, sent.metadata] = target
                 return Route(envelope, target, start)
             await self._deliver_local(envelope, [target.id])
             return self._delivered(envelope, RoutingPath.LOCAL, target, start, str(target.peer_id))
@@ -342,7 +355,7 @@ class Routing:
 
     async def _resolve_agent(self, agent_id: str) -> AgentCard:
         for found in await self.discovery.find_agent(split_address(agent_id)[0]):
-            self.learn_card(found)
+            self.cards.learn(found)
         card = self.router.known_target(agent_id, self._clock_ms())
         if card is None:
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
@@ -353,7 +366,7 @@ class Routing:
         candidates = self.router.candidates(source, capability, self._clock_ms())
         if not candidates:
             for found in await self.discovery.find_providers(capability):
-                self.learn_card(found)
+                self.cards.learn(found)
             candidates = self.router.candidates(source, capability, self._clock_ms())
         if not candidates:
             refused = self.router.refused(source, capability, self._clock_ms())
@@ -448,7 +461,7 @@ class Routing:
             elif isinstance(frame, EnvelopeBatch):
                 for problem in frame.rejected:
                     self._boundary.contain(peer, "envelope", problem)
-                decisions: dict[_DecisionKey, _Decision] = {}
+                decisions: dict[DecisionKey, IngressDecision] = {}
                 for envelope in frame.envelopes:
                     # Each envelope of a batch is an input of its own: one that fails
                     # does not cost the peer the ones after it.
@@ -462,61 +475,8 @@ class Routing:
         except Exception as exc:
             self._boundary.contain(peer, "frame", exc)
 
-    def learn_card(self, card: AgentCard, peer: str | None = None) -> bool:
-        """Admit a remote card (policy, then the registry's merge rules); False if refused."""
-        if card.peer_id == self._links.local_peer_id:
-            # One of this node's own cards, read back from the DHT (or from a channel to
-            # itself): nothing to learn, and no one to warn about.
-            return False
-        verdict = self._policy.admit_card(card)
-        if not verdict.allowed:
-            self._events.security(
-                verdict.code or ErrorCode.INVALID_ENDORSEMENT, verdict.reason, peer, None
-            )
-            return False
-        try:
-            self._registry.merge_remote(card, self._clock_ms())
-        except RemoteError as exc:
-            if "holder" in exc.details:
-                self._note_collision(card, exc, peer)
-            else:
-                self._events.security(exc.code, exc.message, peer, None)
-            return False
-        owners = self._registry.owners(card.id)
-        if len(owners) > 1:
-            # Kept, but the id is ambiguous now: routing by the bare id is refused.
-            others = ", ".join(str(c.peer_id) for c in owners if c.peer_id != card.peer_id)
-            self._note_collision(
-                card,
-                RemoteError(
-                    ErrorCode.INVALID_CARD,
-                    f"agent id {card.id!r} of peer {card.peer_id} is also claimed by peer "
-                    f"{others}: it is routed only as agent@peer from now on",
-                ),
-                peer,
-            )
-        return True
-
-    def _note_collision(self, card: AgentCard, exc: RemoteError, peer: str | None) -> None:
-        """An agent id claimed by two owners: one warning (a security event naming both)
-        per id and claiming owner. Every HELLO and DHT read repeats the claim, and an
-        operator needs to hear it once, not on each of them."""
-        if self._collisions.add(f"{card.id}\0{card.peer_id}"):
-            self._events.security(exc.code, exc.message, peer, None)
-        else:
-            logger.debug("%s", exc.message)
-
     def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
-        for card in hello.cards:
-            if card.peer_id != peer_id:
-                self._events.security(
-                    ErrorCode.SENDER_MISMATCH,
-                    f"peer {peer_id} sent the card of {card.id} owned by {card.peer_id}",
-                    str(peer_id),
-                    None,
-                )
-                continue
-            self.learn_card(card, str(peer_id))
+        self.cards.learn_from(peer_id, hello.cards)
         addresses = []
         for text in hello.addresses:
             try:
@@ -531,20 +491,23 @@ class Routing:
         peer_id: PeerId,
         peer: str,
         envelope: Envelope,
-        decisions: dict[_DecisionKey, _Decision] | None = None,
+        decisions: dict[DecisionKey, IngressDecision] | None = None,
     ) -> None:
         """Ingress of one envelope from the authenticated ``peer_id`` (text: ``peer``).
 
         ``decisions``, one map per ENVELOPES frame, keeps the sender's authentication
-        and the ingress decision of envelopes outside a thread, keyed by all they read
-        of an envelope: a burst is mostly one agent's envelopes of one type to one
-        recipient, and is decided once. Both decisions read the registry, the local
-        agents and the policy, which change only while this task waits, so the map is
-        emptied whenever handing an envelope over waited."""
-        key = (envelope.sender, envelope.recipient, envelope.type, envelope.metadata)
+        and the ingress decision of envelopes outside a thread by all they read of one,
+        so a burst is decided once. They read the registry, the local agents and the
+        policy, which change only while this task waits: emptied after any wait."""
         store = decisions if envelope.correlation_id is None else None
-        decided = store.get(key) if store is not None else None
-        source, ingress = decided or (self.router.authenticate(peer_id, envelope), None)
+        decided = None
+        if store is not None:
+            key = (envelope.sender, envelope.recipient, envelope.type, envelope.metadata)
+            decided = store.get(key)
+        if decided is None:
+            source, ingress = self.router.authenticate(peer_id, envelope), None
+        else:
+            source, ingress = decided
         if isinstance(source, Refusal):
             if store is not None:
                 store[key] = (source, None)

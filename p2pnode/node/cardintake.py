@@ -1,0 +1,99 @@
+"""Admitting the cards peers present (in HELLOs and DHT reads): policy admission, then
+the registry's merge rules, with one warning per agent id that two owners claim."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from p2pnode.card import AgentCard
+from p2pnode.errors import ErrorCode, RemoteError
+from p2pnode.identity import PeerId
+from p2pnode.node.observability import Observability
+from p2pnode.node.policy import Policy
+from p2pnode.node.router import BoundedSet
+from p2pnode.registry import Registry
+
+logger = logging.getLogger("p2pnode.node")
+
+#: Agent-id collisions remembered (to warn once each); a bound, not a limit.
+MAX_COLLISIONS = 4096
+
+
+class CardIntake:
+    """Admits remote cards into one node's registry and reports the refused ones."""
+
+    def __init__(
+        self,
+        local_peer_id: PeerId,
+        registry: Registry,
+        policy: Policy,
+        events: Observability,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self._local_peer_id = local_peer_id
+        self._registry = registry
+        self._policy = policy
+        self._events = events
+        self._clock_ms = clock_ms
+        self._collisions = BoundedSet(MAX_COLLISIONS)
+
+    def learn(self, card: AgentCard, peer: str | None = None) -> bool:
+        """Admit a remote card (policy, then the registry's merge rules); False if refused."""
+        if card.peer_id == self._local_peer_id:
+            # One of this node's own cards, read back from the DHT (or from a channel to
+            # itself): nothing to learn, and no one to warn about.
+            return False
+        verdict = self._policy.admit_card(card)
+        if not verdict.allowed:
+            self._events.security(
+                verdict.code or ErrorCode.INVALID_ENDORSEMENT, verdict.reason, peer, None
+            )
+            return False
+        try:
+            self._registry.merge_remote(card, self._clock_ms())
+        except RemoteError as exc:
+            if "holder" in exc.details:
+                self._note_collision(card, exc, peer)
+            else:
+                self._events.security(exc.code, exc.message, peer, None)
+            return False
+        owners = self._registry.owners(card.id)
+        if len(owners) > 1:
+            # Kept, but the id is ambiguous now: routing by the bare id is refused.
+            others = ", ".join(str(c.peer_id) for c in owners if c.peer_id != card.peer_id)
+            self._note_collision(
+                card,
+                RemoteError(
+                    ErrorCode.INVALID_CARD,
+                    f"agent id {card.id!r} of peer {card.peer_id} is also claimed by peer "
+                    f"{others}: it is routed only as agent@peer from now on",
+                ),
+                peer,
+            )
+        return True
+
+    def learn_from(self, peer_id: PeerId, cards: tuple[AgentCard, ...]) -> None:
+        """Admit the cards of a HELLO from ``peer_id``: only its own agents' cards."""
+        for card in cards:
+            if card.peer_id != peer_id:
+                self._events.security(
+                    ErrorCode.SENDER_MISMATCH,
+                    f"peer {peer_id} sent the card of {card.id} owned by {card.peer_id}",
+                    str(peer_id),
+                    None,
+                )
+                continue
+            self.learn(card, str(peer_id))
+
+    def _note_collision(self, card: AgentCard, exc: RemoteError, peer: str | None) -> None:
+        """An agent id claimed by two owners: one warning (a security event naming both)
+        per id and claiming owner. Every HELLO and DHT read repeats the claim, and an
+        operator needs to hear it once, not on each of them."""
+        if self._collisions.add(f"{card.id}\0{card.peer_id}"):
+            self._events.security(exc.code, exc.message, peer, None)
+        else:
+            logger.debug("%s", exc.message)
+
+
+__all__ = ["MAX_COLLISIONS", "CardIntake"]
