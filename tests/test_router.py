@@ -13,7 +13,14 @@ from p2pnode.envelope import BROADCAST, EnvelopeFactory, MessageType, Metadata
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import Identity
 from p2pnode.node.policy import Policy, PolicyConfig
-from p2pnode.node.router import REPLY_STREAM_TYPES, REPLY_TYPES, BoundedSet, Refusal, Router
+from p2pnode.node.router import (
+    REPLY_STREAM_TYPES,
+    REPLY_TYPES,
+    BoundedSet,
+    BurstDecisions,
+    Refusal,
+    Router,
+)
 from p2pnode.registry import Registry
 
 NOW = 1_700_000_000_000
@@ -202,3 +209,45 @@ def test_only_a_local_agent_may_send() -> None:
         with pytest.raises(LocalError) as info:
             w.router.source(sender)
         assert info.value.code is ErrorCode.AGENT_NOT_FOUND
+
+
+#: Envelopes of a burst: sender, recipient, type, one of two equal metadata objects (or
+#: none), in a thread or not.
+burst_envelopes = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]),
+        st.sampled_from(["x", "y"]),
+        st.sampled_from([MessageType.NOTIFICATION, MessageType.REQUEST]),
+        st.sampled_from([0, 1, None]),
+        st.booleans(),
+    ),
+    max_size=30,
+)
+
+
+@given(burst_envelopes)
+def test_a_burst_decision_is_reused_only_for_an_envelope_alike(
+    specs: list[tuple[str, str, MessageType, int | None, bool]],
+) -> None:
+    # Equal but distinct metadata objects: identity decides (a miss costs a full check).
+    metadatas = [Metadata(tier=1), Metadata(tier=1)]
+    factory = EnvelopeFactory(lambda: NOW)
+    memo: BurstDecisions[int] = BurstDecisions()
+    model: dict[tuple[str, str, MessageType], tuple[Metadata | None, int]] = {}
+    for number, (sender, recipient, type_, meta, in_thread) in enumerate(specs):
+        metadata = None if meta is None else metadatas[meta]
+        thread = "t" if in_thread else None
+        envelope = factory.create(
+            sender, recipient, type_, correlation_id=thread, metadata=metadata
+        )
+        key = (sender, recipient, type_)
+        expected = None
+        if thread is None and key in model and model[key][0] is metadata:
+            expected = model[key][1]
+        assert memo.get(envelope) == expected
+        memo.put(envelope, number)
+        if thread is None:
+            model[key] = (metadata, number)
+        if number % 7 == 6:
+            memo.clear()
+            model.clear()

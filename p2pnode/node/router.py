@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from p2pnode.card import AgentCard, Origin
 from p2pnode.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType, Metadata
@@ -110,6 +110,8 @@ class SeenSet(Protocol):
 
 #: Seconds a BoundedSet generation collects keys before it becomes the older one.
 DEFAULT_MAX_AGE = 60.0
+
+D = TypeVar("D")
 
 
 class BoundedSet:
@@ -459,9 +461,34 @@ class Router:
         return envelope.type in REPLY_TYPES and (targets is None or envelope.sender in targets)
 
 
-#: What routing reads of an envelope outside a thread (sender, recipient, type, metadata):
-#: envelopes alike in these are routed alike, and decided once in a burst.
-DecisionKey = tuple[str, str, MessageType, Metadata | None]
+class BurstDecisions(Generic[D]):
+    """Decisions for the envelopes of a burst outside a thread, by sender, recipient and
+    type, each with the metadata it was made for: envelopes alike in all four are
+    routed alike. The metadata is kept, so testing it by identity is sound; the
+    node shares one metadata object per agent and per distinct value received."""
+
+    __slots__ = ("_decided",)
+
+    def __init__(self) -> None:
+        self._decided: dict[tuple[str, str, MessageType], tuple[Metadata | None, D]] = {}
+
+    def get(self, envelope: Envelope) -> D | None:
+        """The decision made for an envelope like ``envelope``, if any."""
+        if envelope.correlation_id is not None:
+            return None
+        known = self._decided.get((envelope.sender, envelope.recipient, envelope.type))
+        return known[1] if known is not None and known[0] is envelope.metadata else None
+
+    def put(self, envelope: Envelope, decision: D) -> None:
+        """Keep ``decision`` for envelopes like ``envelope`` (none when it is in a thread)."""
+        if envelope.correlation_id is None:
+            key = (envelope.sender, envelope.recipient, envelope.type)
+            self._decided[key] = (envelope.metadata, decision)
+
+    def clear(self) -> None:
+        self._decided.clear()
+
+
 #: An ingress decision: the source card and its ingress (None once the sender failed
 #: authentication).
 IngressDecision = tuple[AgentCard | Refusal, Ingress | None]
@@ -509,7 +536,7 @@ __all__ = [
     "REPLY_TYPES",
     "AmbiguousAgentError",
     "BoundedSet",
-    "DecisionKey",
+    "BurstDecisions",
     "Fanout",
     "HostedAgent",
     "Ingress",

@@ -46,7 +46,7 @@ from p2pnode.node.replystream import STREAM_TYPES, ReplyStream, stream_parts
 from p2pnode.node.router import (
     ANSWERED_TYPES,
     BoundedSet,
-    DecisionKey,
+    BurstDecisions,
     Ingress,
     IngressDecision,
     Interceptor,
@@ -226,7 +226,7 @@ class Routing:
         # Remote targets that envelopes alike take without a check or an event, as the
         # last one routed in full did: a burst is routed once. Routing in full may wait,
         # the only time the registry, local agents or policy change: emptied first.
-        plain: dict[DecisionKey, AgentCard] = {}
+        plain: BurstDecisions[AgentCard] = BurstDecisions()
         for envelope in envelopes:
             if envelope.is_broadcast and remote:
                 # A broadcast is written at once: what is queued for its peers goes first.
@@ -234,10 +234,7 @@ class Routing:
                 remote = {}
                 if error is not None:
                     break
-            target = None
-            if envelope.correlation_id is None:
-                key = (envelope.sender, envelope.recipient, envelope.type, envelope.metadata)
-                target = plain.get(key)
+            target = plain.get(envelope)
             if target is not None and not target.is_expired(envelope.timestamp):
                 routed: RoutingResult | Route = Route(envelope, target, trio.current_time())
             else:
@@ -275,7 +272,9 @@ class Routing:
         return error
 
     async def _route(
-        self, envelope: Envelope, plain: dict[DecisionKey, AgentCard] | None = None
+        self,
+        envelope: Envelope,
+        plain: BurstDecisions[AgentCard] | None = None,
     ) -> RoutingResult | Route:
         """Resolve and check ``envelope``; deliver it when the target is local (or it is a
         broadcast), else return the route for the caller to write. A refusal emits its
@@ -309,7 +308,7 @@ class Routing:
                 if envelope.type is MessageType.TASK_PROPOSAL:  # answers pass ingress policy
                     self.router.note_request(envelope)
                 elif plain is not None and envelope is sent and silent_pass(sent, verdict):
-                    plain[sent.sender, sent.recipient, sent.type, sent.metadata] = target
+                    plain.put(sent, target)
                 return Route(envelope, target, start)
             await self._deliver_local(envelope, [target.id])
             return self._delivered(envelope, RoutingPath.LOCAL, target, start, str(target.peer_id))
@@ -461,7 +460,7 @@ class Routing:
             elif isinstance(frame, EnvelopeBatch):
                 for problem in frame.rejected:
                     self._boundary.contain(peer, "envelope", problem)
-                decisions: dict[DecisionKey, IngressDecision] = {}
+                decisions: BurstDecisions[IngressDecision] = BurstDecisions()
                 for envelope in frame.envelopes:
                     # Each envelope of a batch is an input of its own: one that fails
                     # does not cost the peer the ones after it.
@@ -491,7 +490,7 @@ class Routing:
         peer_id: PeerId,
         peer: str,
         envelope: Envelope,
-        decisions: dict[DecisionKey, IngressDecision] | None = None,
+        decisions: BurstDecisions[IngressDecision] | None = None,
     ) -> None:
         """Ingress of one envelope from the authenticated ``peer_id`` (text: ``peer``).
 
@@ -499,18 +498,14 @@ class Routing:
         and the ingress decision of envelopes outside a thread by all they read of one,
         so a burst is decided once. They read the registry, the local agents and the
         policy, which change only while this task waits: emptied after any wait."""
-        store = decisions if envelope.correlation_id is None else None
-        decided = None
-        if store is not None:
-            key = (envelope.sender, envelope.recipient, envelope.type, envelope.metadata)
-            decided = store.get(key)
+        decided = decisions.get(envelope) if decisions is not None else None
         if decided is None:
             source, ingress = self.router.authenticate(peer_id, envelope), None
         else:
             source, ingress = decided
         if isinstance(source, Refusal):
-            if store is not None:
-                store[key] = (source, None)
+            if decisions is not None:
+                decisions.put(envelope, (source, None))
             self._events.security(source.code, source.reason, peer, envelope)
             return
         if not self._seen.add(envelope.id):
@@ -525,10 +520,10 @@ class Routing:
             ingress = self.router.ingress(source, envelope)
         without_wait = await self._hand_over(peer_id, peer, envelope, source, ingress, size)
         if decisions is not None:
-            if not without_wait:
+            if without_wait:
+                decisions.put(envelope, (source, ingress))
+            else:
                 decisions.clear()
-            elif store is not None:
-                store[key] = (source, ingress)
 
     async def _hand_over(
         self,
