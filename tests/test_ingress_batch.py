@@ -4,6 +4,7 @@ ENVELOPES frame, and the routing of :meth:`Node.send_many`."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -32,13 +33,28 @@ envelope_specs = st.lists(
 )
 
 
+Spec = tuple[str, str, MessageType]
+
+
+def _same_either_way(
+    scenario: Callable[[list[Spec], bool], Awaitable[tuple[Any, ...]]], specs: list[Spec]
+) -> None:
+    """``scenario`` ends the same with the envelopes of ``specs`` in a burst and one by one."""
+
+    async def both_ways() -> list[tuple[Any, ...]]:
+        return [await scenario(specs, batched) for batched in (True, False)]
+
+    batched, single = trio.run(both_ways, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert batched == single
+
+
 def _what_arrived(victim: Node, inboxes: dict[str, Inbox]) -> tuple[Any, ...]:
     delivered = {name: [e.payload for e in inbox.received] for name, inbox in inboxes.items()}
     codes = sorted(str(e.code) for e in victim.events.recent(kind=EventKind.SECURITY))
     return tuple(sorted(delivered.items())), tuple(codes)
 
 
-async def _victim_of(specs: list[tuple[str, str, MessageType]], batched: bool) -> tuple[Any, ...]:
+async def _victim_of(specs: list[Spec], batched: bool) -> tuple[Any, ...]:
     """What a victim made of ``specs``, sent as one ENVELOPES frame or one frame each."""
     async with swarm(2) as (_, (victim, evil)):
         inboxes = {"io": Inbox(), "vault": Inbox()}
@@ -61,10 +77,6 @@ async def _victim_of(specs: list[tuple[str, str, MessageType]], batched: bool) -
         return _what_arrived(victim, inboxes)
 
 
-async def _both_ways(specs: list[tuple[str, str, MessageType]]) -> list[tuple[Any, ...]]:
-    return [await _victim_of(specs, batched) for batched in (True, False)]
-
-
 def _handled(victim: Node, inboxes: dict[str, Inbox]) -> int:
     delivered = sum(len(inbox.received) for inbox in inboxes.values())
     return delivered + len(victim.events.recent(kind=EventKind.SECURITY))
@@ -73,12 +85,9 @@ def _handled(victim: Node, inboxes: dict[str, Inbox]) -> int:
 @settings(max_examples=25, deadline=None)
 @given(envelope_specs)
 def test_a_batch_is_decided_as_its_envelopes_one_by_one(
-    specs: list[tuple[str, str, MessageType]],
+    specs: list[Spec],
 ) -> None:
-    batched, single = trio.run(
-        _both_ways, specs, clock=trio.testing.MockClock(autojump_threshold=0)
-    )
-    assert batched == single
+    _same_either_way(_victim_of, specs)
 
 
 async def test_a_wait_in_a_batch_makes_the_next_envelope_decided_again(
@@ -115,7 +124,7 @@ async def test_a_wait_in_a_batch_makes_the_next_envelope_decided_again(
         assert refused.code is ErrorCode.SENDER_MISMATCH and refused.envelope_id == burst[3].id
 
 
-async def _sent(specs: list[tuple[str, str, MessageType]], batched: bool) -> tuple[Any, ...]:
+async def _sent(specs: list[Spec], batched: bool) -> tuple[Any, ...]:
     """What became of ``specs`` sent by one node's agents with send_many, or one by one
     until the first refusal (where send_many stops, after writing the ones before it)."""
     async with swarm(2) as (_, (sender, receiver)):
@@ -150,16 +159,9 @@ async def _sent(specs: list[tuple[str, str, MessageType]], batched: bool) -> tup
         return delivered, refused, events
 
 
-async def _sent_both_ways(specs: list[tuple[str, str, MessageType]]) -> list[tuple[Any, ...]]:
-    return [await _sent(specs, batched) for batched in (True, False)]
-
-
 @settings(max_examples=25, deadline=None)
 @given(envelope_specs)
 def test_send_many_routes_as_its_envelopes_one_by_one(
-    specs: list[tuple[str, str, MessageType]],
+    specs: list[Spec],
 ) -> None:
-    batched, single = trio.run(
-        _sent_both_ways, specs, clock=trio.testing.MockClock(autojump_threshold=0)
-    )
-    assert batched == single
+    _same_either_way(_sent, specs)
