@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.card import AgentCard
-from p2pnode.envelope import Envelope
+from p2pnode.envelope import Envelope, EnvelopeFactory, MessageType
 from p2pnode.errors import ErrorCode, RemoteError
 from p2pnode.identity import Identity
+from p2pnode.node.channels import frame_cost
 from p2pnode.node.frames import (
     EnvelopeBatch,
     FrameKind,
@@ -18,6 +19,7 @@ from p2pnode.node.frames import (
     encode_envelope,
     encode_envelopes,
     encode_hello,
+    merge_envelope_frames,
 )
 from p2pnode.wire import pack
 from tests.strategies import addresses, cards, envelopes
@@ -96,3 +98,45 @@ def test_hello_keeps_only_addresses_a_node_can_dial() -> None:
                  "[::1]:7001", "h:1\n", "10.0.0.2:"]  # fmt: skip
     decoded = decode_frame_untrusted(encode_hello([], announced))
     assert decoded == Hello((), ("10.0.0.1:7000", "[::1]:7001"))
+
+
+def _delivered(frames: list[bytes]) -> list[object]:
+    """What a receiver gets from ``frames``: envelopes one by one, other frames whole."""
+    out: list[object] = []
+    for frame in frames:
+        decoded = decode_frame_untrusted(frame)
+        out.extend(decoded.envelopes if isinstance(decoded, EnvelopeBatch) else [decoded])
+    return out
+
+
+_frames = st.lists(
+    st.one_of(
+        envelopes.map(encode_envelope),
+        envelopes.map(encode_envelope),
+        st.lists(envelopes, min_size=2, max_size=3).map(encode_envelopes),
+        st.just(encode_hello([], ["127.0.0.1:1"])),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_frames, st.integers(200, 5_000))
+def test_merged_frames_deliver_the_same_in_the_same_order(frames: list[bytes], limit: int) -> None:
+    merged = merge_envelope_frames(frames, limit)
+    assert _delivered(merged) == _delivered(frames)
+    # Only runs of ENVELOPE frames merge, and never past the limit (unless one alone is).
+    assert len(merged) <= len(frames)
+    for frame in merged:
+        assert len(frame) <= limit or frame in frames
+    others = [f for f in frames if f[1] != FrameKind.ENVELOPE]
+    assert [f for f in merged if f in others] == others
+
+
+def test_a_long_run_of_envelope_frames_becomes_one_frame() -> None:
+    factory = EnvelopeFactory()
+    batch = [factory.create("a", "b", MessageType.NOTIFICATION, i) for i in range(300)]
+    merged = merge_envelope_frames([encode_envelope(e) for e in batch])
+    assert len(merged) == 1
+    assert decode_frame_untrusted(merged[0]) == EnvelopeBatch(tuple(batch))
+    assert frame_cost(merged[0]) == 300  # the receiver's bucket reads the count

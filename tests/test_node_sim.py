@@ -162,6 +162,31 @@ async def test_per_channel_order_is_kept(autojump_clock: Any) -> None:
         assert [e.payload for e in inbox.received] == list(range(200))
 
 
+async def test_concurrent_sends_share_frames_and_each_keeps_its_order(autojump_clock: Any) -> None:
+    async with swarm(2) as (_, (a, b)):
+        inbox = Inbox()
+        await a.add_agent("sun", Inbox(), tier=0)
+        await b.add_agent("io", inbox, tier=3)
+        await connect_all([a, b])
+        link = b.links.get(a.peer_id)
+        assert link is not None
+        frames_before = link.frames_received
+
+        async def sender(task: int) -> None:
+            for i in range(20):
+                await a.send(a.envelope("sun", "io", MessageType.STREAM_DATA, [task, i]))
+
+        async with trio.open_nursery() as nursery:
+            for task in range(16):
+                nursery.start_soon(sender, task)
+        await wait_until(lambda: len(inbox.received) >= 320)
+        payloads = [e.payload for e in inbox.received]
+        for task in range(16):
+            assert [i for t, i in payloads if t == task] == list(range(20))
+        # Envelopes queued behind a write travel together in ENVELOPES frames.
+        assert link.frames_received - frames_before <= 320 // 4
+
+
 async def test_a_request_without_an_answer_times_out(autojump_clock: Any) -> None:
     async def silent(envelope: Envelope) -> Any:
         await trio.sleep_forever()

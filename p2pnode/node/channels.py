@@ -15,7 +15,9 @@ Theory of operation (seed R3, Properties 10-12):
   waits until one writer task has written it. The writer takes whatever
   queued while it was busy, plus what the other runnable tasks queue during
   one scheduler pass, and writes it as one coalesced batch, so concurrent
-  senders share AEAD calls and syscalls. When a write fails the link goes to
+  senders share AEAD calls and syscalls; consecutive ENVELOPE frames of a
+  batch go as one ENVELOPES frame, so the peer also decodes and decides on
+  them once. When a write fails the link goes to
   RECONNECTING and the batch is retried on a fresh channel up to
   ``max_retries`` times with exponential backoff (each delay double the last);
   then its senders get ``DELIVERY_FAILED``. A frame may thus arrive twice; the
@@ -59,6 +61,7 @@ import trio
 from p2pnode.channel import SecureChannel
 from p2pnode.errors import ErrorCode, LocalError, P2PError
 from p2pnode.identity import PeerId
+from p2pnode.node.frames import merge_envelope_frames
 from p2pnode.node.limits import TokenBucket
 
 logger = logging.getLogger("p2pnode.channels")
@@ -494,7 +497,8 @@ class PeerLink:
                         batch.append(self._queue_out.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                error = await self._write_batch([frame for item in batch for frame in item.frames])
+                frames = merge_envelope_frames([frame for item in batch for frame in item.frames])
+                error = await self._write_batch(frames)
                 for item in batch:
                     item.error = error
                     item.done.set()

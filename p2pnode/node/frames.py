@@ -76,6 +76,50 @@ def encode_envelopes(envelopes: list[Envelope]) -> bytes:
     return pack([FrameKind.ENVELOPES, [e.to_dict() for e in envelopes]])
 
 
+_ENVELOPE_HEAD = bytes([0x92, FrameKind.ENVELOPE])  # msgpack fixarray of 2, kind 1
+_ENVELOPES_HEAD = bytes([0x92, FrameKind.ENVELOPES])
+_MAX_ARRAY_HEAD = 3  # msgpack array 16: 0xdc and two bytes of length
+
+
+def merge_envelope_frames(frames: list[bytes], limit: int = MAX_FRAME_BYTES) -> list[bytes]:
+    """``frames`` with each run of ENVELOPE frames rewritten as ENVELOPES frames of at
+    most ``limit`` bytes: the same envelopes in the same order, in fewer messages for
+    the peer to decrypt, decode and decide on. Other frames stay as and where they are."""
+    if len(frames) < 2:
+        return frames
+    merged: list[bytes] = []
+    run: list[bytes] = []
+    run_size = len(_ENVELOPES_HEAD) + _MAX_ARRAY_HEAD
+    for frame in frames:
+        if frame[:2] != _ENVELOPE_HEAD:
+            if run:
+                merged.append(_envelopes_frame(run))
+                run = []
+            merged.append(frame)
+            continue
+        body_size = len(frame) - 2
+        if run and (run_size + body_size > limit or len(run) == 0xFFFF):
+            merged.append(_envelopes_frame(run))
+            run = []
+        if not run:
+            run_size = len(_ENVELOPES_HEAD) + _MAX_ARRAY_HEAD
+        run.append(frame)
+        run_size += body_size
+    if run:
+        merged.append(_envelopes_frame(run))
+    return merged
+
+
+def _envelopes_frame(run: list[bytes]) -> bytes:
+    """One ENVELOPES frame of the bodies of the ENVELOPE frames in ``run``, spliced as
+    bytes (each body is already a complete msgpack map)."""
+    if len(run) == 1:
+        return run[0]
+    count = len(run)
+    head = bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
+    return b"".join([_ENVELOPES_HEAD, head, *[frame[2:] for frame in run]])
+
+
 def _decode_envelopes_untrusted(body: Any) -> EnvelopeBatch:
     if not isinstance(body, list):
         raise FrameError(ErrorCode.MALFORMED_MESSAGE, "an envelopes body is an array")
@@ -131,4 +175,5 @@ __all__ = [
     "encode_envelope",
     "encode_envelopes",
     "encode_hello",
+    "merge_envelope_frames",
 ]
