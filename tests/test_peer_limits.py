@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from p2pnode.channel import connect_secure
 from p2pnode.errors import ErrorCode, LocalError
@@ -93,5 +94,38 @@ async def test_bytes_queued_for_a_peer_are_bounded(autojump_clock: Any) -> None:
             await link.send(b"b" * 600)
         assert info.value.code is ErrorCode.BUSY
         assert link.queued_bytes == 600  # the refused frame was never queued
+        await link.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sender_cancelled_while_the_queue_is_full_leaves_nothing_counted(
+    autojump_clock: Any,
+) -> None:
+    me, them = Identity.generate(), Identity.generate()
+
+    async def dial() -> Any:  # a peer that never answers: the writer waits, frames queue
+        await trio.sleep_forever()
+
+    async def on_frame(peer: object, data: bytes) -> None:
+        raise AssertionError("nothing arrives")
+
+    async with trio.open_nursery() as nursery:
+        link = PeerLink(
+            SecureIdentity(me).peer_id, SecureIdentity(them).peer_id, nursery, dial, on_frame,
+            lambda _link, _state: None, RetryPolicy(dial_timeout=30.0, queue_size=1), None,
+            LinkLimits(max_queue_bytes=10_000),
+        )  # fmt: skip
+        for frame in (b"a" * 100, b"b" * 100):  # the first goes to the writer, one waits
+            nursery.start_soon(link.send, frame)
+            await trio.testing.wait_all_tasks_blocked()
+        assert link.queued_bytes == 200
+        with trio.move_on_after(1.0) as scope:  # the queue is full: this send waits
+            await link.send(b"c" * 100)
+        assert scope.cancelled_caught
+        assert link.queued_bytes == 200
+        with trio.CancelScope() as scope:  # already cancelled: nothing is queued
+            scope.cancel()
+            await link.send(b"d" * 100)
+        assert link.queued_bytes == 200
         await link.aclose()
         nursery.cancel_scope.cancel()

@@ -468,16 +468,24 @@ class PeerLink:
                 limit=limit,
             )
         item = _Outgoing(frames, size)
+        # A cancelled caller queues nothing, as with the queue's own send, which would
+        # also cost a scheduler round trip per frame when there is room.
+        await trio.lowlevel.checkpoint_if_cancelled()
         self._queued += 1
         self._queued_bytes += size
         try:
-            await self._queue_in.send(item)
-        except trio.ClosedResourceError:
+            try:
+                self._queue_in.send_nowait(item)
+            except trio.WouldBlock:
+                await self._queue_in.send(item)
+        except BaseException as exc:  # not queued (closed, or cancelled while full)
             self._queued -= 1
             self._queued_bytes -= size
-            raise LocalError(
-                ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed"
-            ) from None
+            if isinstance(exc, trio.ClosedResourceError):
+                raise LocalError(
+                    ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed"
+                ) from None
+            raise
         await item.done.wait()
         if item.error is not None:
             raise item.error
