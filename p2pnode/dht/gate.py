@@ -97,11 +97,9 @@ class Gate:
         host = self._host
         table = host.table
         admission = self.admission
-        held = table.get(node_id)
-        if held is not None and held.address == source:
-            # Known (most requests): seen again; the admission has nothing to decide.
-            table.seen(held, now)
-        else:
+        if not table.seen_at(node_id, source, now):
+            # Unknown here (most requests are from contacts held there: seen again,
+            # the admission has nothing to decide).
             asked = host.calls.core.awaiting(source)
             verdict = admission.on_request(node_id, source, table, now, asked=asked)
             if verdict is Verdict.CHECK:

@@ -112,17 +112,17 @@ class RequestHandlers:
         rpcwire.parse_stun_args_untrusted(args)
         return [source[0], source[1]]
 
-    def _closest_wire(self, key: bytes, source: Address) -> list[Any]:
+    def _closest_wire(self, key: bytes, source: Address) -> rpcwire.Encoded:
         # As stock: never return the asker itself nor a contact whose id is the key.
-        # The table holds one id per address, so at most two of the k + 2 nearest
-        # are left out: the k nearest of the rest are exact.
+        # The table holds one id per address: the asker is the contact held at its
+        # source address, if any, and both are left out by id (no contact read).
         table = self._host.table
-        found = table.closest(key, table.k + 2)
-        # rpcwire.contact_to_wire, written out: no call per contact.
-        out = [
-            (c.node_id, c.host, c.port) for c in found if c.node_id != key and c.address != source
-        ]
-        return out[: table.k]
+        asker = table.holder(source)
+        if asker is not None:
+            held = table.get(asker)
+            if held is None or held.address != source:  # a replacement there, not a contact
+                asker = None
+        return rpcwire.contacts_reply(table.closest(key, table.k, excluding=(key, asker)))
 
 
 # Shared by all nodes: no per-node dict of bound methods.

@@ -186,11 +186,14 @@ class LookupDriver:
         if value is NO_REPLY:
             lookup.handle_failure(c.node_id)
             return
+        # Contacts the lookup has heard of already are checked but not made: late in a
+        # lookup most of a reply's contacts are (the k nearest know one another).
+        heard = lookup.heard
         try:
             if self.method == "find_value":
-                raw, contacts = rpcwire.parse_find_value_reply_untrusted(value)
+                raw, contacts = rpcwire.parse_find_value_reply_untrusted(value, heard)
             else:
-                raw, contacts = None, rpcwire.parse_contacts_untrusted(value)
+                raw, contacts = None, rpcwire.parse_contacts_untrusted(value, heard)
         except rpcwire.RpcError as exc:
             host.drop(c.address, f"{self.method} reply: {exc.message}", "replies")
             lookup.handle_failure(c.node_id)

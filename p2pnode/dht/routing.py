@@ -50,9 +50,11 @@ import ipaddress
 import random
 import sys
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.wire import pack
 
 ID_BYTES = 20
 ID_BITS = 160
@@ -73,10 +75,14 @@ class Contact:
     address: tuple[str, int] = field(init=False, repr=False, compare=False)
     #: The id as a big-endian integer (built once: every distance needs it).
     number: int = field(init=False, repr=False, compare=False)
+    #: The msgpack ``[id, host, port]`` a find_node reply carries of this contact
+    #: (docs/protocol/dht.md §3), built once: a shared contact is named in many replies.
+    wire: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", (self.host, self.port))
         object.__setattr__(self, "number", int.from_bytes(self.node_id, "big"))
+        object.__setattr__(self, "wire", pack((self.node_id, self.host, self.port)))
 
 
 # Contacts held by the tables of this process, by id (see the module docstring): a
@@ -306,26 +312,45 @@ class RoutingTable:
             return Refusal.HOST_FULL
         return None
 
-    def closest(self, target: bytes, count: int | None = None) -> list[Contact]:
-        """The ``count`` (default k) contacts nearest ``target`` by XOR, nearest first."""
+    def closest(
+        self, target: bytes, count: int | None = None, *, excluding: Iterable[bytes | None] = ()
+    ) -> list[Contact]:
+        """The ``count`` (default k) contacts nearest ``target`` by XOR, nearest first,
+        leaving out the contacts whose ids are in ``excluding`` (None there is ignored)."""
         _check_id(target)
-        t = id_int(target)
+        t = int.from_bytes(target, "big")
         n = self.k if count is None else count
-        # Buckets are id prefixes. Past the bucket holding ``t``, the ids that agree
-        # with ``t`` above bit ``s`` and differ at it form a run of whole buckets, all
-        # nearer ``t`` than any id that differs at a higher bit. Visit ``t``'s bucket,
-        # then those runs from ``s`` = its width upward, until n contacts are found:
+        # The distances of the excluded contacts the table holds: as many more are
+        # gathered, and they are dropped from the result by distance (no contact read).
+        skip = {id_int(x) ^ t for x in excluding if x is not None and x in self}
+        want = n + len(skip)
+        # Buckets are id prefixes, in id order. Past the bucket holding ``t``, the ids
+        # that agree with ``t`` above bit ``s`` and differ at it form a run of whole
+        # buckets, all nearer ``t`` than any id that differs at a higher bit, and
+        # adjacent to what was gathered so far (below it when bit ``s`` of ``t`` is set,
+        # above it otherwise). Gather ``t``'s bucket, then those runs from ``s`` = its
+        # width upward, one bucket at a time, until enough contacts are found:
         # everything left is farther than all of them (exact, not heuristic).
         buckets, los = self._buckets, self._los
-        i = bisect.bisect_right(los, t) - 1
-        s = buckets[i].shift
-        best = _distances(buckets[i], t)
-        while len(best) < n and s < ID_BITS:
-            lo = ((t >> s) ^ 1) << s
-            for b in buckets[bisect.bisect_left(los, lo) : bisect.bisect_left(los, lo + (1 << s))]:
-                best += _distances(b, t)
+        left = bisect.bisect_right(los, t) - 1
+        right = left + 1  # buckets[left:right] are gathered
+        s = buckets[left].shift
+        best = [(c.number ^ t, c) for c in buckets[left].contacts.values()]
+        while len(best) < want and s < ID_BITS:
+            if (t >> s) & 1:
+                lo = ((t >> s) ^ 1) << s  # the run is [lo, the first id gathered)
+                while left and los[left - 1] >= lo:
+                    left -= 1
+                    best += [(c.number ^ t, c) for c in buckets[left].contacts.values()]
+            else:
+                hi = ((t >> s) + 2) << s  # the run is [the last id gathered + 1, hi)
+                while right < len(los) and los[right] < hi:
+                    best += [(c.number ^ t, c) for c in buckets[right].contacts.values()]
+                    right += 1
             s += 1
         best.sort()  # distances differ (one contact per id): contacts are never compared
+        if skip:
+            return [c for d, c in best if d not in skip][:n]
         return [c for _, c in best[:n]]
 
     def stale_buckets(self, now: float, interval: float) -> list[tuple[int, int]]:
@@ -394,6 +419,20 @@ class RoutingTable:
         bucket.contacts[contact.node_id] = known
         if bucket.failures:
             bucket.failures.pop(contact.node_id, None)
+        bucket.last_touched = now
+        return True
+
+    def seen_at(self, node_id: bytes, address: tuple[str, int], now: float) -> bool:
+        """:meth:`seen` by id: the contact ``node_id`` if the table holds it at ``address``
+        (one bucket search for both). False, and nothing changed, otherwise."""
+        bucket = self._buckets[bisect.bisect_right(self._los, id_int(node_id)) - 1]
+        known = bucket.contacts.get(node_id)
+        if known is None or known.address != address:
+            return False
+        del bucket.contacts[node_id]
+        bucket.contacts[node_id] = known
+        if bucket.failures:
+            bucket.failures.pop(node_id, None)
         bucket.last_touched = now
         return True
 
@@ -532,11 +571,6 @@ def _ids(held: bytes | tuple[bytes, ...] | None) -> tuple[bytes, ...]:
     if held is None:
         return ()
     return (held,) if isinstance(held, bytes) else held
-
-
-def _distances(bucket: _Bucket, t: int) -> list[tuple[int, Contact]]:
-    """``(distance to t, contact)`` of the contacts of ``bucket``."""
-    return [(c.number ^ t, c) for c in bucket.contacts.values()]
 
 
 def _bound(bucket: _Bucket, t: int) -> int:

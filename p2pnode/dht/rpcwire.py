@@ -15,6 +15,7 @@ requests and responses in both directions.
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +70,31 @@ def encode_request(msg_id: bytes, method: str, args: list[Any]) -> bytes:
     return _frame(REQUEST, msg_id, pack([method, args]))
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A response value already in msgpack: :func:`encode_response` sends ``body`` as it is."""
+
+    body: bytes
+
+
 def encode_response(msg_id: bytes, value: Any) -> bytes:
-    """One response datagram. Raises LocalError(MESSAGE_TOO_LARGE) past 8192 body bytes."""
-    return _frame(RESPONSE, msg_id, pack(value))
+    """One response datagram (``value`` may be :class:`Encoded`). Raises
+    LocalError(MESSAGE_TOO_LARGE) past 8192 body bytes."""
+    return _frame(RESPONSE, msg_id, value.body if type(value) is Encoded else pack(value))
+
+
+def contacts_reply(contacts: Sequence[Contact]) -> Encoded:
+    """A ``find_node`` reply naming ``contacts``: the msgpack array of their
+    ``[id, host, port]``, the very bytes ``pack`` makes of it, joined from each
+    contact's own encoding (:attr:`Contact.wire`) instead of packed again."""
+    n = len(contacts)
+    if n < 16:
+        head = bytes([0x90 | n])  # fixarray
+    elif n < 1 << 16:
+        head = b"\xdc" + n.to_bytes(2, "big")  # array 16
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")  # array 32
+    return Encoded(head + b"".join([c.wire for c in contacts]))
 
 
 def _frame(kind: int, msg_id: bytes, body: bytes) -> bytes:
@@ -165,8 +188,10 @@ def parse_store_reply_untrusted(value: Any) -> bool:
     return value
 
 
-def parse_contacts_untrusted(value: Any) -> list[Contact]:
-    """A ``find_node`` reply: array of ``[id, host, port]``."""
+def parse_contacts_untrusted(value: Any, known: Container[bytes] = ()) -> list[Contact]:
+    """A ``find_node`` reply: array of ``[id, host, port]``. Every entry is checked;
+    those whose id is in ``known`` (a lookup's contacts so far) are left out of the
+    result, which spares building or finding a contact for them."""
     if not isinstance(value, list) or len(value) > MAX_CONTACTS:
         raise RpcError(ErrorCode.MALFORMED_MESSAGE, "contacts reply is not a short array")
     out = []
@@ -179,18 +204,22 @@ def parse_contacts_untrusted(value: Any) -> list[Contact]:
             raise RpcError(ErrorCode.MALFORMED_MESSAGE, "contact host is not a short string")
         if type(port) is not int or not 0 < port < 65536:
             raise RpcError(ErrorCode.MALFORMED_MESSAGE, "contact port out of range")
-        # A contact this process holds already is reused, not built again.
-        out.append(make_contact(node_id, host, port))
+        if node_id not in known:
+            # A contact this process holds already is reused, not built again.
+            out.append(make_contact(node_id, host, port))
     return out
 
 
-def parse_find_value_reply_untrusted(value: Any) -> tuple[Any, list[Contact]]:
-    """A ``find_value`` reply: ``({"value": v}, [])`` on a hit, ``(None, contacts)`` otherwise."""
+def parse_find_value_reply_untrusted(
+    value: Any, known: Container[bytes] = ()
+) -> tuple[Any, list[Contact]]:
+    """A ``find_value`` reply: ``({"value": v}, [])`` on a hit, ``(None, contacts)`` otherwise
+    (``known``: as for :func:`parse_contacts_untrusted`)."""
     if isinstance(value, dict):
         if set(value) != {"value"}:
             raise RpcError(ErrorCode.MALFORMED_MESSAGE, "find_value hit is not {'value': v}")
         return value["value"], []
-    return None, parse_contacts_untrusted(value)
+    return None, parse_contacts_untrusted(value, known)
 
 
 def parse_stun_reply_untrusted(value: Any) -> tuple[str, int]:

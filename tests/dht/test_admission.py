@@ -476,3 +476,29 @@ def test_seen_is_observe_for_a_contact_held_at_its_address(
         c for b in slow._buckets for c in b.contacts.values()
     ]
     assert fast.stale_buckets(99.0, 1.0) == slow.stale_buckets(99.0, 1.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(_op, max_size=80), pick=st.integers(0, 40), port=st.integers(0, 3))
+def test_seen_at_is_seen_by_id(ops: list[tuple[str, int, int, int]], pick: int, port: int) -> None:
+    """seen_at(id, address) does what seen() does for the contact at that address."""
+    tables = [RoutingTable(OWN, k=3, replacement_size=2) for _ in range(2)]
+    for table in tables:
+        for i, (op, n, host, p) in enumerate(ops):
+            node_id = bytes([n * 6]) + bytes(19)
+            if op == "observe":
+                table.observe(Contact(node_id, f"10.0.0.{host}", p), float(i))
+            elif op == "remove":
+                table.remove(node_id)
+            elif op == "fail":
+                table.record_failure(node_id)
+    by_id, by_contact = tables
+    contact = Contact(bytes([pick * 6]) + bytes(19), f"10.0.0.{pick % 4}", port)
+    assert by_id.seen_at(contact.node_id, contact.address, 99.0) == by_contact.seen(contact, 99.0)
+    assert [c for b in by_id._buckets for c in b.contacts.values()] == [
+        c for b in by_contact._buckets for c in b.contacts.values()
+    ]
+    assert [dict(b.failures) for b in by_id._buckets] == [
+        dict(b.failures) for b in by_contact._buckets
+    ]
+    assert by_id.stale_buckets(99.0, 1.0) == by_contact.stale_buckets(99.0, 1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Container
 from typing import Any
 
 import pytest
@@ -200,11 +201,11 @@ async def test_a_reply_whose_processing_raises_costs_its_lookup_one_contact(
         parse = rpcwire.parse_contacts_untrusted
         calls = [0]
 
-        def defective(value: Any) -> Any:
+        def defective(value: Any, known: Container[bytes] = ()) -> Any:
             calls[0] += 1
             if calls[0] == 1:
                 raise ZeroDivisionError("defect")
-            return parse(value)
+            return parse(value, known)
 
         monkeypatch.setattr(rpcwire, "parse_contacts_untrusted", defective)
         failed = asker.stats.inputs_failed

@@ -44,6 +44,39 @@ def test_closest_matches_brute_force(
     assert [c.node_id for c in table.closest(target, count)] == [c.node_id for c in expected]
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    own=ids,
+    others=st.lists(ids, max_size=300),
+    target=ids,
+    count=st.integers(1, 40),
+    picks=st.lists(st.integers(0, 299), max_size=3),
+    strangers=st.lists(ids, max_size=2),
+)
+def test_closest_excluding_matches_brute_force(
+    own: bytes,
+    others: list[bytes],
+    target: bytes,
+    count: int,
+    picks: list[int],
+    strangers: list[bytes],
+) -> None:
+    """Leaving ids out (held ones, ids the table does not hold, None, the target
+    itself) is the full sort of the other contacts, cut to ``count``."""
+    table = RoutingTable(own, k=8)
+    for i, o in enumerate(others):
+        table.observe(_c(o, i), float(i))
+    present = table.contacts()
+    left_out: list[bytes | None] = [present[p % len(present)].node_id for p in picks if present]
+    left_out += [*strangers, None, target]
+    expected = sorted(
+        (c for c in present if c.node_id not in left_out),
+        key=lambda c: distance(c.node_id, target),
+    )[:count]
+    got = table.closest(target, count, excluding=left_out)
+    assert [c.node_id for c in got] == [c.node_id for c in expected]
+
+
 @settings(max_examples=100, deadline=None)
 @given(own=ids, others=st.lists(ids, max_size=300, unique=True))
 def test_bucket_invariants(own: bytes, others: list[bytes]) -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from p2pnode.dht import rpcwire
 from p2pnode.dht.routing import Contact
 from p2pnode.errors import LocalError
+from p2pnode.wire import pack
 
 # Produced by u-msgpack-python exactly as rpcudp 5.0.1 frames them (see WIRE.md beside).
 VECTORS = json.loads(
@@ -174,6 +175,57 @@ def test_contact_fields_checked() -> None:
     ):
         with pytest.raises(rpcwire.RpcError):
             rpcwire.parse_contacts_untrusted(bad)
+
+
+def test_known_contacts_are_checked_all_the_same() -> None:
+    # A bad entry fails the reply even when its id is one the caller knows.
+    for bad in ([[NODE_ID, "h", 0]], [[NODE_ID, "", 1]], [[NODE_ID, "h", True]]):
+        with pytest.raises(rpcwire.RpcError):
+            rpcwire.parse_contacts_untrusted(bad, {NODE_ID})
+        with pytest.raises(rpcwire.RpcError):
+            rpcwire.parse_find_value_reply_untrusted(bad, {NODE_ID})
+
+
+entries = st.lists(
+    st.tuples(
+        st.binary(min_size=20, max_size=20),
+        st.text(min_size=1, max_size=8),
+        st.integers(1, 65535),
+    ),
+    max_size=32,
+)
+
+
+@settings(max_examples=200)
+@given(entries, st.sets(st.integers(0, 31)))
+def test_known_contacts_are_left_out_and_nothing_else(
+    items: list[tuple[bytes, str, int]], known_at: set[int]
+) -> None:
+    """With ``known`` the reply parses to the same contacts, those ids left out."""
+    value = [list(item) for item in items]
+    known = {items[i][0] for i in known_at if i < len(items)}
+    everyone = rpcwire.parse_contacts_untrusted(value)
+    assert rpcwire.parse_contacts_untrusted(value, known) == [
+        c for c in everyone if c.node_id not in known
+    ]
+    assert rpcwire.parse_find_value_reply_untrusted(value, known) == (
+        None,
+        [c for c in everyone if c.node_id not in known],
+    )
+
+
+@settings(max_examples=200)
+@given(entries)
+def test_a_contacts_reply_is_the_packed_list_of_its_contacts(
+    items: list[tuple[bytes, str, int]],
+) -> None:
+    """The reply joined from each contact's own encoding is byte for byte what packing
+    the list of ``[id, host, port]`` makes (fixarray up to 15 entries, array 16 after)."""
+    contacts = [Contact(*item) for item in items]
+    wire = [rpcwire.contact_to_wire(c) for c in contacts]
+    assert rpcwire.contacts_reply(contacts).body == pack(wire)
+    datagram = rpcwire.encode_response(MSG_ID, rpcwire.contacts_reply(contacts))
+    assert datagram == rpcwire.encode_response(MSG_ID, wire)
 
 
 def test_oversize_request_is_refused_locally() -> None:
