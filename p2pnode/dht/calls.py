@@ -96,18 +96,18 @@ class Calls:
         try:
             if now is None:
                 now = trio.current_time()
-            call = self.core.call(address, method, args, now)
+            msg_id, deadline = self.core.start(address, method, args, now)
         except LocalError as exc:
             if exc.code is not ErrorCode.BUSY:
                 raise
             on_result(NO_REPLY)
             return None
         self.stats.rpcs_sent += 1
-        self._results[call.msg_id] = on_result
+        self._results[msg_id] = on_result
         wake = self.wake
-        if wake is not None and call.deadline < wake.deadline:
-            wake.deadline = call.deadline
-        return call.msg_id
+        if wake is not None and deadline < wake.deadline:
+            wake.deadline = deadline
+        return msg_id
 
     async def call(
         self,

@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from p2pnode.dht.records import SignedRecord, decode_value_untrusted
-from p2pnode.dht.routing import Contact, id_int
+from p2pnode.dht.routing import Contact, id_int, make_contact
 
 
 class RttEstimator:
@@ -114,13 +114,28 @@ _TRANSITIONS: dict[PeerState, frozenset[PeerState]] = {
 _SHORTLISTED = (PeerState.CANDIDATE, PeerState.IN_FLIGHT, PeerState.ANSWERED)
 
 
+#: A contact as a reply names it, ``[id, host, port]`` (checked by the rpcwire parser).
+Named = Sequence[Any]
+
+
 @dataclass(slots=True)
 class _Entry:
-    contact: Contact
+    #: None for a contact known only as ``named`` until it is asked (:meth:`made`).
+    contact: Contact | None
     dist: int
     state: PeerState = PeerState.CANDIDATE
     deadline: float = 0.0
     sent_at: float = 0.0
+    named: Named | None = None
+
+    def made(self) -> Contact:
+        """The contact, made of what the reply named the first time it is needed."""
+        c = self.contact
+        if c is None:
+            assert self.named is not None
+            node_id, host, port = self.named
+            c = self.contact = make_contact(node_id, host, port)
+        return c
 
 
 class Lookup:
@@ -173,14 +188,23 @@ class Lookup:
 
     def add_contacts(self, contacts: Iterable[Contact]) -> None:
         """Merge newly heard-of contacts (duplicates and our own id ignored)."""
+        self._add((c.node_id, c, None) for c in contacts)
+
+    def add_named(self, named: Iterable[Named]) -> None:
+        """:meth:`add_contacts` for contacts as a reply names them (``[id, host, port]``,
+        checked): each becomes a contact only if it is asked, as few of them are."""
+        self._add((item[0], None, item) for item in named)
+
+    def _add(self, heard: Iterable[tuple[bytes, Contact | None, Named | None]]) -> None:
         short = self._short
         # Past the last of a full shortlist, a newcomer does not enter it.
         bound = short[-1].dist if short is not None and len(short) >= self.k else None
-        for c in contacts:
-            if c.node_id == self._own or c.node_id in self._entries:
+        for node_id, contact, named in heard:
+            if node_id == self._own or node_id in self._entries:
                 continue
-            d = c.number ^ self._t
-            e = self._entries[c.node_id] = _Entry(c, d)
+            number = contact.number if contact is not None else int.from_bytes(node_id, "big")
+            d = number ^ self._t
+            e = self._entries[node_id] = _Entry(contact, d, named=named)
             i = bisect.bisect(self._dists, d)
             self._dists.insert(i, d)
             self._order.insert(i, e)
@@ -188,14 +212,23 @@ class Lookup:
                 self._short = None
                 self._version += 1
 
-    def handle_response(self, node_id: bytes, contacts: Iterable[Contact], now: float) -> None:
-        """``node_id`` answered (possibly late) and named ``contacts``."""
+    def handle_response(
+        self,
+        node_id: bytes,
+        contacts: Iterable[Contact],
+        now: float,
+        *,
+        named: Iterable[Named] = (),
+    ) -> None:
+        """``node_id`` answered (possibly late) and named ``contacts`` (and ``named``, as
+        :meth:`add_named` takes them)."""
         e = self._entries.get(node_id)
         if e is None or not self._move(e, PeerState.ANSWERED):
             return
         if e.sent_at <= now:
             self._rtt.sample(now - e.sent_at)
         self.add_contacts(contacts)
+        self.add_named(named)
 
     def handle_failure(self, node_id: bytes) -> None:
         """The driver gave up on ``node_id`` (hard timeout, bad reply)."""
@@ -234,7 +267,7 @@ class Lookup:
                 self._move(e, PeerState.IN_FLIGHT)
                 in_flight += 1
                 self.queries += 1
-                out.append(e.contact)
+                out.append(e.made())
         return out
 
     def next_deadline(self) -> float | None:
@@ -276,7 +309,7 @@ class Lookup:
         out = []
         for e in self._order:
             if e.state is PeerState.ANSWERED:
-                out.append(e.contact)
+                out.append(e.made())
                 if len(out) >= n:
                     break
         return out

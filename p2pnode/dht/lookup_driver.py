@@ -186,19 +186,19 @@ class LookupDriver:
         if value is NO_REPLY:
             lookup.handle_failure(c.node_id)
             return
-        # Contacts the lookup has heard of already are checked but not made: late in a
-        # lookup most of a reply's contacts are (the k nearest know one another).
+        # Every contact named is checked; those the lookup has heard of already are left
+        # out, the others made into contacts only if the lookup asks them (Lookup.add_named).
         heard = lookup.heard
         try:
             if self.method == "find_value":
-                raw, contacts = rpcwire.parse_find_value_reply_untrusted(value, heard)
+                raw, named = rpcwire.named_find_value_untrusted(value, heard)
             else:
-                raw, contacts = None, rpcwire.parse_contacts_untrusted(value, heard)
+                raw, named = None, rpcwire.named_contacts_untrusted(value, heard)
         except rpcwire.RpcError as exc:
             host.drop(c.address, f"{self.method} reply: {exc.message}", "replies")
             lookup.handle_failure(c.node_id)
             return
-        lookup.handle_response(c.node_id, contacts, now)
+        lookup.handle_response(c.node_id, (), now, named=named)
         if raw is None:
             return
         collector = self.collector

@@ -250,6 +250,14 @@ class RpcCore:
         MESSAGE_TOO_LARGE when the request does not fit a datagram,
         INVALID_ARGUMENT for a method that is not a Kademlia RPC.
         """
+        msg_id, deadline = self.start(address, method, args, now)
+        return OutgoingCall(msg_id, address, method, deadline)
+
+    def start(
+        self, address: Address, method: str, args: list[Any], now: float
+    ) -> tuple[bytes, float]:
+        """:meth:`call` without its :class:`OutgoingCall` record (for drivers that start
+        calls by the thousand): the message id and the deadline. Raises as :meth:`call`."""
         # Calls past their deadline still count until handle_timer reports them:
         # the driver's timer runs at next_deadline(), so they never linger long.
         if len(self._pending) >= self.max_pending:
@@ -265,7 +273,7 @@ class RpcCore:
         self._pending[msg_id] = _Call(msg_id, address, method, now, deadline)
         self._to[address] = self._to.get(address, 0) + 1
         self._out.append((datagram, address))
-        return OutgoingCall(msg_id, address, method, deadline)
+        return msg_id, deadline
 
     def cancel(self, msg_id: bytes) -> bool:
         """The caller gives up on ``msg_id``: no event will follow, a later reply is dropped.
@@ -308,14 +316,14 @@ class RpcCore:
         if self._pending and next(iter(self._pending.values())).deadline <= now:
             events.extend(self.handle_timer(now))
         try:
-            msg = rpcwire.decode_datagram_untrusted(data)
+            is_request, msg_id, body = rpcwire.decode_parts_untrusted(data)
         except rpcwire.RpcError as exc:
             events.append(DatagramDropped(source, DropReason.MALFORMED, exc.message))
             return events
-        if isinstance(msg, rpcwire.Request):
-            events.append(RequestReceived(msg.msg_id, msg.method, msg.args, source))
+        if is_request:
+            events.append(RequestReceived(msg_id, body[0], body[1], source))
         else:
-            events.append(self._match(msg, source, now))
+            events.append(self._match(msg_id, body, source, now))
         return events
 
     def reply(self, request: RequestReceived, value: Any) -> None:
@@ -327,20 +335,20 @@ class RpcCore:
 
     # ------------------------------------------------------------------ internals
 
-    def _match(self, msg: rpcwire.Response, source: Address, now: float) -> RpcEvent:
-        call = self._pending.get(msg.msg_id)
+    def _match(self, msg_id: bytes, value: Any, source: Address, now: float) -> RpcEvent:
+        call = self._pending.get(msg_id)
         if call is None:
-            held = self._finished.get(msg.msg_id)
+            held = self._finished.get(msg_id)
             reason = DropReason.UNKNOWN_ID if held is None else _STRAY_REASON[held]
             return DatagramDropped(source, reason, reason.value)
         if call.address != source:
             # The call stays pending: the node it went to may still answer.
             reason = DropReason.WRONG_ADDRESS
             return DatagramDropped(source, reason, f"{reason.value} ({call.method})")
-        del self._pending[msg.msg_id]
+        del self._pending[msg_id]
         self._finish(call, CallState.ANSWERED)
         self._compact()
-        return ReplyReceived(call.msg_id, call.method, call.address, msg.value, now - call.sent_at)
+        return ReplyReceived(call.msg_id, call.method, call.address, value, now - call.sent_at)
 
     def _finish(self, call: _Call, state: CallState) -> None:
         if state not in _TRANSITIONS[call.state]:

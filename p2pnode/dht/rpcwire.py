@@ -107,6 +107,17 @@ def _frame(kind: int, msg_id: bytes, body: bytes) -> bytes:
 
 def decode_datagram_untrusted(data: bytes) -> Request | Response:
     """Decode one datagram. Raises RpcError (MALFORMED_MESSAGE / MESSAGE_TOO_LARGE)."""
+    is_request, msg_id, body = decode_parts_untrusted(data)
+    if is_request:
+        return Request(msg_id, body[0], body[1])
+    return Response(msg_id, body)
+
+
+def decode_parts_untrusted(data: bytes) -> tuple[bool, bytes, Any]:
+    """:func:`decode_datagram_untrusted` without its record (for the RPC core, which
+    makes an event of every datagram): whether it is a request, the message id, and
+    ``[method, args]`` of a request (checked as for :class:`Request`) or the bare value
+    of a response. Raises RpcError (MALFORMED_MESSAGE / MESSAGE_TOO_LARGE)."""
     if len(data) > MAX_DATAGRAM_BYTES:
         raise RpcError(ErrorCode.MESSAGE_TOO_LARGE, f"datagram of {len(data)} bytes")
     if len(data) < HEADER_BYTES + 1:
@@ -120,7 +131,7 @@ def decode_datagram_untrusted(data: bytes) -> Request | Response:
     except WireError as exc:
         raise RpcError(exc.code, exc.message) from None
     if kind == RESPONSE:
-        return Response(msg_id, body)
+        return False, msg_id, body
     if not isinstance(body, list) or len(body) != 2:
         raise RpcError(ErrorCode.MALFORMED_MESSAGE, "request body is not [name, args]")
     method, args = body
@@ -128,7 +139,7 @@ def decode_datagram_untrusted(data: bytes) -> Request | Response:
         raise RpcError(ErrorCode.MALFORMED_MESSAGE, "request body is not [str, array]")
     if method not in METHODS:
         raise RpcError(ErrorCode.MALFORMED_MESSAGE, f"unknown RPC {method[:40]!r}")
-    return Request(msg_id, method, args)
+    return True, msg_id, body
 
 
 # ---------------------------------------------------------------------- arguments
@@ -188,13 +199,15 @@ def parse_store_reply_untrusted(value: Any) -> bool:
     return value
 
 
-def parse_contacts_untrusted(value: Any, known: Container[bytes] = ()) -> list[Contact]:
-    """A ``find_node`` reply: array of ``[id, host, port]``. Every entry is checked;
-    those whose id is in ``known`` (a lookup's contacts so far) are left out of the
-    result, which spares building or finding a contact for them."""
+def named_contacts_untrusted(value: Any, known: Container[bytes] = ()) -> list[Sequence[Any]]:
+    """A ``find_node`` reply's entries, each ``[id, host, port]`` checked, those whose id
+    is in ``known`` (a lookup's contacts so far) left out. No contact is made of them
+    (:func:`~p2pnode.dht.routing.make_contact` does that): a lookup makes only those it
+    asks, and late in a lookup most of a reply are known (the k nearest know one another).
+    """
     if not isinstance(value, list) or len(value) > MAX_CONTACTS:
         raise RpcError(ErrorCode.MALFORMED_MESSAGE, "contacts reply is not a short array")
-    out = []
+    out: list[Sequence[Any]] = []
     for item in value:
         if not isinstance(item, list) or len(item) != 3:
             raise RpcError(ErrorCode.MALFORMED_MESSAGE, "contact is not [id, host, port]")
@@ -205,9 +218,27 @@ def parse_contacts_untrusted(value: Any, known: Container[bytes] = ()) -> list[C
         if type(port) is not int or not 0 < port < 65536:
             raise RpcError(ErrorCode.MALFORMED_MESSAGE, "contact port out of range")
         if node_id not in known:
-            # A contact this process holds already is reused, not built again.
-            out.append(make_contact(node_id, host, port))
+            out.append(item)
     return out
+
+
+def parse_contacts_untrusted(value: Any, known: Container[bytes] = ()) -> list[Contact]:
+    """A ``find_node`` reply: array of ``[id, host, port]``, as contacts (those whose id
+    is in ``known`` left out, see :func:`named_contacts_untrusted`)."""
+    # A contact this process holds already is reused, not built again.
+    return [make_contact(*item) for item in named_contacts_untrusted(value, known)]
+
+
+def named_find_value_untrusted(
+    value: Any, known: Container[bytes] = ()
+) -> tuple[Any, list[Sequence[Any]]]:
+    """A ``find_value`` reply: ``({"value": v}, [])`` on a hit, ``(None, entries)`` otherwise
+    (the entries as :func:`named_contacts_untrusted` gives them)."""
+    if isinstance(value, dict):
+        if set(value) != {"value"}:
+            raise RpcError(ErrorCode.MALFORMED_MESSAGE, "find_value hit is not {'value': v}")
+        return value["value"], []
+    return None, named_contacts_untrusted(value, known)
 
 
 def parse_find_value_reply_untrusted(
@@ -215,11 +246,8 @@ def parse_find_value_reply_untrusted(
 ) -> tuple[Any, list[Contact]]:
     """A ``find_value`` reply: ``({"value": v}, [])`` on a hit, ``(None, contacts)`` otherwise
     (``known``: as for :func:`parse_contacts_untrusted`)."""
-    if isinstance(value, dict):
-        if set(value) != {"value"}:
-            raise RpcError(ErrorCode.MALFORMED_MESSAGE, "find_value hit is not {'value': v}")
-        return value["value"], []
-    return None, parse_contacts_untrusted(value, known)
+    raw, named = named_find_value_untrusted(value, known)
+    return raw, [make_contact(*item) for item in named]
 
 
 def parse_stun_reply_untrusted(value: Any) -> tuple[str, int]:

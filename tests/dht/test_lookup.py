@@ -22,13 +22,19 @@ def _drive(
     latency: dict[bytes, float | None],
     k: int,
     alpha: int,
+    *,
+    as_named: bool = False,
+    asked: list[tuple[float, Contact]] | None = None,
 ) -> float:
-    """Run ``lookup`` to completion; each node answers with its true k closest."""
+    """Run ``lookup`` to completion; each node answers with its true k closest (as
+    contacts, or with ``as_named`` as a reply names them); ``asked`` records requests."""
     now = 0.0
     events: list[tuple[float, int, bytes]] = []
     seq = 0
     while not lookup.done:
         for c in lookup.next_requests(now):
+            if asked is not None:
+                asked.append((now, c))
             lat = latency[c.node_id]
             if lat is not None:
                 heapq.heappush(events, (now + lat, seq, c.node_id))
@@ -45,7 +51,11 @@ def _drive(
             ranked = sorted(everyone, key=lambda c: distance(c.node_id, lookup.target))
             live = [c for c in ranked if latency[c.node_id] is not None]
             named = [c for c in ranked[:k] + live[:k] if c.node_id != nid]
-            lookup.handle_response(nid, named, now)
+            if as_named:
+                entries = [[c.node_id, c.host, c.port] for c in named]
+                lookup.handle_response(nid, [], now, named=entries)
+            else:
+                lookup.handle_response(nid, named, now)
         elif deadline is not None:
             now = deadline
             lookup.handle_timer(now)
@@ -342,3 +352,27 @@ def test_a_late_answer_puts_its_contact_back_among_the_k_closest() -> None:
     assert lookup.done
     assert lookup.next_requests(0.7) == []
     assert lookup.closest_answered() == [a, b]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 120), soft=st.booleans())
+def test_contacts_named_in_replies_run_the_lookup_as_contacts_do(
+    seed: int, n: int, soft: bool
+) -> None:
+    """Replies whose contacts are made only when asked (add_named) ask the same contacts
+    at the same times and end with the same result as replies of contacts."""
+    runs = []
+    for as_named in (False, True):
+        rng = random.Random(seed)
+        everyone = _contacts(rng, n)
+        target = rng.randbytes(20)
+        latency: dict[bytes, float | None] = {
+            c.node_id: None if rng.random() < 0.2 else rng.uniform(0.01, 0.6) for c in everyone
+        }
+        rtt = RttEstimator(initial=0.3, floor=0.05, ceiling=2.0)
+        seeds = rng.sample(everyone, min(3, n))
+        lookup = Lookup(target, seeds, rtt=rtt, k=8, alpha=3, soft_timeouts=soft)
+        asked: list[tuple[float, Contact]] = []
+        end = _drive(lookup, everyone, latency, k=8, alpha=3, as_named=as_named, asked=asked)
+        runs.append((end, asked, lookup.closest_answered(), lookup.queries))
+    assert runs[0] == runs[1]

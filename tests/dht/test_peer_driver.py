@@ -198,7 +198,7 @@ async def test_a_reply_whose_processing_raises_costs_its_lookup_one_contact(
     # raises is contained to it (a failed request), and the lookup goes on.
     async with dht_swarm(12, seed=7) as (_, nodes):
         asker = nodes[5]
-        parse = rpcwire.parse_contacts_untrusted
+        parse = rpcwire.named_contacts_untrusted
         calls = [0]
 
         def defective(value: Any, known: Container[bytes] = ()) -> Any:
@@ -207,7 +207,7 @@ async def test_a_reply_whose_processing_raises_costs_its_lookup_one_contact(
                 raise ZeroDivisionError("defect")
             return parse(value, known)
 
-        monkeypatch.setattr(rpcwire, "parse_contacts_untrusted", defective)
+        monkeypatch.setattr(rpcwire, "named_contacts_untrusted", defective)
         failed = asker.stats.inputs_failed
         found = await asker.find_node(nodes[9].node_id)
         assert found[0].node_id == nodes[9].node_id

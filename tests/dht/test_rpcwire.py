@@ -126,6 +126,24 @@ def test_random_bytes_only_raise_rpc_error(data: bytes) -> None:
         pass
 
 
+@settings(max_examples=300)
+@given(st.one_of(st.binary(max_size=120), st.sampled_from(sorted(HEX.values()))))
+def test_decode_parts_is_decode_without_its_record(data: bytes) -> None:
+    """The RPC core's decoder accepts and refuses what decode_datagram_untrusted does."""
+    try:
+        whole = rpcwire.decode_datagram_untrusted(data)
+    except rpcwire.RpcError as exc:
+        with pytest.raises(rpcwire.RpcError) as again:
+            rpcwire.decode_parts_untrusted(data)
+        assert (again.value.code, again.value.message) == (exc.code, exc.message)
+        return
+    is_request, msg_id, body = rpcwire.decode_parts_untrusted(data)
+    if is_request:
+        assert whole == rpcwire.Request(msg_id, body[0], body[1])
+    else:
+        assert whole == rpcwire.Response(msg_id, body)
+
+
 anything = st.recursive(
     st.none() | st.booleans() | st.integers() | st.binary(max_size=24) | st.text(max_size=8),
     lambda ch: st.lists(ch, max_size=4) | st.dictionaries(st.text(max_size=5), ch, max_size=3),
@@ -141,6 +159,8 @@ def test_reply_parsers_only_raise_rpc_error(value: Any) -> None:
         rpcwire.parse_store_reply_untrusted,
         rpcwire.parse_contacts_untrusted,
         rpcwire.parse_find_value_reply_untrusted,
+        rpcwire.named_contacts_untrusted,
+        rpcwire.named_find_value_untrusted,
         rpcwire.parse_stun_reply_untrusted,
     ):
         try:
