@@ -234,9 +234,10 @@ class RoutingTable:
         # as a tuple. Hosts are counted only when there is a limit to apply.
         self._at: dict[tuple[str, int], bytes] = {}
         self._hosts: dict[str, bytes | tuple[bytes, ...]] = {}
-        # The distance to our id of the k-th nearest contact (None: to compute again,
-        # after the contacts changed), for near().
-        self._near: int | None = None
+        # For near(): the distances to our id of the k contacts nearest it, ascending
+        # (of every contact while fewer than k are held), kept as contacts come; None
+        # to gather them again (after one of them went: who is next is not known).
+        self._near: list[int] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -296,12 +297,10 @@ class RoutingTable:
     def near(self, node_id: bytes) -> bool:
         """True if ``node_id`` would be one of the k contacts nearest our own id: nearer
         than the k-th nearest held, or the table holds fewer than k."""
-        bound = self._near
-        if bound is None:
-            nearest = self.closest(self.own_id, self.k)
-            bound = nearest[-1].number ^ self._own if len(nearest) >= self.k else _SPACE
-            self._near = bound
-        return id_int(node_id) ^ self._own < bound
+        near = self._near
+        if near is None:
+            near = self._near = [c.number ^ self._own for c in self.closest(self.own_id)]
+        return len(near) < self.k or id_int(node_id) ^ self._own < near[-1]
 
     def refusal(self, contact: Contact) -> Refusal | None:
         """Why :meth:`observe` would not take ``contact``, or None if it may."""
@@ -335,23 +334,24 @@ class RoutingTable:
         left = bisect.bisect_right(los, t) - 1
         right = left + 1  # buckets[left:right] are gathered
         s = buckets[left].shift
-        best = [(c.number ^ t, c) for c in buckets[left].contacts.values()]
-        while len(best) < want and s < ID_BITS:
+        # The contacts gathered by distance (one contact per id: distances differ), so
+        # that what is sorted is the distances alone.
+        found = {c.number ^ t: c for c in buckets[left].contacts.values()}
+        while len(found) < want and s < ID_BITS:
             if (t >> s) & 1:
                 lo = ((t >> s) ^ 1) << s  # the run is [lo, the first id gathered)
                 while left and los[left - 1] >= lo:
                     left -= 1
-                    best += [(c.number ^ t, c) for c in buckets[left].contacts.values()]
+                    found.update({c.number ^ t: c for c in buckets[left].contacts.values()})
             else:
                 hi = ((t >> s) + 2) << s  # the run is [the last id gathered + 1, hi)
                 while right < len(los) and los[right] < hi:
-                    best += [(c.number ^ t, c) for c in buckets[right].contacts.values()]
+                    found.update({c.number ^ t: c for c in buckets[right].contacts.values()})
                     right += 1
             s += 1
-        best.sort()  # distances differ (one contact per id): contacts are never compared
-        if skip:
-            return [c for d, c in best if d not in skip][:n]
-        return [c for _, c in best[:n]]
+        for d in skip:
+            found.pop(d, None)  # an excluded contact may lie beyond what was gathered
+        return [found[d] for d in sorted(found)[:n]]
 
     def stale_buckets(self, now: float, interval: float) -> list[tuple[int, int]]:
         """``[lo, hi)`` ranges of buckets untouched for ``interval`` (Kademlia §2.3)."""
@@ -393,7 +393,7 @@ class RoutingTable:
                 contact = shared(contact)
                 bucket.contacts[contact.node_id] = contact
                 self._index(contact)
-                self._moved_near(contact.number)
+                self._came_near(contact.number)
                 bucket.last_touched = now
                 return None
             splittable = bucket.lo <= self._own < bucket.hi or bucket.depth() % _SPLIT_B != 0
@@ -469,11 +469,30 @@ class RoutingTable:
 
     # ------------------------------------------------------------------ internals
 
-    def _moved_near(self, number: int) -> None:
-        """The contact ``number`` came or went: near() computes its bound again, unless
-        the contact is farther from our id than the k-th nearest (which it leaves as it is)."""
-        bound = self._near
-        if bound is not None and (bound == _SPACE or number ^ self._own <= bound):
+    def _came_near(self, number: int) -> None:
+        """The contact ``number`` came: one of the k nearest our id if nearer than the k-th."""
+        near = self._near
+        if near is None:
+            return
+        d = number ^ self._own
+        if len(near) < self.k:
+            bisect.insort(near, d)
+        elif d < near[-1]:
+            bisect.insort(near, d)
+            near.pop()
+
+    def _went_near(self, number: int) -> None:
+        """The contact ``number`` went: if it was one of the k nearest our id, they are
+        gathered again when next asked for (unless every contact is among them)."""
+        near = self._near
+        if near is None:
+            return
+        d = number ^ self._own
+        if len(near) < self.k:
+            i = bisect.bisect_left(near, d)
+            if i < len(near) and near[i] == d:
+                del near[i]
+        elif d <= near[-1]:
             self._near = None
 
     def _nearest(self, bucket: _Bucket) -> int:
@@ -524,7 +543,8 @@ class RoutingTable:
             self._unindex(bucket.replacements.pop(next(iter(bucket.replacements))))
 
     def _evict(self, bucket: _Bucket, node_id: bytes) -> None:
-        self._moved_near(id_int(node_id))
+        if node_id in bucket.contacts:
+            self._went_near(id_int(node_id))
         self._unindex(bucket.contacts.pop(node_id, None))
         bucket.failures.pop(node_id, None)
         if bucket.pinging == node_id:
@@ -537,7 +557,7 @@ class RoutingTable:
         for rid in reversed(bucket.replacements):
             if rid not in bucket.contacts:
                 promoted = bucket.contacts[rid] = bucket.replacements.pop(rid)
-                self._moved_near(promoted.number)
+                self._came_near(promoted.number)
                 return True
         return False
 
