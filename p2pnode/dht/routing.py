@@ -319,10 +319,9 @@ class RoutingTable:
         _check_id(target)
         t = int.from_bytes(target, "big")
         n = self.k if count is None else count
-        # The distances of the excluded contacts the table holds: as many more are
-        # gathered, and they are dropped from the result by distance (no contact read).
-        skip = {id_int(x) ^ t for x in excluding if x is not None and x in self}
-        want = n + len(skip)
+        # The distances of the excluded ids: gathered contacts at those distances are
+        # dropped by distance (no contact read), and one more is gathered for each.
+        skip = [id_int(x) ^ t for x in excluding if x is not None]
         # Buckets are id prefixes, in id order. Past the bucket holding ``t``, the ids
         # that agree with ``t`` above bit ``s`` and differ at it form a run of whole
         # buckets, all nearer ``t`` than any id that differs at a higher bit, and
@@ -337,7 +336,7 @@ class RoutingTable:
         # The contacts gathered by distance (one contact per id: distances differ), so
         # that what is sorted is the distances alone.
         found = {c.number ^ t: c for c in buckets[left].contacts.values()}
-        while len(found) < want and s < ID_BITS:
+        while s < ID_BITS and len(found) < n + sum(d in found for d in skip):
             if (t >> s) & 1:
                 lo = ((t >> s) ^ 1) << s  # the run is [lo, the first id gathered)
                 while left and los[left - 1] >= lo:
