@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import trio
 
@@ -48,7 +49,7 @@ from p2pnode.node.inlinewrite import InlineWatch, Writer
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.replies import ReplyLimits, ReplyQueues
-from p2pnode.node.replystream import surely_inline
+from p2pnode.node.replystream import reply_streamed, surely_inline
 from p2pnode.node.routing import Handler, LocalAgent, Routing
 from p2pnode.node.toolaudit import ToolAudit
 from p2pnode.registry import Registry
@@ -351,7 +352,7 @@ class AgentHost:
         sender, to, peer = agent.card.id, item.envelope, item.peer
         # An answer surely small enough for one envelope is not measured for streaming.
         streamed = streamed and not surely_inline(payload)
-        send = self._routing.reply_streamed if streamed else self._routing.reply
+        send = partial(reply_streamed, self._routing.reply) if streamed else self._routing.reply
         size = payload_envelope_size(payload)
         key = LOCAL if peer is None else peer
         if size <= INLINE_REPLY_BYTES and self.replies.queued(key) == 0 and self._writable(item):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from p2pnode.envelope import Envelope, MessageType
@@ -83,6 +84,35 @@ def surely_inline(payload: Any) -> bool:
     if kind is int:
         return bool(-(2**63) <= payload < 2**64)  # what msgpack packs
     return is_flat_json_map(payload, max_str_len=4096, max_items=16, max_key_len=4096)
+
+
+#: Answers ``to`` from local agent ``sender`` (see Routing.reply).
+ReplyFunction = Callable[[str, Envelope, MessageType, Any, str | None], Awaitable[ErrorCode | None]]
+
+
+async def reply_streamed(
+    reply: ReplyFunction,
+    sender: str,
+    to: Envelope,
+    type: MessageType,
+    payload: Any,
+    peer: str | None = None,
+) -> ErrorCode | None:
+    """``reply``, streaming a response too large for one envelope first (the module
+    docstring); one too large even for that is answered with ``MESSAGE_TOO_LARGE``."""
+    try:
+        streamed = stream_parts(payload) if type is MessageType.RESPONSE else None
+    except P2PError as exc:
+        error = RemoteError(exc.code, exc.message, agentId=sender)
+        return await reply(sender, to, MessageType.ERROR, error.to_dict(), peer)
+    if streamed is None:
+        return await reply(sender, to, type, payload, peer)
+    parts, final = streamed
+    for part_type, part in parts:
+        code = await reply(sender, to, part_type, part, peer)
+        if code is not None:
+            return code
+    return await reply(sender, to, type, final, peer)
 
 
 class ReplyStream:
@@ -174,7 +204,9 @@ __all__ = [
     "INLINE_LIMIT",
     "MAX_STREAMED_BYTES",
     "STREAM_TYPES",
+    "ReplyFunction",
     "ReplyStream",
+    "reply_streamed",
     "stream_parts",
     "surely_inline",
 ]

@@ -42,7 +42,7 @@ from p2pnode.node.interceptors import Interceptors
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
-from p2pnode.node.replystream import STREAM_TYPES, ReplyStream, stream_parts
+from p2pnode.node.replystream import STREAM_TYPES, ReplyStream
 from p2pnode.node.router import (
     ANSWERED_TYPES,
     BoundedSet,
@@ -53,19 +53,22 @@ from p2pnode.node.router import (
     Refusal,
     Router,
     RoutingResult,
-    capability_refusal,
     pinned_address,
     silent_pass,
-    split_address,
 )
 from p2pnode.node.routes import PendingRequest as PendingRequest  # re-exported
 from p2pnode.node.routes import Route, frames_of
+from p2pnode.node.targets import find_agent, find_provider
 from p2pnode.registry import Registry
 from p2pnode.threadstore import ThreadStore
 
 logger = logging.getLogger("p2pnode.node")
 
 Handler = Callable[[Envelope], Awaitable[Any]]
+#: An envelope's ingress so far, its hand-over left: its sender's card, recipients, size.
+Taken = tuple[AgentCard, Ingress, int]
+#: The decisions of an ENVELOPES frame's envelopes (None: a frame of one).
+Decided = BurstDecisions[IngressDecision] | None
 
 
 class Routing:
@@ -143,26 +146,6 @@ class Routing:
             logger.info("reply %s to %s not delivered: %s", reply.id, to.sender, exc)
             return exc.code
         return None
-
-    async def reply_streamed(
-        self, sender: str, to: Envelope, type: MessageType, payload: Any, peer: str | None = None
-    ) -> ErrorCode | None:
-        """Like :meth:`reply`, streaming a response too large for one envelope first
-        (p2pnode.node.replystream); one too large even for that is answered with
-        ``MESSAGE_TOO_LARGE``."""
-        try:
-            streamed = stream_parts(payload) if type is MessageType.RESPONSE else None
-        except P2PError as exc:
-            error = RemoteError(exc.code, exc.message, agentId=sender)
-            return await self.reply(sender, to, MessageType.ERROR, error.to_dict(), peer)
-        if streamed is None:
-            return await self.reply(sender, to, type, payload, peer)
-        parts, final = streamed
-        for part_type, part in parts:
-            code = await self.reply(sender, to, part_type, part, peer)
-            if code is not None:
-                return code
-        return await self.reply(sender, to, type, final, peer)
 
     async def expire_requests(self, interval: float) -> None:
         """Wake requests whose deadline passed, every ``interval`` seconds, forever."""
@@ -295,7 +278,9 @@ class Routing:
                 # The envelope was stamped by this node's clock as it was made: no second read.
                 recipient = self.router.reply_recipient(envelope)  # pinned to the asker
                 found = self.router.known_target(recipient, envelope.timestamp)
-                target = found if found is not None else await self._resolve_agent(recipient)
+                target = found or await find_agent(
+                    recipient, self.router, self.discovery, self.cards, self._clock_ms()
+                )
                 if target.id != envelope.recipient:  # agent@peer: the peer's agent is "agent"
                     self.router.pin(envelope)
                     envelope = dataclasses.replace(envelope, recipient=target.id)
@@ -321,7 +306,9 @@ class Routing:
     ) -> tuple[Envelope, AgentCard]:
         """``envelope`` addressed to the agent chosen for the capability it names, which
         goes with it (the receiver dispatches on it), and that agent's card."""
-        target = await self._resolve_capability(source, envelope)
+        target = await find_provider(
+            source, envelope.recipient, self.router, self.discovery, self.cards, self._clock_ms
+        )
         assert envelope.metadata is not None
         metadata = dataclasses.replace(
             envelope.metadata, routing_hint=None, capability=envelope.recipient
@@ -351,33 +338,6 @@ class Routing:
             path = RoutingPath.LOCAL if local else RoutingPath.REMOTE
         outcome = Outcome.FAILED if exc.code is ErrorCode.DELIVERY_FAILED else Outcome.REJECTED
         self._events.routing_decision(envelope, path, outcome, latency, code=exc.code)
-
-    async def _resolve_agent(self, agent_id: str) -> AgentCard:
-        for found in await self.discovery.find_agent(split_address(agent_id)[0]):
-            self.cards.learn(found)
-        card = self.router.known_target(agent_id, self._clock_ms())
-        if card is None:
-            raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
-        return card
-
-    async def _resolve_capability(self, source: AgentCard, envelope: Envelope) -> AgentCard:
-        capability = envelope.recipient
-        candidates = self.router.candidates(source, capability, self._clock_ms())
-        if not candidates:
-            for found in await self.discovery.find_providers(capability):
-                self.cards.learn(found)
-            candidates = self.router.candidates(source, capability, self._clock_ms())
-        if not candidates:
-            refused = self.router.refused(source, capability, self._clock_ms())
-            if refused:
-                # Offered, but policy refuses every provider: say so, not "not found".
-                raise capability_refusal(source, capability, refused)
-            raise LocalError(
-                ErrorCode.CAPABILITY_NOT_FOUND,
-                f"no reachable agent offers {capability!r}",
-                capability=capability,
-            )
-        return candidates[0]
 
     def _note_verdict(self, verdict: Verdict, envelope: Envelope, peer: str | None) -> None:
         """The event of a refusal or of a cross-tier message (a plain allow has none)."""
@@ -463,9 +423,12 @@ class Routing:
                 decisions: BurstDecisions[IngressDecision] = BurstDecisions()
                 for envelope in frame.envelopes:
                     # Each envelope of a batch is an input of its own: one that fails
-                    # does not cost the peer the ones after it.
+                    # does not cost the peer the ones after it. Most take no wait, and
+                    # no coroutine is made for them.
                     try:
-                        await self._on_envelope(peer_id, peer, envelope, decisions)
+                        taken = self._take(peer_id, peer, envelope, decisions)
+                        if taken is not None:
+                            await self._finish(peer_id, peer, envelope, taken, decisions)
                     except Exception as exc:
                         decisions.clear()
                         self._boundary.contain(peer, "envelope", exc)
@@ -498,6 +461,27 @@ class Routing:
         and the ingress decision of envelopes outside a thread by all they read of one,
         so a burst is decided once. They read the registry, the local agents and the
         policy, which change only while this task waits: emptied after any wait."""
+        taken = self._take(peer_id, peer, envelope, decisions)
+        if taken is not None:
+            await self._finish(peer_id, peer, envelope, taken, decisions)
+
+    async def _finish(
+        self, peer_id: PeerId, peer: str, envelope: Envelope, taken: Taken, decisions: Decided
+    ) -> None:
+        """The hand-over :meth:`_take` left, and what it means for ``decisions``."""
+        source, ingress, size = taken
+        without_wait = await self._hand_over(peer_id, peer, envelope, source, ingress, size)
+        if decisions is not None:
+            if without_wait:
+                decisions.put(envelope, (source, ingress))
+            else:
+                decisions.clear()
+
+    def _take(
+        self, peer_id: PeerId, peer: str, envelope: Envelope, decisions: Decided
+    ) -> Taken | None:
+        """The part of :meth:`_on_envelope` that never waits: None when that was all of
+        it, else what the hand-over needs."""
         decided = decisions.get(envelope) if decisions is not None else None
         if decided is None:
             source, ingress = self.router.authenticate(peer_id, envelope), None
@@ -507,23 +491,43 @@ class Routing:
             if decisions is not None:
                 decisions.put(envelope, (source, None))
             self._events.security(source.code, source.reason, peer, envelope)
-            return
+            return None
         if not self._seen.add(envelope.id):
-            return
+            return None
         size = envelope_size(envelope)  # one walk for the thread store and the inbox
         self._events.message_received(envelope, peer=peer)
         if envelope.correlation_id is not None:  # a reply or a thread's message
             self.threads.add(envelope, peer, size)
             if self._resolve_pending(envelope):
-                return
+                return None
         if ingress is None:
             ingress = self.router.ingress(source, envelope)
-        without_wait = await self._hand_over(peer_id, peer, envelope, source, ingress, size)
-        if decisions is not None:
-            if without_wait:
+        if self._queue_nowait(peer_id, peer, envelope, ingress, size):
+            if decisions is not None:
                 decisions.put(envelope, (source, ingress))
-            else:
-                decisions.clear()
+            return None
+        return source, ingress, size
+
+    def _queue_nowait(
+        self, peer_id: PeerId, peer: str, envelope: Envelope, ingress: Ingress, size: int
+    ) -> bool:
+        """The hand-over of most envelopes, with no coroutine: True when ``envelope`` has
+        one recipient, allowed with nothing to report, no interceptor, and went into its
+        inbox at once. False: nothing was done; :meth:`_hand_over` does all of it."""
+        verdicts = ingress.verdicts
+        if len(verdicts) != 1 or self.interceptors.of(envelope) is not None:
+            return False
+        agent_id, verdict = verdicts[0]
+        if verdict is not None and (not verdict.allowed or verdict.cross_tier):
+            return False
+        try:
+            if not self._agents[agent_id].deliver_nowait(envelope, peer, peer_id, size):
+                return False
+        except LocalError:  # over the inbox budget, or closing: the hand-over reports it
+            return False
+        if envelope.type in ANSWERED_TYPES:
+            self.router.note_request(envelope, peer_id)
+        return True
 
     async def _hand_over(
         self,
