@@ -183,7 +183,8 @@ class Calls:
     def on_reply(self, event: ReplyReceived) -> None:
         self.stats.rpcs_answered += 1
         on_result = self._results.pop(event.msg_id, None)
-        self._compact()
+        if not self._results:
+            self._results = {}  # _compact, written out: once per reply
         if not self.core.pending:
             self._sleep_on()
         if on_result is not None:

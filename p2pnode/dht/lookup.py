@@ -193,7 +193,7 @@ class Lookup:
     def add_named(self, named: Iterable[Named]) -> None:
         """:meth:`add_contacts` for contacts as a reply names them (``[id, host, port]``,
         checked): each becomes a contact only if it is asked, as few of them are."""
-        self._add((item[0], None, item) for item in named)
+        self._add([(item[0], None, item) for item in named])
 
     def _add(self, heard: Iterable[tuple[bytes, Contact | None, Named | None]]) -> None:
         short = self._short
@@ -204,7 +204,7 @@ class Lookup:
                 continue
             number = contact.number if contact is not None else int.from_bytes(node_id, "big")
             d = number ^ self._t
-            e = self._entries[node_id] = _Entry(contact, d, named=named)
+            e = self._entries[node_id] = _Entry(contact, d, PeerState.CANDIDATE, 0.0, 0.0, named)
             i = bisect.bisect(self._dists, d)
             self._dists.insert(i, d)
             self._order.insert(i, e)

@@ -247,11 +247,11 @@ class RoutingTable:
     def __contains__(self, node_id: object) -> bool:
         if not isinstance(node_id, bytes) or len(node_id) != ID_BYTES:
             return False
-        return node_id in self._bucket_for(id_int(node_id)).contacts
+        return node_id in self._bucket_for(int.from_bytes(node_id, "big")).contacts
 
     def get(self, node_id: bytes) -> Contact | None:
         """The contact with ``node_id``, if in the table."""
-        return self._bucket_for(id_int(node_id)).contacts.get(node_id)
+        return self._bucket_for(int.from_bytes(node_id, "big")).contacts.get(node_id)
 
     def contacts(self) -> list[Contact]:
         """Every contact, bucket by bucket, least recently seen first."""
@@ -284,7 +284,7 @@ class RoutingTable:
     def has_room(self, node_id: bytes) -> bool:
         """True if :meth:`observe` could make ``node_id`` a contact now: it is one, or
         its bucket has room or may split; False if it could only be a replacement."""
-        bucket = self._bucket_for(id_int(node_id))
+        bucket = self._bucket_for(int.from_bytes(node_id, "big"))
         if node_id in bucket.contacts or len(bucket.contacts) < self.k:
             return True
         splittable = bucket.lo <= self._own < bucket.hi or bucket.depth() % _SPLIT_B != 0
@@ -292,7 +292,7 @@ class RoutingTable:
 
     def bucket_size(self, node_id: bytes) -> int:
         """How many contacts the bucket ``node_id`` falls in holds."""
-        return len(self._bucket_for(id_int(node_id)).contacts)
+        return len(self._bucket_for(int.from_bytes(node_id, "big")).contacts)
 
     def near(self, node_id: bytes) -> bool:
         """True if ``node_id`` would be one of the k contacts nearest our own id: nearer
@@ -300,7 +300,7 @@ class RoutingTable:
         near = self._near
         if near is None:
             near = self._near = [c.number ^ self._own for c in self.closest(self.own_id)]
-        return len(near) < self.k or id_int(node_id) ^ self._own < near[-1]
+        return len(near) < self.k or int.from_bytes(node_id, "big") ^ self._own < near[-1]
 
     def refusal(self, contact: Contact) -> Refusal | None:
         """Why :meth:`observe` would not take ``contact``, or None if it may."""
@@ -321,7 +321,7 @@ class RoutingTable:
         n = self.k if count is None else count
         # The distances of the excluded ids: gathered contacts at those distances are
         # dropped by distance (no contact read), and one more is gathered for each.
-        skip = [id_int(x) ^ t for x in excluding if x is not None]
+        skip = [int.from_bytes(x, "big") ^ t for x in excluding if x is not None]
         # Buckets are id prefixes, in id order. Past the bucket holding ``t``, the ids
         # that agree with ``t`` above bit ``s`` and differ at it form a run of whole
         # buckets, all nearer ``t`` than any id that differs at a higher bit, and
@@ -424,7 +424,7 @@ class RoutingTable:
     def seen_at(self, node_id: bytes, address: tuple[str, int], now: float) -> bool:
         """:meth:`seen` by id: the contact ``node_id`` if the table holds it at ``address``
         (one bucket search for both). False, and nothing changed, otherwise."""
-        bucket = self._buckets[bisect.bisect_right(self._los, id_int(node_id)) - 1]
+        bucket = self._buckets[bisect.bisect_right(self._los, int.from_bytes(node_id, "big")) - 1]
         known = bucket.contacts.get(node_id)
         if known is None or known.address != address:
             return False
