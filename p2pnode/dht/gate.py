@@ -35,7 +35,8 @@ from p2pnode.dht import rpcwire
 from p2pnode.dht.admission import Admission, Verdict
 from p2pnode.dht.calls import NO_REPLY, Calls, OnResult
 from p2pnode.dht.config import DhtConfig, DhtStatistics
-from p2pnode.dht.routing import Contact, RoutingTable, distance, make_contact
+from p2pnode.dht.contacts import make_contact
+from p2pnode.dht.routing import Contact, RoutingTable, distance
 from p2pnode.dht.rpc import Address
 
 log = logging.getLogger("p2pnode.dht")

@@ -48,8 +48,9 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from p2pnode.dht.contacts import make_contact
 from p2pnode.dht.records import SignedRecord, decode_value_untrusted
-from p2pnode.dht.routing import Contact, id_int, make_contact
+from p2pnode.dht.routing import Contact, id_int
 
 
 class RttEstimator:

@@ -35,11 +35,9 @@ Ids are raw 20-byte strings, so p2pnode peer ids and the SHA-1 ids of stock
 takes ``now``.
 
 Memory: the simulator runs a hundred thousand tables in one process, each
-holding a hundred or more contacts. Contacts are immutable, so the tables of
-one process share equal ones (:func:`shared`, a weak map by id: a contact
-lives as long as some table or lookup holds it); a contact carries its
-``address`` tuple, built once; and the per-host count of ids keeps a host's
-single id as it is, not in a dict of its own.
+holding a hundred or more contacts. The tables of one process share equal
+contacts (:mod:`p2pnode.dht.contacts`), and the per-host count of ids keeps a
+host's single id as it is, not in a dict of its own.
 """
 
 from __future__ import annotations
@@ -48,79 +46,15 @@ import bisect
 import enum
 import ipaddress
 import random
-import sys
-import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
+from p2pnode.dht.contacts import ID_BITS, ID_BYTES, Contact, make_contact, shared
 from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import pack
 
-ID_BYTES = 20
-ID_BITS = 160
 _SPACE = 1 << ID_BITS
 _SPLIT_B = 5
 # The canonical spellings of an IPv4 octet: a host of four of them is its own key.
 _OCTETS = frozenset(str(i) for i in range(256))
-
-
-@dataclass(frozen=True, slots=True, weakref_slot=True)
-class Contact:
-    """A node as the routing table knows it: id and UDP address."""
-
-    node_id: bytes
-    host: str
-    port: int
-    #: The ``(host, port)`` to send datagrams to (built once: it is asked for often).
-    address: tuple[str, int] = field(init=False, repr=False, compare=False)
-    #: The id as a big-endian integer (built once: every distance needs it).
-    number: int = field(init=False, repr=False, compare=False)
-    #: The msgpack ``[id, host, port]`` a find_node reply carries of this contact
-    #: (docs/protocol/dht.md §3), built once: a shared contact is named in many replies.
-    wire: bytes = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "address", (self.host, self.port))
-        object.__setattr__(self, "number", int.from_bytes(self.node_id, "big"))
-        object.__setattr__(self, "wire", pack((self.node_id, self.host, self.port)))
-
-
-# Contacts held by the tables of this process, by id (see the module docstring): a
-# weak map as WeakValueDictionary keeps one, read without its Python-level get (every
-# contact of every reply is looked up here).
-_SHARED: dict[bytes, weakref.KeyedRef[bytes, Contact]] = {}
-
-
-def _forget(ref: weakref.KeyedRef[bytes, Contact]) -> None:
-    """A shared contact died: drop its entry, unless another took the id since."""
-    if _SHARED.get(ref.key) is ref:
-        del _SHARED[ref.key]
-
-
-def _held(node_id: bytes) -> Contact | None:
-    ref = _SHARED.get(node_id)
-    return None if ref is None else ref()
-
-
-def shared(contact: Contact) -> Contact:
-    """The contact equal to ``contact`` that this process holds already, else ``contact``
-    (which is then the one shared). Equal contacts are interchangeable: they are frozen."""
-    held = _held(contact.node_id)
-    if held is None:
-        _SHARED[contact.node_id] = weakref.KeyedRef(contact, _forget, contact.node_id)
-        return contact
-    return held if held == contact else contact
-
-
-def make_contact(node_id: bytes, host: str, port: int) -> Contact:
-    """The contact at ``(host, port)`` with ``node_id``: the shared one when this process
-    holds it (nothing is built), else a new one with ``host`` interned (thousands of
-    contacts share a handful of hosts)."""
-    ref = _SHARED.get(node_id)  # _held, written out: every contact of every reply
-    held = None if ref is None else ref()
-    if held is not None and held.port == port and held.host == host:
-        return held
-    return Contact(node_id, sys.intern(host), port)
 
 
 class Refusal(enum.Enum):
@@ -606,3 +540,18 @@ def random_id_in_range(lo: int, hi: int, rng: random.Random) -> bytes:
 def _check_id(node_id: bytes) -> None:
     if not isinstance(node_id, bytes) or len(node_id) != ID_BYTES:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, "Kademlia ids are exactly 20 bytes")
+
+
+__all__ = [
+    "ID_BITS",
+    "ID_BYTES",
+    "Contact",
+    "Refusal",
+    "RoutingTable",
+    "distance",
+    "host_key",
+    "id_int",
+    "make_contact",
+    "parsed_host_key",
+    "random_id_in_range",
+]

@@ -19,7 +19,7 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from p2pnode.dht.routing import ID_BYTES, Contact, make_contact
+from p2pnode.dht.contacts import ID_BYTES, Contact, make_contact
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
