@@ -374,15 +374,9 @@ async def _stock_measure(
 
 
 def table(ours: dict[str, Any], stock: dict[str, Any], n: int) -> str:
-    rows = [("join time (s, all nodes)", ours["join_s"], stock["join_s"], "{:.2f}")]
-    rows.append(
-        (
-            "memory per node (KB)",
-            ours["mem_per_node"] / 1024,
-            stock["mem_per_node"] / 1024,
-            "{:.1f}",
-        )
-    )
+    join = ("join time (s, all nodes)", ours["join_s"], stock["join_s"], "{:.2f}")
+    mem = ("memory per node (KB)", ours["mem_per_node"] / 1024, stock["mem_per_node"] / 1024)
+    rows = [join, (*mem, "{:.1f}")]
     for phase in ("before", "after"):
         label = "" if phase == "before" else " [20% stopped]"
         o, s = ours[phase], stock[phase]
