@@ -37,7 +37,7 @@ import trio
 
 from p2pnode.agent import Agent, Message, agent_for_handler
 from p2pnode.card import AgentCard, Capability, Endpoint
-from p2pnode.envelope import MessageType, payload_envelope_size
+from p2pnode.envelope import Envelope, MessageType, payload_envelope_size
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import Identity
 from p2pnode.lifetime import TaskOwner
@@ -309,20 +309,26 @@ class AgentHost:
     async def _serve_inbox(
         self, agent: LocalAgent, inbox: trio.MemoryReceiveChannel[Queued], writer: Writer
     ) -> None:
-        async for item in inbox:
-            await self._run_handler(agent, item, writer)
-            # Drain what is already queued without a scheduler pass per envelope.
-            while True:
+        next_item: Queued | None
+        async for next_item in inbox:
+            while next_item is not None:
+                item, envelope = next_item, agent.taken(next_item)
+                if envelope is None:
+                    pass  # its peer left: nobody to answer
+                elif envelope.type is MessageType.REQUEST:
+                    await self._answer(agent, item, envelope, writer)
+                else:  # nothing to answer: straight to the agent's handler
+                    await agent.definition.handle(envelope)
+                # Drain what is already queued without a scheduler pass per envelope.
                 try:
-                    queued = inbox.receive_nowait()
+                    next_item = inbox.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                await self._run_handler(agent, queued, writer)
+                    next_item = None
 
-    async def _run_handler(self, agent: LocalAgent, item: Queued, writer: Writer) -> None:
-        envelope = agent.taken(item)
-        if envelope is None:  # its peer left: nobody to answer
-            return
+    async def _answer(
+        self, agent: LocalAgent, item: Queued, envelope: Envelope, writer: Writer
+    ) -> None:
+        """Run the handler of request ``envelope`` (taken from ``item``) and answer it."""
         meta = envelope.metadata
         if (
             meta is not None

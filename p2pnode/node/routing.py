@@ -503,7 +503,7 @@ class Routing:
         if ingress is None:
             ingress = self.router.ingress(source, envelope)
         if self._queue_nowait(peer_id, peer, envelope, ingress, size):
-            if decisions is not None:
+            if decisions is not None and decided is None:
                 decisions.put(envelope, (source, ingress))
             return None
         return source, ingress, size
