@@ -70,23 +70,32 @@ async def test_a_flooding_peer_is_held_to_its_rate(autojump_clock: Any) -> None:
         await channel.aclose()
 
 
-async def test_bytes_queued_for_a_peer_are_bounded(autojump_clock: Any) -> None:
+def _link_to_a_silent_peer(
+    nursery: trio.Nursery, dialing: trio.Event, retry: RetryPolicy, limits: LinkLimits
+) -> PeerLink:
+    """A link whose peer never answers its dial (``dialing`` is set then): what is sent
+    stays queued."""
     me, them = Identity.generate(), Identity.generate()
-    dialing = trio.Event()
 
-    async def dial() -> Any:  # a peer that never answers: frames stay queued
+    async def dial() -> Any:
         dialing.set()
         await trio.sleep_forever()
 
     async def on_frame(peer: object, data: bytes) -> None:
         raise AssertionError("nothing arrives")
 
+    return PeerLink(
+        SecureIdentity(me).peer_id, SecureIdentity(them).peer_id, nursery, dial, on_frame,
+        lambda _link, _state: None, retry, None, limits,
+    )  # fmt: skip
+
+
+async def test_bytes_queued_for_a_peer_are_bounded(autojump_clock: Any) -> None:
+    dialing = trio.Event()
     async with trio.open_nursery() as nursery:
-        link = PeerLink(
-            SecureIdentity(me).peer_id, SecureIdentity(them).peer_id, nursery, dial, on_frame,
-            lambda _link, _state: None, RetryPolicy(dial_timeout=30.0), None,
-            LinkLimits(max_queue_bytes=1000),
-        )  # fmt: skip
+        link = _link_to_a_silent_peer(
+            nursery, dialing, RetryPolicy(dial_timeout=30.0), LinkLimits(max_queue_bytes=1000)
+        )
         nursery.start_soon(link.send, b"a" * 600)
         await dialing.wait()
         assert link.queued_bytes == 600
@@ -101,20 +110,13 @@ async def test_bytes_queued_for_a_peer_are_bounded(autojump_clock: Any) -> None:
 async def test_a_sender_cancelled_while_the_queue_is_full_leaves_nothing_counted(
     autojump_clock: Any,
 ) -> None:
-    me, them = Identity.generate(), Identity.generate()
-
-    async def dial() -> Any:  # a peer that never answers: the writer waits, frames queue
-        await trio.sleep_forever()
-
-    async def on_frame(peer: object, data: bytes) -> None:
-        raise AssertionError("nothing arrives")
-
     async with trio.open_nursery() as nursery:
-        link = PeerLink(
-            SecureIdentity(me).peer_id, SecureIdentity(them).peer_id, nursery, dial, on_frame,
-            lambda _link, _state: None, RetryPolicy(dial_timeout=30.0, queue_size=1), None,
+        link = _link_to_a_silent_peer(
+            nursery,
+            trio.Event(),
+            RetryPolicy(dial_timeout=30.0, queue_size=1),
             LinkLimits(max_queue_bytes=10_000),
-        )  # fmt: skip
+        )
         for frame in (b"a" * 100, b"b" * 100):  # the first goes to the writer, one waits
             nursery.start_soon(link.send, frame)
             await trio.testing.wait_all_tasks_blocked()
