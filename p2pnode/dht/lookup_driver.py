@@ -164,9 +164,12 @@ class LookupDriver:
             return
         scope = self._scope
         if scope is not None:
+            # Only ever sooner: as answers come the next soft timeout moves later, and
+            # each move would cost trio's deadline heap an entry to push and one gone
+            # stale (a hundred thousand nodes' timers are in that heap). A wake-up that
+            # comes too soon finds nothing due and sleeps again to the right deadline.
             deadline = lookup.next_deadline()
-            deadline = math.inf if deadline is None else deadline
-            if deadline != scope.deadline:  # moving a deadline costs trio a heap push
+            if deadline is not None and deadline < scope.deadline:
                 scope.deadline = deadline
 
     def _on_result(self, c: Contact, value: Any) -> None:

@@ -321,3 +321,38 @@ async def test_the_node_hands_on_its_body_exception_and_obeys_cancellation(
     assert scope.cancelled_caught
     with pytest.raises(LocalError):  # closed: no more calls
         await peer.ping(("10.0.0.1", 4000))
+
+
+async def test_a_soft_timeout_sooner_than_the_lookups_first_is_kept(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The lookup's sleep only ever moves sooner; a soft timeout that a later request
+    brings forward (its round trip was measured meanwhile) still frees its slot on time."""
+    sim = SimNetwork(random.Random(3), default=LinkConditions(latency=0.01, jitter=0.0))
+    config = DhtConfig(alpha=2, rto_initial=1.0, rto_floor=0.05, rpc_hard_timeout=5.0)
+    peer = _peer(sim, config=config)
+    answerer, silent, late_silent, last = [await _endpoint(sim) for _ in range(4)]
+    ids = [bytes([first]) + bytes(19) for first in (0x40, 0x80, 0x03, 0x07)]
+    asked_last: list[float] = []
+
+    async def answer(ep: DatagramEndpoint, named: list[Any], times: list[float]) -> None:
+        while True:
+            data, source = await ep.recvfrom()
+            times.append(trio.current_time())
+            request = rpcwire.decode_datagram_untrusted(data)
+            await ep.sendto(rpcwire.encode_response(request.msg_id, named), source)
+
+    wire = [[ids[2], *late_silent.local_address], [ids[3], *last.local_address]]
+    async with peer, trio.open_nursery() as nursery:
+        nursery.start_soon(answer, answerer, wire, [])
+        nursery.start_soon(answer, last, [], asked_last)
+        now = trio.current_time()
+        peer.table.observe(Contact(ids[0], *answerer.local_address), now)
+        peer.table.observe(Contact(ids[1], *silent.local_address), now)
+        t0 = trio.current_time()
+        await peer.find_node(bytes(20))
+        # The answerer replies at 0.02 s naming two nodes: the nearer is asked then, with
+        # a soft timeout of 0.06 s (the measured round trip), while the silent seed holds
+        # the other slot until 1.0 s. Its timeout frees the slot for the farther one.
+        assert asked_last == [pytest.approx(t0 + 0.02 + 0.06 + 0.01, abs=1e-6)]
+        nursery.cancel_scope.cancel()
