@@ -447,6 +447,20 @@ def test_a_sender_we_await_a_reply_from_is_not_checked() -> None:
     assert adm.on_request(_id(2), ("10.0.0.2", 1), table, 0.2, asked=True) is Verdict.KNOWN
 
 
+def _table_after(ops: list[tuple[str, int, int, int]]) -> RoutingTable:
+    """A small table after ``ops`` (observe, remove or fail; ids and addresses drawn)."""
+    table = RoutingTable(OWN, k=3, replacement_size=2)
+    for i, (op, n, host, p) in enumerate(ops):
+        node_id = bytes([n * 6]) + bytes(19)
+        if op == "observe":
+            table.observe(Contact(node_id, f"10.0.0.{host}", p), float(i))
+        elif op == "remove":
+            table.remove(node_id)
+        elif op == "fail":
+            table.record_failure(node_id)
+    return table
+
+
 @settings(max_examples=100, deadline=None)
 @given(ops=st.lists(_op, max_size=80), pick=st.integers(0, 40), port=st.integers(0, 3))
 def test_seen_is_observe_for_a_contact_held_at_its_address(
@@ -454,16 +468,7 @@ def test_seen_is_observe_for_a_contact_held_at_its_address(
 ) -> None:
     """The fast path of requests and replies from known contacts changes the table as
     observe() would, and nothing when the table does not hold the contact there."""
-    tables = [RoutingTable(OWN, k=3, replacement_size=2) for _ in range(2)]
-    for table in tables:
-        for i, (op, n, host, p) in enumerate(ops):
-            node_id = bytes([n * 6]) + bytes(19)
-            if op == "observe":
-                table.observe(Contact(node_id, f"10.0.0.{host}", p), float(i))
-            elif op == "remove":
-                table.remove(node_id)
-            elif op == "fail":
-                table.record_failure(node_id)
+    tables = [_table_after(ops), _table_after(ops)]
     fast, slow = tables
     contact = Contact(bytes([pick * 6]) + bytes(19), f"10.0.0.{pick % 4}", port)
     held = fast.get(contact.node_id)
@@ -482,16 +487,7 @@ def test_seen_is_observe_for_a_contact_held_at_its_address(
 @given(ops=st.lists(_op, max_size=80), pick=st.integers(0, 40), port=st.integers(0, 3))
 def test_seen_at_is_seen_by_id(ops: list[tuple[str, int, int, int]], pick: int, port: int) -> None:
     """seen_at(id, address) does what seen() does for the contact at that address."""
-    tables = [RoutingTable(OWN, k=3, replacement_size=2) for _ in range(2)]
-    for table in tables:
-        for i, (op, n, host, p) in enumerate(ops):
-            node_id = bytes([n * 6]) + bytes(19)
-            if op == "observe":
-                table.observe(Contact(node_id, f"10.0.0.{host}", p), float(i))
-            elif op == "remove":
-                table.remove(node_id)
-            elif op == "fail":
-                table.record_failure(node_id)
+    tables = [_table_after(ops), _table_after(ops)]
     by_id, by_contact = tables
     contact = Contact(bytes([pick * 6]) + bytes(19), f"10.0.0.{pick % 4}", port)
     assert by_id.seen_at(contact.node_id, contact.address, 99.0) == by_contact.seen(contact, 99.0)
