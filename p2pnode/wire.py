@@ -41,6 +41,16 @@ class WireLimits:
 DEFAULT_LIMITS = WireLimits()
 
 
+def array_header(count: int) -> bytes:
+    """The msgpack header of an array of ``count`` items (fixarray, array 16 or 32): what
+    precedes items already packed, to join them into an array without packing again."""
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
 def pack(obj: Any) -> bytes:
     """Encode ``obj`` as msgpack (str as str, bytes as bin).
 

@@ -21,7 +21,7 @@ from p2pnode.node.frames import (
     encode_hello,
     merge_envelope_frames,
 )
-from p2pnode.wire import pack
+from p2pnode.wire import array_header, pack
 from tests.strategies import addresses, cards, envelopes
 
 OWNER = Identity(bytes(range(32)))
@@ -140,3 +140,10 @@ def test_a_long_run_of_envelope_frames_becomes_one_frame() -> None:
     assert len(merged) == 1
     assert decode_frame_untrusted(merged[0]) == EnvelopeBatch(tuple(batch))
     assert frame_cost(merged[0]) == 300  # the receiver's bucket reads the count
+
+
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 65_535, 65_536])
+def test_array_header_joins_packed_items_as_pack_would(count: int) -> None:
+    items = [i % 7 for i in range(count)]
+    joined = array_header(count) + b"".join(pack(i) for i in items)
+    assert joined == pack(items)

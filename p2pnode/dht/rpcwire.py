@@ -21,7 +21,7 @@ from typing import Any
 
 from p2pnode.dht.contacts import ID_BYTES, Contact, make_contact
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
+from p2pnode.wire import WireError, WireLimits, array_header, pack, unpack_untrusted
 
 REQUEST = 0x00
 RESPONSE = 0x01
@@ -87,14 +87,7 @@ def contacts_reply(contacts: Sequence[Contact]) -> Encoded:
     """A ``find_node`` reply naming ``contacts``: the msgpack array of their
     ``[id, host, port]``, the very bytes ``pack`` makes of it, joined from each
     contact's own encoding (:attr:`Contact.wire`) instead of packed again."""
-    n = len(contacts)
-    if n < 16:
-        head = bytes([0x90 | n])  # fixarray
-    elif n < 1 << 16:
-        head = b"\xdc" + n.to_bytes(2, "big")  # array 16
-    else:
-        head = b"\xdd" + n.to_bytes(4, "big")  # array 32
-    return Encoded(head + b"".join([c.wire for c in contacts]))
+    return Encoded(array_header(len(contacts)) + b"".join([c.wire for c in contacts]))
 
 
 def _frame(kind: int, msg_id: bytes, body: bytes) -> bytes:

@@ -27,7 +27,7 @@ from typing import Any
 from p2pnode.card import AgentCard, is_address
 from p2pnode.envelope import Envelope, EnvelopeError
 from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.wire import WireLimits, pack, unpack_untrusted
+from p2pnode.wire import WireLimits, array_header, pack, unpack_untrusted
 
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_HELLO_CARDS = 64
@@ -115,9 +115,7 @@ def _envelopes_frame(run: list[bytes]) -> bytes:
     bytes (each body is already a complete msgpack map)."""
     if len(run) == 1:
         return run[0]
-    count = len(run)
-    head = bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
-    return b"".join([_ENVELOPES_HEAD, head, *[frame[2:] for frame in run]])
+    return b"".join([_ENVELOPES_HEAD, array_header(len(run)), *[frame[2:] for frame in run]])
 
 
 def _decode_envelopes_untrusted(body: Any) -> EnvelopeBatch:

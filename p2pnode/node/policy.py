@@ -185,6 +185,11 @@ class Verdict:
     source_tier: int | None = None
     target_tier: int | None = None
 
+    @property
+    def reported(self) -> bool:
+        """True when the verdict leaves an event: a refusal, or a cross-tier allow."""
+        return not self.allowed or self.cross_tier
+
     def _details(self) -> dict[str, object]:
         return {"source_tier": self.source_tier, "target_tier": self.target_tier}
 

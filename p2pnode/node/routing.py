@@ -285,7 +285,7 @@ class Routing:
                     self.router.pin(envelope)
                     envelope = dataclasses.replace(envelope, recipient=target.id)
             verdict = self.router.check(source, target, envelope)
-            if verdict is not None and (not verdict.allowed or verdict.cross_tier):
+            if verdict is not None and verdict.reported:
                 self._note_verdict(verdict, envelope, None)
                 if not verdict.allowed:
                     raise verdict.to_local_error()
@@ -518,7 +518,7 @@ class Routing:
         if len(verdicts) != 1 or self.interceptors.of(envelope) is not None:
             return False
         agent_id, verdict = verdicts[0]
-        if verdict is not None and (not verdict.allowed or verdict.cross_tier):
+        if verdict is not None and verdict.reported:
             return False
         try:
             if not self._agents[agent_id].deliver_nowait(envelope, peer, peer_id, size):
@@ -553,7 +553,7 @@ class Routing:
         without_wait = True
         allowed = []
         for agent_id, verdict in ingress.verdicts:
-            if verdict is not None and (not verdict.allowed or verdict.cross_tier):
+            if verdict is not None and verdict.reported:
                 self._note_verdict(verdict, envelope, peer)
             if verdict is None or verdict.allowed:
                 allowed.append(self._agents[agent_id])
