@@ -16,8 +16,8 @@ is kept monotonic, so bytes stay in order as TCP keeps them).
 
 For a network of many thousands of hosts, :meth:`SimNetwork.drive` delivers
 datagrams from one task instead: it waits until every other task is blocked,
-moves the clock to the next delivery (or to trio's next deadline, if that
-comes first) and wakes the receivers of what is due. Receivers then sleep
+moves the clock to the next delivery or timer of its own (or to trio's next
+deadline, if that comes first) and wakes the receivers of what is due. Receivers then sleep
 without a deadline of their own, so a datagram costs no cancel scope and no
 ``Cancelled`` raised through a receiver; delivery times, loss and ordering
 are the same as without the driver.
@@ -26,6 +26,14 @@ An endpoint may also take its datagrams in a callback
 (:meth:`_SimDatagramEndpoint.receive_with`, what
 :class:`p2pnode.dht.peer.DhtPeer` does): the driver then calls it for each
 datagram as it falls due, and no receiver task wakes at all.
+
+Timers likewise: :meth:`SimNetwork.move_on_at` is a cancel scope whose
+deadline, while the driver runs, the driver keeps (in buckets by due time,
+:mod:`p2pnode.simnet.timers`, not in trio's deadline heap with every other
+node's timers), and whose due callback, if it has one, runs from the driver's
+task instead of waking the scope's task (what :class:`p2pnode.dht.peer.DhtPeer`
+does for its receive loop and its lookups). Datagrams in flight are kept in
+buckets by due time too.
 
 Otherwise each delivery is a pass of trio's scheduler (the driver's, then the
 receivers'), and with jittered delays no two datagrams are due at the same
@@ -57,6 +65,7 @@ import trio.testing
 
 from p2pnode.net import Address, DatagramEndpoint, Network, StreamListener
 from p2pnode.simnet.streams import Pipe, SimListener, SimStream
+from p2pnode.simnet.timers import BucketQueue, SimTimer, TimerWheel
 
 _MAX_QUEUE = 512  # datagrams buffered per endpoint, like a socket receive buffer
 
@@ -98,10 +107,12 @@ class SimNetwork:
         self._streams: set[SimStream] = set()
         self._ports = itertools.count(40_000)
         self._seq = itertools.count()
-        # While drive() runs: datagrams in flight, (due, seq, endpoint, data, source),
-        # and where the driver waits when nothing is in flight nor timed.
+        # While drive() runs: datagrams in flight by due time, (seq, endpoint, data,
+        # source); the timers of move_on_at; where the driver waits when nothing is
+        # in flight nor timed.
         self._driven = False
-        self._flight: list[tuple[float, int, _SimDatagramEndpoint, bytes, Address]] = []
+        self._flight: BucketQueue[tuple[int, _SimDatagramEndpoint, bytes, Address]] = BucketQueue()
+        self._timers = TimerWheel()
         self._idle = trio.lowlevel.ParkingLot()
         # The time while the driver hands datagrams to handlers on a stopped clock
         # (what they send is sent then: no clock read per datagram), else None.
@@ -211,8 +222,7 @@ class SimNetwork:
             due = math.ceil(due / self.tick) * self.tick
         if self._driven:
             endpoint._flying += 1
-            heapq.heappush(self._flight, (due, seq, endpoint, data, src))
-            if self._flight[0][1] == seq:
+            if self._flight.push(due, (seq, endpoint, data, src)):
                 self._idle.unpark_all()  # the driver may wait for a first datagram
             return
         heapq.heappush(endpoint._heap, (due, seq, data, src))
@@ -222,6 +232,22 @@ class SimNetwork:
             endpoint._wake_at(due)
 
     # ------------------------------------------------------------------ driver
+
+    def move_on_at(
+        self, deadline: float, on_due: Callable[[float], None] | None = None
+    ) -> SimTimer | trio.CancelScope:
+        """A cancel scope with ``deadline``, as ``trio.move_on_at``; while :meth:`drive`
+        runs its deadline is the driver's (a :class:`~p2pnode.simnet.timers.SimTimer`,
+        not in trio's deadline heap), and when due ``on_due(now)``, if given, is
+        called from the driver's task instead of cancelling the scope (the owner's
+        task is not woken; the deadline is then infinite until set again).
+
+        Without the driver, or after it stopped, the scope is cancelled at its
+        deadline even with ``on_due``: its owner must handle both.
+        """
+        if self._driven:
+            return SimTimer(self._timers, deadline, on_due)
+        return trio.move_on_at(deadline)
 
     async def drive(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Deliver datagrams from this task until cancelled (see the module docstring).
@@ -239,41 +265,53 @@ class SimNetwork:
         self._driven = True
         try:
             task_status.started()
+            timers = self._timers
             while True:
                 await trio.testing.wait_all_tasks_blocked()
                 self._drive_step(clock)
-                if not self._flight and math.isinf(_seconds_to_deadline()):
-                    await self._idle.park()  # nothing timed: wait for a datagram
+                if (
+                    not self._flight
+                    and math.isinf(timers.first())
+                    and math.isinf(_seconds_to_deadline())
+                ):
+                    # Nothing timed: wait for a datagram or a timer.
+                    timers.idle = self._idle.unpark_all
+                    try:
+                        await self._idle.park()
+                    finally:
+                        timers.idle = None
         finally:
             self._driven = False
-            # Undelivered datagrams go back to their endpoints, to be delivered as
-            # without the driver.
-            for due, seq, endpoint, data, src in self._flight:
+            # Undelivered datagrams go back to their endpoints, and timers to trio,
+            # to be delivered and to expire as without the driver.
+            for due, (seq, endpoint, data, src) in self._flight.clear():
                 endpoint._flying -= 1
                 if not endpoint._closed:
                     heapq.heappush(endpoint._heap, (due, seq, data, src))
                     endpoint._wake_at(due)
-            self._flight.clear()
+            self._timers.stop()
 
     def _drive_step(self, clock: trio.testing.MockClock) -> None:
-        """Every task waits: deliver what is due, else move the clock on."""
-        flight = self._flight
+        """Every task waits: deliver what is due and fire the timers due (in that
+        order at one instant), else move the clock on."""
         now = trio.current_time()
-        if not flight or flight[0][0] > now:
+        nearest = min(self._flight.first(), self._timers.first())
+        if nearest > now:
             deadline = now + _seconds_to_deadline()
-            nearest = flight[0][0] if flight else math.inf
             if deadline < nearest:
                 if deadline > now:
                     clock.jump(deadline - now)  # trio expires it on its next pass
                 return
-            if nearest > now:
-                clock.jump(nearest - now)
-                # The jump may land an ulp short of ``nearest``: it is due all the same.
-                now = nearest
+            if math.isinf(nearest):
+                return
+            clock.jump(nearest - now)
+            # The jump may land an ulp short of ``nearest``: it is due all the same.
+            now = nearest
         landed = trio.current_time()
         self._step_time = landed if clock.rate == 0 else None
         try:
             self._deliver_due(now, landed)
+            self._timers.fire_due(now)
         finally:
             self._step_time = None
 
@@ -282,20 +320,21 @@ class SimNetwork:
         flight = self._flight
         reachable = self.reachable
         # What handlers send is due a delay later (or now, on a link without one:
-        # then it is handed over in this same step, in order).
-        while flight and flight[0][0] <= now:
-            due, seq, endpoint, data, src = heapq.heappop(flight)
-            endpoint._flying -= 1
-            if endpoint._closed:
-                continue
-            handler = endpoint._handler
-            if handler is None:
-                heapq.heappush(endpoint._heap, (min(due, landed), seq, data, src))
-                endpoint._lot.unpark_all()
-            elif (not self._killed and not self._group) or reachable(
-                src[0], endpoint._address[0]
-            ):  # as recvfrom re-checks (reachable's own fast path, without its call)
-                handler(data, src)
+        # then it is handed over in this same step, in order, a bucket of its own).
+        while (bucket := flight.pop_due(now)) is not None:
+            due, items = bucket
+            for seq, endpoint, data, src in items:
+                endpoint._flying -= 1
+                if endpoint._closed:
+                    continue
+                handler = endpoint._handler
+                if handler is None:
+                    heapq.heappush(endpoint._heap, (min(due, landed), seq, data, src))
+                    endpoint._lot.unpark_all()
+                elif (not self._killed and not self._group) or reachable(
+                    src[0], endpoint._address[0]
+                ):  # as recvfrom re-checks (reachable's own fast path, without its call)
+                    handler(data, src)
 
 
 class SimHost(Network):
@@ -309,6 +348,12 @@ class SimHost(Network):
 
     def __repr__(self) -> str:
         return f"SimHost({self.host})"
+
+    def move_on_at(
+        self, deadline: float, on_due: Callable[[float], None] | None = None
+    ) -> SimTimer | trio.CancelScope:
+        """:meth:`SimNetwork.move_on_at` (a timer the driver keeps while it runs)."""
+        return self.sim.move_on_at(deadline, on_due)
 
     async def bind_datagram(self, address: Address) -> DatagramEndpoint:
         await trio.lowlevel.checkpoint()
