@@ -9,7 +9,9 @@ parses it, hands it to the lookup and queues the requests that frees, which
 the receive loop's flush sends with its own datagrams. No task wakes per
 reply. The task that runs :meth:`LookupDriver.run` sleeps until the lookup
 is done or its next soft timeout (§6) is due, in one cancel scope whose
-deadline each round of requests moves.
+deadline each round of requests moves. On a network that keeps timers
+(:class:`~p2pnode.dht.calls.Timing`, the simulator under its driver) a
+soft timeout runs from the network's task and this one sleeps on.
 
 A reply that comes after the lookup ended (its requests run on to their
 reply or hard timeout for the routing table's sake) is ignored here. A
@@ -29,7 +31,7 @@ import trio
 
 from p2pnode.boundary import FailureBoundary
 from p2pnode.dht import rpcwire
-from p2pnode.dht.calls import NO_REPLY, Calls
+from p2pnode.dht.calls import NO_REPLY, Calls, MoveOnAt, Wake
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.lookup import Lookup, RecordCollector, RttEstimator
@@ -61,6 +63,8 @@ class LookupHost(Protocol):
     def boundary(self) -> FailureBoundary: ...
     @property
     def wall_clock_ms(self) -> Callable[[], int]: ...
+    @property
+    def move_on_at(self) -> MoveOnAt: ...
 
     def drop(self, source: Address, reason: str, kind: str) -> None: ...
 
@@ -116,7 +120,7 @@ class LookupDriver:
         self._done = trio.Event()
         # True once run() returned: late results only tell the routing table.
         self._ended = False
-        self._scope: trio.CancelScope | None = None
+        self._scope: Wake | None = None
         # True while _pump sends: a call refused at once (max_pending) fails inside it.
         self._pumping = False
 
@@ -133,7 +137,9 @@ class LookupDriver:
             host.calls.flush()
             while not self._done.is_set():
                 deadline = self.lookup.next_deadline()
-                with trio.move_on_at(math.inf if deadline is None else deadline) as scope:
+                with host.move_on_at(
+                    math.inf if deadline is None else deadline, self._soft_timeout
+                ) as scope:
                     self._scope = scope
                     await self._done.wait()
                 self._scope = None
@@ -171,6 +177,11 @@ class LookupDriver:
             deadline = lookup.next_deadline()
             if deadline is not None and deadline < scope.deadline:
                 scope.deadline = deadline
+
+    def _soft_timeout(self, now: float) -> None:
+        """A soft timeout run by a network that keeps timers (the scope stays open)."""
+        self._pump(now)
+        self._host.calls.flush()
 
     def _on_result(self, c: Contact, value: Any) -> None:
         if self._ended or self._done.is_set():

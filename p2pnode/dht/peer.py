@@ -21,7 +21,9 @@ Everything protocol-shaped happens in sans-IO objects it drives:
   sleeps in one cancel scope until the earliest of the core's
   ``next_deadline()`` and the maintenance schedule, then runs
   ``handle_timer(now)``. A call that needs an earlier wake-up pulls the
-  scope's deadline in.
+  scope's deadline in. A network that keeps timers itself (:class:`Timing`,
+  the simulator under its driver) runs ``handle_timer`` from its own task
+  when the scope is due, and the receive loop sleeps on.
 * **Lookups** (§6) are driven from the sans-IO :class:`~p2pnode.dht.lookup.Lookup`
   by a :class:`~p2pnode.dht.lookup_driver.LookupDriver`, without a task per
   request nor a wake-up per reply: each request's callback hands its reply
@@ -63,7 +65,7 @@ import trio
 
 from p2pnode.boundary import FailureBoundary, describe
 from p2pnode.dht import rpcwire
-from p2pnode.dht.calls import NO_REPLY, Calls, count_answers
+from p2pnode.dht.calls import NO_REPLY, Calls, MoveOnAt, Timing, count_answers, trio_move_on_at
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
@@ -176,6 +178,10 @@ class DhtPeer:
         #: The wall clock (unix ms) that record expiry is measured on.
         self.wall_clock_ms = wall_clock_ms
         self._network = network
+        #: Where the node's timers come from (the network's own, if it keeps them).
+        self.move_on_at: MoveOnAt = (
+            network.move_on_at if isinstance(network, Timing) else trio_move_on_at
+        )
         self._bind_address = address
         self._rng: random.Random = rng if rng is not None else _OS_RANDOM
         self.table = _table(node_id, config)
@@ -299,14 +305,22 @@ class DhtPeer:
     async def _receive_loop(self, endpoint: DatagramEndpoint) -> None:
         # Runs until the nursery is cancelled. One cancel scope per timer wake-up,
         # not one per datagram nor per call: Calls.call_nowait pulls the deadline in.
+        # A network that keeps timers runs _timer_due instead, and this task sleeps on.
         while True:
-            with trio.move_on_at(self._next_wake()) as scope:
-                self.calls.wake = scope
+            with self.move_on_at(self._next_wake(), self._timer_due) as wake:
+                self.calls.wake = wake
                 while True:
                     data, source = await endpoint.recvfrom()
                     self._take_delivered(data, source)
             self.calls.wake = None
             self._handle_timer(trio.current_time())
+
+    def _timer_due(self, now: float) -> None:
+        """The receive loop's timer, run by a network that keeps timers (:class:`Timing`)."""
+        self._handle_timer(now)
+        wake = self.calls.wake
+        if wake is not None:
+            wake.deadline = self._next_wake()
 
     def _take_delivered(self, data: bytes, source: Address) -> None:
         """One datagram, from the receive loop or handed over by the network itself

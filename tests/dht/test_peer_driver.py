@@ -356,3 +356,54 @@ async def test_a_soft_timeout_sooner_than_the_lookups_first_is_kept(
         # the other slot until 1.0 s. Its timeout frees the slot for the farther one.
         assert asked_last == [pytest.approx(t0 + 0.02 + 0.06 + 0.01, abs=1e-6)]
         nursery.cancel_scope.cancel()
+
+
+class _Steps(trio.abc.Instrument):
+    """Counts the steps of one task, or of the tasks whose name ends with ``name``."""
+
+    def __init__(self, task: trio.lowlevel.Task | None = None, name: str = "") -> None:
+        self.task, self.name, self.count = task, name, 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task or (self.name and task.name.endswith(self.name)):
+            self.count += 1
+
+
+async def test_under_the_driver_the_timers_run_without_waking_the_node(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The simulator's driver keeps the node's timers (SimNetwork.move_on_at): a lookup's
+    soft timeouts, the calls' hard timeouts and the maintenance passes run from the
+    driver's task at their times, and neither the receive loop nor the task that
+    waits for the lookup wakes for them."""
+    sim = SimNetwork(random.Random(4), default=LinkConditions(latency=0.01, jitter=0.0))
+    config = DhtConfig(rto_initial=1.0, rpc_hard_timeout=3.0, maintenance_interval=10.0)
+    peer = _peer(sim, config=config)
+    silent = [await _endpoint(sim) for _ in range(3)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.drive)
+        async with peer:
+            now = trio.current_time()
+            for i, ep in enumerate(silent):
+                peer.table.observe(
+                    Contact(bytes([0x10 * i + 1]) + bytes(19), *ep.local_address), now
+                )
+            await trio.testing.wait_all_tasks_blocked()
+            loop = _Steps(name="DhtPeer.serve")
+            waiter = _Steps(trio.lowlevel.current_task())
+            trio.lowlevel.add_instrument(loop)
+            trio.lowlevel.add_instrument(waiter)
+            t0 = trio.current_time()
+            assert await peer.find_node(bytes(20)) == []
+            # Nobody answers: soft timeouts at 1 s free the slots, with nobody left to
+            # ask, and the hard timeouts at 3 s end the lookup.
+            assert trio.current_time() - t0 == pytest.approx(3.0, abs=1e-6)
+            assert peer.stats.rpcs_timed_out == 3
+            assert waiter.count == 1  # woken once: the lookup ended
+            first = peer.schedule.next_deadline()
+            await trio.sleep_until(first + 25)  # passes at first, first + 10, first + 20
+            assert peer.schedule.next_deadline() == pytest.approx(first + 30)
+            trio.lowlevel.remove_instrument(loop)
+            trio.lowlevel.remove_instrument(waiter)
+        nursery.cancel_scope.cancel()
+    assert loop.count == 0
