@@ -60,7 +60,7 @@ from bench_agents import (
     timed_round_trips,
 )
 from bench_channel import ChannelEndpoint, Endpoint, FramedStream, fmt
-from bench_floors import envelope_rate, task_switch_rate
+from bench_floors import BATCH, envelope_rate, task_switch_rate
 
 from p2pnode.channel import ChannelConfig, accept_secure, connect_secure
 from p2pnode.envelope import Envelope, MessageType
@@ -75,7 +75,6 @@ from p2pnode.tcpstream import TcpStream
 
 ECHO, SINK, DONE = b"e", b"s", b"x"  # first byte of a baseline message: what the server does
 MESSAGE = b"\0" * 255
-BATCH = 64
 # The node's channels enforce the idle timeout in the link (one watchdog), not per read.
 CHANNEL_CONFIG = ChannelConfig(idle_timeout=None)
 
