@@ -509,3 +509,34 @@ async def test_a_daemon_survives_bad_lines_on_its_agent_socket(tmp_path: Path) -
             await wait_for_agent(host, "good")
             reply = await caller.call({"op": "send", "to": "resident", "payload": 1})
             assert reply["sender"] == "resident"
+
+
+# -- a process that writes without reading, then leaves ------------------------------------------
+
+
+@pytest.mark.slow
+async def test_a_process_that_writes_ops_without_reading_and_leaves_closes_cleanly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="p2pnode.agents")
+    with trio.fail_after(30):
+        async with served(tmp_path) as (host, caller, service):
+            writer = await RawClient.open(tmp_path / AGENT_SOCKET_NAME)
+            await writer.attach("writer")
+            await wait_until(lambda: caller.registry.find("writer") is not None)
+            # Ops each answered with an error line several times their size: the replies
+            # fill the socket, then the node's reply backlog, and it stops reading; the
+            # process leaves with the node's writer blocked and its reader paused.
+            lines = json.dumps({"op": "fly", "id": 1}).encode() + b"\n"
+            with trio.move_on_after(2):
+                for _ in range(200):  # bounded: the node stops reading long before
+                    await writer.stream.send_all(lines * 5_000)
+            await writer.stream.aclose()
+            await wait_until(lambda: service.attached() == [])
+            await wait_until(lambda: host.registry.find("writer") is None)
+            assert host.boundary.stats.unexpected == {}
+            assert any("writer" in r.getMessage() and "closed" in r.getMessage()
+                       for r in caplog.records)
+            # The node serves another process as before.
+            again = await RawClient.open(tmp_path / AGENT_SOCKET_NAME)
+            await again.attach("again")

@@ -293,6 +293,9 @@ class _Connection:
     # -- lifetime ---------------------------------------------------------------------------
 
     async def serve(self) -> None:
+        # Bound before the nursery: the writer cancels the reader when the process is gone
+        # (it left while replies were unwritten), and then the read returns nothing.
+        detach: Detach | None = None
         try:
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._write_loop)
@@ -403,7 +406,15 @@ class _Connection:
                     try:
                         await self._stream.send_all(data)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        session.close()  # the process is gone: so is the session
+                        # The process is gone (it left without reading what it asked
+                        # for): so is the session. A normal end, not a defect.
+                        logger.info(
+                            "agent connection of %s closed: the process left with %d bytes"
+                            " unwritten",
+                            self.agent_id or "(not attached)",
+                            len(data),
+                        )
+                        session.close()
                         if self._nursery is not None:
                             self._nursery.cancel_scope.cancel()  # the reader may be waiting
                         return
