@@ -21,8 +21,10 @@ Theory of operation (docs/protocol/tasks.md §4-5):
      joins; so is one that failed ``max_attempts`` times.
   3. *Results* (R8.4). The first result of a sub-task is accepted and
      journaled; any later one is a duplicate, dropped (exactly once). A result
-     counts from any participant offering the sub-task's capabilities, so
-     work done for a coordinator that died is not lost.
+     counts only from a member that some journaled or decided assignment gave
+     that attempt of the sub-task (docs/protocol/tasks.md §4.6): an attempt
+     assigned by a coordinator that died still counts, a result from anyone
+     else is refused (a security event at the driver).
   4. *Outcome* (R8.6). When every sub-task is done the swarm is
      ``completed`` with the outcome of its aggregation.
 
@@ -43,6 +45,7 @@ Theory of operation (docs/protocol/tasks.md §4-5):
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -63,6 +66,7 @@ from p2pnode.node.swarmdoc import (
     SubState,
     SwarmView,
     aggregate,
+    peer_of,
 )
 
 
@@ -88,6 +92,15 @@ class SwarmConfig:
             raise LocalError(ErrorCode.CONFIG_ERROR, "swarm timers must be positive")
         if self.prefetch < 0 or self.max_attempts < 1 or self.max_invites < 1:
             raise LocalError(ErrorCode.CONFIG_ERROR, "bad prefetch, max_attempts or max_invites")
+
+
+class Verdict(enum.Enum):
+    """What became of a reported result."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    #: Not from the assignee of that attempt (or not a sub-task): a rule broken.
+    REFUSED = "refused"
 
 
 class Orders(NamedTuple):
@@ -137,6 +150,10 @@ class Coordinator:
         self._holder: dict[int, str] = {}
         #: Who failed each sub-task: another capable agent is preferred for it.
         self._failed_by: dict[int, set[str]] = {}
+        #: Every (attempt, member) each sub-task was assigned: who may report it.
+        self._attempts: list[set[tuple[int, str]]] = [set() for _ in plan.subtasks]
+        #: Results refused: not from the assignee of that attempt.
+        self.refused = 0
         self.status = WORKING
         self.outcome: Any = None
         self.record = Record()
@@ -165,6 +182,7 @@ class Coordinator:
                 seen.ref,
             )
             sub.assignee = seen.assignee
+            self._attempts[index] |= seen.attempts
             if seen.status == DONE:
                 sub.status = DONE
             elif seen.status == ASSIGNED and seen.assignee in self._parts:
@@ -218,22 +236,20 @@ class Coordinator:
             self.record.leases[agent] = now_ms + int(self.plan.lease * 1000)
         return True
 
-    def result(self, agent: str, index: int, attempt: int, value: Any) -> bool:
-        """A result; True when accepted (the first for that sub-task, from a participant
-        offering its capabilities)."""
-        if not 0 <= index < len(self.subs):
-            return False
+    def result(self, agent: str, index: int, attempt: int, value: Any) -> Verdict:
+        """A result of member ``agent``: accepted when it is the first for that sub-task
+        and ``agent`` was assigned that attempt; else a duplicate or refused."""
+        if not 0 <= index < len(self.subs) or (attempt, agent) not in self._attempts[index]:
+            self.refused += 1
+            return Verdict.REFUSED
         sub = self.subs[index]
-        part = self._parts.get(agent)
-        if part is None or not self._needs[index] <= part.capabilities:
-            return False
         if sub.status == DONE:
             self.duplicates += 1
-            return False
+            return Verdict.DUPLICATE
         self._release(index)
         sub.status, sub.assignee, sub.attempt, sub.result = DONE, agent, attempt, value
         self.record.done.append((index, attempt, agent, value))
-        return True
+        return Verdict.ACCEPTED
 
     def failure(self, agent: str, index: int, attempt: int, code: str) -> None:
         """``agent`` reports that its attempt at sub-task ``index`` failed."""
@@ -317,6 +333,7 @@ class Coordinator:
             sub.attempt += 1
             sub.status, sub.assignee = ASSIGNED, agent
             self._hold(index, agent, part)
+            self._attempts[index].add((sub.attempt, agent))
             self.assignments += 1
             self.record.assigned.append((index, agent, sub.attempt))
             assign.setdefault(agent, []).append((index, sub.attempt))
@@ -416,8 +433,12 @@ def invitees(
 
 
 def successors(view: SwarmView, coordinator: str) -> list[str]:
-    """Who takes over from ``coordinator``, in order: the live participants by id."""
-    return [a for a in view.live_members() if a != coordinator]
+    """Who takes over from ``coordinator``, in order: the live participants by member
+    address (agent id first), less those on the coordinator's own peer (they went down
+    with it)."""
+    home = peer_of(coordinator)
+    return [a for a in view.live_members()
+            if a != coordinator and (home is None or peer_of(a) != home)]  # fmt: skip
 
 
 def claim_after(rank: int, lease: float) -> float:
@@ -483,6 +504,7 @@ __all__ = [
     "Orders",
     "Participation",
     "SwarmConfig",
+    "Verdict",
     "claim_after",
     "invitees",
     "successors",

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from p2pnode.crdt.types import LWWRegister, ORMap
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.identity import PeerId
 from p2pnode.jsonutil import dumps, is_json_value
 from p2pnode.node.swarmplan import (
     AGGREGATIONS,
@@ -56,6 +58,70 @@ MAX_RESULT_CHARS = 16 * 1024
 PENDING, ASSIGNED, DONE, ESCALATED = "pending", "assigned", "done", "escalated"
 WORKING, INPUT_REQUIRED, COMPLETED, CANCELED = "working", "input-required", "completed", "canceled"
 SWARM_STATES = frozenset({WORKING, INPUT_REQUIRED, COMPLETED, CANCELED})
+
+
+def member_address(agent: str, peer: str) -> str:
+    """How the swarm document names a member: its agent id with its owner's peer id,
+    ``agent@peer`` (an agent id alone can be squatted; the pair cannot)."""
+    return f"{agent}@{peer}"
+
+
+def split_member(address: str) -> tuple[str, str]:
+    """``(agent id, peer id)`` of a member address. Raises ValueError."""
+    agent, sep, peer = address.rpartition("@")
+    if not sep or not valid_id(agent) or len(peer) != 32:
+        raise ValueError("not agent@peer")
+    try:
+        PeerId.parse(peer)
+    except LocalError:
+        raise ValueError("not a peer id") from None
+    return agent, peer
+
+
+def peer_of(address: str) -> str | None:
+    """The peer id of a member address; None when it is not one."""
+    try:
+        return split_member(address)[1]
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Breach:
+    """A register of the swarm document that breaks a rule of §4.6: ignored by the fold,
+    reported as a security event."""
+
+    #: Where: ``log/<term>/<seq>``, ``coord``, ``cancel`` or ``plan/<key>``.
+    key: str
+    #: The peer id that wrote it (authenticated by the delta's signature).
+    writer: str
+    #: The rule it breaks.
+    rule: str
+
+
+class Authored(NamedTuple):
+    """A register's value with the peer id of the replica that wrote it."""
+
+    value: Any
+    writer: str
+
+
+def authored(root: ORMap) -> dict[str, Any]:
+    """A document's value with each register as :class:`Authored` (its writer from the
+    register's replica id, which the delta's signature binds to the writing peer:
+    gossip.md §3.1)."""
+    out: dict[str, Any] = {}
+    for key, entry in root.entries.items():
+        if not entry.dots:
+            continue  # removed
+        value = entry.value
+        if isinstance(value, ORMap):
+            out[key] = authored(value)
+        elif isinstance(value, LWWRegister):
+            out[key] = Authored(value.val, value.replica)
+        else:
+            out[key] = Authored(value.value(), "")
+    return out
 
 
 @dataclass(slots=True)
@@ -168,6 +234,13 @@ def _agent(value: object) -> str:
     return value
 
 
+def _member(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError("bad member")
+    split_member(value)
+    return value
+
+
 def _ms(value: object) -> int:
     if type(value) is not int or not 0 <= value < 2**63:
         raise ValueError("bad time")
@@ -186,17 +259,17 @@ def _parse_record(data: object, count: int) -> Record:
     record = Record()
     for agent, caps, capacity in data.get("j", []):
         capabilities = tuple(_agent(c) for c in caps)
-        record.joined.append((_agent(agent), capabilities, max(1, _count(capacity))))
+        record.joined.append((_member(agent), capabilities, max(1, _count(capacity))))
     for index, agent, attempt in data.get("a", []):
-        record.assigned.append((_index(index, count), _agent(agent), _count(attempt)))
+        record.assigned.append((_index(index, count), _member(agent), _count(attempt)))
     for index, attempt, agent, result in data.get("d", []):
         if not is_json_value(result):
             raise ValueError("bad result")
-        record.done.append((_index(index, count), _count(attempt), _agent(agent), result))
+        record.done.append((_index(index, count), _count(attempt), _member(agent), result))
     for index, agent, attempt, code in data.get("f", []):
-        record.failed.append((_index(index, count), _agent(agent), _count(attempt), _agent(code)))
-    record.dead = [_agent(a) for a in data.get("x", [])]
-    record.leases = {_agent(a): _ms(ms) for a, ms in data.get("l", {}).items()}
+        record.failed.append((_index(index, count), _member(agent), _count(attempt), _agent(code)))
+    record.dead = [_member(a) for a in data.get("x", [])]
+    record.leases = {_member(a): _ms(ms) for a, ms in data.get("l", {}).items()}
     record.escalated = [_index(i, count) for i in data.get("e", [])]
     status = data.get("s")
     if status is not None and status not in SWARM_STATES:
@@ -221,6 +294,8 @@ class SubState:
     ref: str | None = None
     failures: int = 0
     escalated: bool = False
+    #: Every ``(attempt, member)`` the journal assigned it: who may report each attempt.
+    attempts: set[tuple[int, str]] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -243,6 +318,10 @@ class SwarmView:
     outcome: Any = None
     #: Results accepted for a sub-task already done (dropped: counted once).
     duplicates: int = 0
+    #: Coordinator terms the rules admit: epoch -> members that claimed it.
+    terms: dict[int, set[str]] = field(default_factory=dict)
+    #: Journal records (or their entries) that break a rule, by key: ignored.
+    breaches: dict[str, Breach] = field(default_factory=dict)
 
     @property
     def done(self) -> int:
@@ -283,6 +362,7 @@ def apply(view: SwarmView, key: str, record: Record) -> None:
             member.capabilities, member.capacity, member.alive = frozenset(caps), capacity, True
     for index, agent, attempt in record.assigned:
         sub = view.subtasks[index]
+        sub.attempts.add((attempt, agent))
         if sub.status != DONE:
             sub.status, sub.assignee, sub.escalated = ASSIGNED, agent, False
             sub.attempt = max(sub.attempt, attempt)
@@ -327,7 +407,8 @@ class CoordLease:
         data = loads_register(text)
         if (
             not isinstance(data, dict)
-            or not valid_id(data.get("agent"))
+            or not isinstance(data.get("agent"), str)
+            or peer_of(data["agent"]) is None
             or type(data.get("epoch")) is not int
             or type(data.get("beat")) is not int
         ):
@@ -342,78 +423,221 @@ def lease_stamp(epoch: int, now_ms: int) -> int:
 
 
 def log_key(epoch: int, agent: str) -> str:
-    """The journal map of one coordinator term (sorts by epoch, then writer)."""
+    """The journal map of one coordinator term (sorts by epoch, then writer); ``agent``:
+    the coordinator's member address."""
     return f"{epoch:010d}:{agent}"
 
 
+def _term_of(key: str) -> tuple[int, str] | None:
+    """``(epoch, member)`` of a journal key ``<epoch>:<member>/<seq>``; None if malformed."""
+    term, _, _seq = key.partition("/")
+    epoch, sep, member = term.partition(":")
+    if not sep or len(epoch) != 10 or not epoch.isdigit() or peer_of(member) is None:
+        return None
+    return int(epoch), member
+
+
+def claim_breach(view: SwarmView, opener: str, epoch: int, member: str) -> str | None:
+    """Why coordinator term ``(epoch, member)`` is not admitted by the fold so far (§4.6
+    rule 3); None when it is (an admitted term, the opener's epoch 1, or the claim of
+    a live member for the highest epoch or the next)."""
+    if member in view.terms.get(epoch, ()):
+        return None
+    if epoch == 1:
+        return None if member == opener else "epoch 1 is the opener's"
+    if epoch < 1:
+        return "an epoch below 1"
+    top = max(view.terms, default=0)
+    if epoch not in (top, top + 1) or top == 0:
+        return f"epoch {epoch} is not the next after {top}"
+    state = view.members.get(member)
+    if state is None or not state.alive:
+        return "a claim by an agent that is not a live member"
+    return None
+
+
+def admit(view: SwarmView, opener: str, key: str, record: Record, writer: str) -> None:
+    """Fold one authored journal record under the rules (§4.6): a record outside an
+    admitted term, or written by another peer than its term's coordinator, is ignored;
+    so are its results and failures not reported by the assignee of that attempt,
+    assignments to non-members, and a ``completed`` status with sub-tasks not done.
+    Each is noted in ``view.breaches``. A journaled outcome is never taken: readers
+    compute it from the results."""
+    term = _term_of(key)
+    why: str | None
+    if term is None:
+        why = "a journal key that names no term"
+    elif peer_of(term[1]) != writer:
+        why = "written by another peer than its term's coordinator"
+    else:
+        why = claim_breach(view, opener, *term)
+    if why is not None or term is None:
+        view.breaches[key] = Breach("log/" + key, writer, why or "")
+        return
+    view.terms.setdefault(term[0], set()).add(term[1])
+    clean = Record(dead=record.dead, joined=record.joined, leases=record.leases,
+                   escalated=record.escalated)  # fmt: skip
+    members = set(view.members) | {a for a, _, _ in record.joined}
+    clean.assigned = [a for a in record.assigned if a[1] in members]
+    apply(view, key, clean)  # joins and assignments first: a record may report on them
+    late = Record(has_outcome=False)
+    for entry in record.done:
+        if (entry[1], entry[2]) in view.subtasks[entry[0]].attempts:
+            late.done.append(entry)
+    for fail in record.failed:
+        if (fail[2], fail[1]) in view.subtasks[fail[0]].attempts:
+            late.failed.append(fail)
+    apply(view, key, late)
+    refused = (len(record.assigned) - len(clean.assigned) + len(record.done) - len(late.done)
+               + len(record.failed) - len(late.failed))  # fmt: skip
+    if record.status is not None:
+        if record.status == COMPLETED and not view.complete:
+            refused += 1
+        else:
+            view.status = record.status
+    if refused:
+        rule = f"{refused} entries not by the assignee, to a non-member or completing early"
+        view.breaches[key] = Breach("log/" + key, writer, rule)
+
+
+def fold_checked(
+    count: int, opener: str, records: Iterable[tuple[str, Record, str]]
+) -> SwarmView:
+    """Replay authored records ``(key, record, writer)``, sorted here by key, under the
+    rules (:func:`admit`); ``opener``: the opener's member address."""
+    view = SwarmView([SubState() for _ in range(count)])
+    for key, record, writer in sorted(records, key=lambda krw: krw[0]):
+        admit(view, opener, key, record, writer)
+    return view
+
+
 class DocReader:
-    """Successive values of one replica's swarm document, read incrementally: the plan
-    once, each journal record once (a key is written once), and the fold extended in
-    place while records arrive in key order (refolded when one arrives out of order)."""
+    """Successive values of one replica's swarm document (as :func:`authored` gives it),
+    read incrementally: the plan once, each journal record once (a key is written once),
+    and the checked fold extended in place while records arrive in key order (refolded
+    when one arrives out of order, since what an entry may do depends on the records
+    sorting before it)."""
 
     def __init__(self) -> None:
         self.plan: Plan | None = None
+        #: The peer that wrote the plan: the opener's node.
+        self.owner = ""
         self.coord: CoordLease | None = None
         self.canceled = False
         self.view: SwarmView | None = None
-        self.records: dict[str, Record] = {}
+        self.records: dict[str, tuple[Record, str]] = {}
         #: Registers that did not parse (skipped).
         self.bad = 0
-        self._coord_text: object = None
+        #: Breaches outside the journal (``coord``, ``cancel``, ``plan``), by where.
+        self.breaches: dict[str, Breach] = {}
+        self._coord_seen: object = None
         self._last = ""
 
+    @property
+    def opener(self) -> str:
+        """The opener's member address (the plan's opener on the plan's writer)."""
+        return member_address(self.plan.opener, self.owner) if self.plan is not None else ""
+
     def read_untrusted(self, value: Mapping[str, Any]) -> list[tuple[str, Record]]:
-        """Take the document's current ``value``; the records new since the last read, in
-        key order. Raises TaskError when the plan is malformed."""
-        if self.plan is None:
-            self.plan = Plan.from_doc_untrusted(value.get("plan"))
-            if self.plan is None:
-                return []
-        text = value.get("coord")
-        if text is not None and text != self._coord_text:
-            self._coord_text = text
-            try:
-                self.coord = CoordLease.from_register_untrusted(text)
-            except RemoteError:
-                self.bad += 1
-        self.canceled = value.get("cancel") is True
-        new = sorted(self._new_records(value.get("log")), key=lambda kr: kr[0])
+        """Take the document's current authored ``value``; the records new since the last
+        read that the rules admit, in key order. Raises TaskError when the plan is
+        malformed."""
+        if self.plan is None and not self._read_plan(value.get("plan")):
+            return []
+        assert self.plan is not None
+        cancel = value.get("cancel")
+        if isinstance(cancel, Authored) and cancel.value is True:
+            if cancel.writer == self.owner:
+                self.canceled = True
+            else:
+                self.breaches["cancel"] = Breach("cancel", cancel.writer, "not the opener's")
+        new = sorted(self._new_records(value.get("log")), key=lambda krw: krw[0])
+        count = len(self.plan.subtasks)
         if self.view is None or (new and new[0][0] < self._last):
-            self.records.update(new)
-            self.view = fold(len(self.plan.subtasks), self.records.items())
+            self.records.update((k, (r, w)) for k, r, w in new)
+            entries = ((k, r, w) for k, (r, w) in self.records.items())
+            self.view = fold_checked(count, self.opener, entries)
         else:
-            for key, record in new:
-                self.records[key] = record
-                apply(self.view, key, record)
+            for key, record, writer in new:
+                self.records[key] = (record, writer)
+                admit(self.view, self.opener, key, record, writer)
         if new:
             self._last = max(self._last, new[-1][0])
+        self._read_coord(value.get("coord"))
         view = self.view
         if view.status == COMPLETED and view.outcome is None and view.complete:
-            try:  # the outcome was too large to journal: the same aggregation here
+            try:  # never the journaled outcome: the same aggregation here
                 view.outcome = aggregate(self.plan.aggregate, self.plan.ids, view.results())
             except LocalError:
                 self.bad += 1
-        return new
+        return [(k, r) for k, r, _w in new if k not in view.breaches]
 
-    def _new_records(self, log: object) -> list[tuple[str, Record]]:
+    def _read_plan(self, plan: object) -> bool:
+        if not isinstance(plan, dict) or not plan:
+            return False
+        writers = {v.writer for v in plan.values() if isinstance(v, Authored)}
+        meta = plan.get("meta")
+        if not isinstance(meta, Authored) or len(writers) != 1:
+            if isinstance(meta, Authored):
+                self.breaches["plan"] = Breach("plan", meta.writer, "plan registers of 2 writers")
+            return False
+        self.plan = Plan.from_doc_untrusted({k: v.value for k, v in plan.items()
+                                             if isinstance(v, Authored)})  # fmt: skip
+        self.owner = meta.writer
+        return self.plan is not None
+
+    def check_coord(self, text: object) -> tuple[CoordLease | None, str | None]:
+        """The ``coord`` register (authored) as a lease and, when the rules do not admit
+        its claim (§4.6), why; (None, None) for nothing to read."""
+        if not isinstance(text, Authored) or self.view is None:
+            return None, None
+        try:
+            lease = CoordLease.from_register_untrusted(text.value)
+        except RemoteError:
+            return None, "malformed"
+        if peer_of(lease.agent) != text.writer:
+            return lease, "written by another peer"
+        return lease, claim_breach(self.view, self.opener, lease.epoch, lease.agent)
+
+    def _read_coord(self, text: object) -> None:
+        """Take the ``coord`` register only when the rules admit its claim."""
+        if text == self._coord_seen:
+            return
+        lease, why = self.check_coord(text)
+        if lease is None or self.view is None:
+            self.bad += why is not None
+            self._coord_seen = text
+        elif why is None:
+            self._coord_seen = text
+            self.coord = lease
+        elif not (why.startswith("epoch") and lease.epoch == max(self.view.terms, default=0) + 2):
+            # (A claim one epoch ahead of this replica may wait on a record in flight.)
+            assert isinstance(text, Authored)
+            self._coord_seen = text
+            where = f"coord/{lease.epoch:010d}:{lease.agent}"
+            self.breaches[where] = Breach("coord", text.writer, why)
+
+    def _new_records(self, log: object) -> list[tuple[str, Record, str]]:
         assert self.plan is not None
         if not isinstance(log, dict):
             return []
         count = len(self.plan.subtasks)
-        out: list[tuple[str, Record]] = []
+        out: list[tuple[str, Record, str]] = []
         for term, entries in log.items():
             if not isinstance(entries, dict):
                 self.bad += 1
                 continue
             for seq, text in entries.items():
                 key = f"{term}/{seq}"
-                if key in self.records:
+                if key in self.records or not isinstance(text, Authored):
                     continue
                 try:
-                    out.append((key, Record.from_json_untrusted(loads_register(text), count)))
+                    record = Record.from_json_untrusted(loads_register(text.value), count)
                 except RemoteError:
-                    self.records[key] = Record()  # skipped, and not parsed again
+                    self.records[key] = (Record(), text.writer)  # skipped, not parsed again
                     self.bad += 1
+                    continue
+                out.append((key, record, text.writer))
         return out
 
 
@@ -442,6 +666,8 @@ __all__ = [
     "MAX_SUBTASKS",
     "PENDING",
     "WORKING",
+    "Authored",
+    "Breach",
     "CoordLease",
     "DocReader",
     "Member",
@@ -450,11 +676,18 @@ __all__ = [
     "SubState",
     "SubTask",
     "SwarmView",
+    "admit",
     "aggregate",
     "apply",
+    "authored",
+    "claim_breach",
     "doc_name",
     "encode_result",
     "fold",
+    "fold_checked",
     "lease_stamp",
     "log_key",
+    "member_address",
+    "peer_of",
+    "split_member",
 ]

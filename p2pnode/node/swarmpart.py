@@ -41,13 +41,16 @@ from p2pnode.node.swarmdoc import (
     ASSIGNED,
     CANCELED,
     COMPLETED,
+    Breach,
     CoordLease,
     DocReader,
     Plan,
     Record,
     SubTask,
     SwarmView,
+    authored,
     encode_result,
+    member_address,
 )
 from p2pnode.node.tasks import TaskService
 from p2pnode.task import Proposal, TaskError
@@ -74,6 +77,8 @@ class SwarmStats:
     messages_sent: int = 0
     subtasks_run: int = 0
     bad_messages: int = 0
+    #: Entries and messages refused by the rules of §4.6 (each a security event).
+    forged: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {
@@ -88,6 +93,7 @@ class SwarmStats:
             "messagesSent": self.messages_sent,
             "subtasksRun": self.subtasks_run,
             "badMessages": self.bad_messages,
+            "forgedEntries": self.forged,
         }
 
 
@@ -124,8 +130,13 @@ class SwarmNode:
     canceled: bool = False
     ended: bool = False
     finished: trio.Event = field(default_factory=trio.Event)
+    #: Breaches seen, with when first seen (reported once they outlive a lease).
+    suspects: dict[str, float] = field(default_factory=dict)
+    reported: set[str] = field(default_factory=set)
 
     def coordinator(self, part: _Part) -> str:
+        """Where a participant sends: the admitted coordinator lease's member address
+        (before one is read, the invitation's proposer)."""
         return self.lease.agent if self.lease is not None else part.proposer
 
 
@@ -181,6 +192,21 @@ class SwarmMembers:
                 raise LocalError(ErrorCode.INVALID_ARGUMENT, "the swarm service is not running")
             self.nursery.start_soon(self._watch, node)
         return node
+
+    def address(self, agent_id: str) -> str:
+        """A local agent's member address (``agent@peer``)."""
+        return self.address_of(self.host.local_agent(agent_id))
+
+    @staticmethod
+    def address_of(card: AgentCard) -> str:
+        return member_address(card.id, str(card.peer_id))
+
+    def authored(self, doc: str) -> dict[str, Any]:
+        """This replica's ``doc`` with each register's writer (:func:`authored`)."""
+        try:
+            return authored(self.shared.replica.document(doc).state.root)
+        except LocalError:
+            return {}
 
     def get(self, swarm: str) -> SwarmNode | None:
         return self._nodes.get(swarm)
@@ -287,7 +313,9 @@ class SwarmMembers:
             return
         op = payload.get("op")
         part = node.parts.get(agent_id)
-        if op == "assign" and part is not None and source.id == node.coordinator(part):
+        # Assignments only from the coordinator the admitted lease names, agent and peer.
+        sender = self.address_of(source) if node.lease is not None else source.id
+        if op == "assign" and part is not None and sender == node.coordinator(part):
             try:
                 items = []
                 for index, attempt, definition in payload["tasks"]:
@@ -315,7 +343,7 @@ class SwarmMembers:
         """Read the replica of the swarm's document now (see the module docstring)."""
         reader = node.reader
         try:
-            new = reader.read_untrusted(self.shared.read(node.doc))
+            new = reader.read_untrusted(self.authored(node.doc))
         except RemoteError as exc:
             logger.info("swarm %s: bad document: %s", node.swarm, exc)
             return
@@ -336,9 +364,11 @@ class SwarmMembers:
             self._coordination.canceled(node)
         for agent, part in node.parts.items():
             self._catch_up(node, agent, part, view, now)
+        self._report(node, [*view.breaches.values(), *reader.breaches.values()], now)
         # Completed once every result is here too: another term's records may still be
         # on their way when the completing coordinator's arrives.
         if view.status == CANCELED or (view.status == COMPLETED and view.complete):
+            self._report(node, [*view.breaches.values(), *reader.breaches.values()], None)
             node.ended = True
             node.finished.set()
             for part in node.parts.values():
@@ -350,8 +380,9 @@ class SwarmMembers:
         self, node: SwarmNode, agent: str, part: _Part, view: SwarmView, now: float
     ) -> None:
         part.core.accepted(view)
+        me = self.address(agent)
         mine = [(i, s.attempt) for i, s in enumerate(view.subtasks)
-                if s.status == ASSIGNED and s.assignee == agent]  # fmt: skip
+                if s.status == ASSIGNED and s.assignee == me]  # fmt: skip
         before = part.core.load
         part.core.assigned(mine)
         if part.core.load != before:
@@ -372,22 +403,36 @@ class SwarmMembers:
         lease = node.lease
         if lease is None or node.plan is None or not node.parts:
             return
-        # Participants on the coordinator's own node went down with it: passed over.
-        home = self._peer_of(lease.agent)
-        order = [
-            a for a in successors(view, lease.agent) if home is None or self._peer_of(a) != home
-        ]
-        local = [a for a in order if a in node.parts]
-        if not local:
+        # Participants on the coordinator's own peer went down with it: passed over.
+        order = successors(view, lease.agent)
+        local = {self.address(a): a for a in node.parts}
+        mine = [a for a in order if a in local]
+        if not mine:
             return
-        rank = order.index(local[0])
+        rank = order.index(mine[0])
         if now - node.lease_seen >= claim_after(rank, node.plan.lease):
             node.lease_seen = now  # one claim per silence
-            await self._coordination.claim(node, local[0], lease, view)
+            await self._coordination.claim(node, local[mine[0]], lease, view)
 
-    def _peer_of(self, agent: str) -> str | None:
-        card = self.host.registry.find(agent)
-        return str(card.peer_id) if card is not None else None
+    def _report(self, node: SwarmNode, breaches: list[Breach], now: float | None) -> None:
+        """Report each breach as a security event once it has stood for a lease (or at
+        the end, ``now`` None): one that a record still in flight would admit is not."""
+        lease = node.plan.lease if node.plan is not None else 1.0
+        standing = {f"{b.key}#{b.writer}#{b.rule}": b for b in breaches}
+        for gone in set(node.suspects) - set(standing):
+            del node.suspects[gone]
+        for name, breach in standing.items():
+            first = node.suspects.setdefault(name, now if now is not None else 0.0)
+            if name in node.reported or (now is not None and now - first < lease):
+                continue
+            node.reported.add(name)
+            self.stats.forged += 1
+            self.host.events.security(
+                ErrorCode.PERMISSION_DENIED,
+                f"swarm {node.swarm}: {breach.key} ignored: {breach.rule}",
+                breach.writer,
+                None,
+            )
 
     def status(self, swarm: str, coordinating: str | None) -> dict[str, Any]:
         """The swarm as this node knows it (``swarm status``)."""

@@ -44,7 +44,7 @@ from p2pnode.jsonutil import dumps
 from p2pnode.node.node import Node
 from p2pnode.node.service import ServiceHost
 from p2pnode.node.shared import SharedConfig, SharedState
-from p2pnode.node.swarmcore import Coordinator, Orders, SwarmConfig, invitees
+from p2pnode.node.swarmcore import Coordinator, Orders, SwarmConfig, Verdict, invitees
 from p2pnode.node.swarmdoc import (
     CANCELED,
     COMPLETED,
@@ -226,7 +226,8 @@ class SwarmService:
         node = self.members.node(swarm_id, doc)
         node.plan, node.opener = plan, opener
         self.stats.swarms_opened += 1
-        core = Coordinator(plan, opener, 1, now=trio.current_time(), config=self.config)
+        me = self.members.address(opener)
+        core = Coordinator(plan, me, 1, now=trio.current_time(), config=self.config)
         await self._start_coordinating(node, opener, core)
         nursery.start_soon(self._recruit, node, opener, None)
         return SwarmHandle(self, node, aggregate)
@@ -242,18 +243,18 @@ class SwarmService:
         (then step down). The register's timestamp leads with the epoch, so a later
         term's claim outranks any renewal of an earlier one."""
         epoch = term.core.epoch
-        try:
-            held = CoordLease.from_register_untrusted(self.shared.read(node.doc).get("coord"))
-        except P2PError:
-            held = None
+        # Only a claim the rules admit moves this coordinator (§4.6): a forged one is
+        # overwritten by this renewal (its LWW stamp is above the register's).
+        held, why = node.reader.check_coord(self.members.authored(node.doc).get("coord"))
         if (
             held is not None
+            and why is None
             and held.epoch >= epoch
-            and (held.epoch, held.agent) != (epoch, term.agent)
+            and (held.epoch, held.agent) != (epoch, term.core.me)
         ):
             self.step_down(node, held)
             return
-        lease = CoordLease(term.agent, epoch, term.beat)
+        lease = CoordLease(term.core.me, epoch, term.beat)
         term.beat += 1
         stamp = lease_stamp(epoch, self.host.events.now_ms())
         await self.shared.update(
@@ -308,7 +309,7 @@ class SwarmService:
         if taken is None:
             return
         key, record = taken
-        term_key = log_key(term.core.epoch, term.agent)
+        term_key = log_key(term.core.epoch, term.core.me)
         for part, piece in enumerate(record.split()):
             # Keys sort as written: "<seq>", then "<seq>.0001", "<seq>.0002", ...
             path = ("log", term_key, key if part == 0 else f"{key}.{part:04d}")
@@ -338,7 +339,8 @@ class SwarmService:
             report = {"op": "report", "status": term.core.status, "escalated": escalated}
             if escalated:
                 self.stats.escalations += len(orders.escalated)
-            if opener and opener != term.agent:
+            opener = node.reader.opener or opener
+            if opener and opener != term.core.me:
                 await self._send(term.agent, opener, node.swarm, report)
 
     async def _finish(self, node: SwarmNode, term: _Coordinating) -> None:
@@ -349,8 +351,8 @@ class SwarmService:
         end = {"op": "end", "status": term.core.status}
         for agent in term.core.members():
             await self._send(term.agent, agent, node.swarm, end)
-        opener = term.core.plan.opener
-        if opener and opener != term.agent and opener not in term.core.members():
+        opener = node.reader.opener or term.core.plan.opener
+        if opener and opener != term.core.me and opener not in term.core.members():
             await self._send(term.agent, opener, node.swarm, end)
         await self.members.refresh(node)
 
@@ -378,11 +380,12 @@ class SwarmService:
                 logger.info("swarm %s: finding %s failed: %s", node.swarm, capability, exc)
                 continue
             for card in cards:
-                found.setdefault(card.id, card)
+                found.setdefault(self.members.address_of(card), card)
         if not any(needs):  # sub-tasks needing no capability: any agent that takes tasks
-            found.update({c.id: c for c in self.host.registry if c.id != agent})
-        exclude = {agent, *term.core.members(), *term.inviting}
-        chosen = invitees(((c.id, c.capability_ids()) for c in found.values()), needs, exclude)
+            found.update({self.members.address_of(c): c for c in self.host.registry
+                          if c.id != agent})  # fmt: skip
+        exclude = {term.core.me, *term.core.members(), *term.inviting}
+        chosen = invitees(((a, c.capability_ids()) for a, c in found.items()), needs, exclude)
         policy = self.host.policy
         allowed = [
             found[a]
@@ -405,7 +408,8 @@ class SwarmService:
         )
         invite = SwarmInvite(plan.swarm, node.doc, plan.lease)
         self.stats.invitations += 1
-        term.inviting.add(card.id)
+        address = self.members.address_of(card)
+        term.inviting.add(address)
         try:
             handle = await self.tasks.propose(
                 term.agent, card.id, task, deadline=self.config.join_deadline, swarm=invite
@@ -414,7 +418,7 @@ class SwarmService:
             logger.info("swarm %s: %s did not join: %s", plan.swarm, card.id, exc)
             return
         finally:
-            term.inviting.discard(card.id)
+            term.inviting.discard(address)
         accepted = handle.thread.accepts.get(card.id)
         capacity = accepted.capacity if accepted is not None else 1
         external = accepted.load if accepted is not None else 0
@@ -422,7 +426,7 @@ class SwarmService:
             now = trio.current_time()
             term.wake.set()
             term.core.join(
-                card.id,
+                address,  # the invitee accepted: a member, as agent@peer
                 offered,
                 capacity,
                 now=now,
@@ -447,7 +451,11 @@ class SwarmService:
     ) -> None:
         core = term.core
         now, now_ms = trio.current_time(), self.host.events.now_ms()
-        agent = source.id
+        agent = self.members.address_of(source)
+        if not core.known(agent):
+            # Only members (invitations accepted) beat and report (§4.6 rule 1).
+            self._refused(term, source, f"{payload['op']} from {agent}, not a member")
+            return
         try:
             if payload["op"] == "beat":
                 caps = payload.get("caps")
@@ -470,9 +478,12 @@ class SwarmService:
                 return
             core.beat(agent, 0, now=now, now_ms=now_ms)
             term.wake.set()
+            refused = 0
             for index, attempt, value in payload.get("results", []):
                 if type(index) is int and type(attempt) is int:
-                    core.result(agent, index, attempt, value)
+                    refused += core.result(agent, index, attempt, value) is Verdict.REFUSED
+            if refused:
+                self._refused(term, source, f"{refused} results from {agent}, not the assignee")
             for index, attempt, code in payload.get("failed", []):
                 if type(index) is int and type(attempt) is int and isinstance(code, str):
                     core.failure(agent, index, attempt, code)
@@ -481,6 +492,15 @@ class SwarmService:
             logger.info(
                 "swarm %s: bad %s from %s: %s", core.plan.swarm, payload.get("op"), agent, exc
             )
+
+    def _refused(self, term: _Coordinating, source: AgentCard, what: str) -> None:
+        self.stats.forged += 1
+        self.host.events.security(
+            ErrorCode.PERMISSION_DENIED,
+            f"swarm {term.core.plan.swarm}: refused {what}",
+            str(source.peer_id),
+            None,
+        )
 
     # -- takeover (called by the members part) ----------------------------------------------
 
@@ -491,9 +511,9 @@ class SwarmService:
             return
         if agent not in self.shared.subscriptions().get(node.doc, []):
             await self.shared.subscribe(agent, node.doc)  # it writes the journal now
-        core = Coordinator(
-            plan, agent, lease.epoch + 1, now=trio.current_time(), config=self.config, view=view
-        )
+        epoch = max(lease.epoch, max(view.terms, default=0)) + 1
+        me = self.members.address(agent)
+        core = Coordinator(plan, me, epoch, now=trio.current_time(), config=self.config, view=view)
         self.stats.takeovers += 1
         logger.info(
             "swarm %s: %s takes over from %s (epoch %d)", node.swarm, agent, lease.agent, core.epoch
@@ -505,7 +525,7 @@ class SwarmService:
         term = self._coordinating.get(node.swarm)
         if term is None:
             return
-        mine = (term.core.epoch, term.agent)
+        mine = (term.core.epoch, term.core.me)
         if (lease.epoch, lease.agent) != mine and lease.epoch >= term.core.epoch:
             logger.info("swarm %s: %s steps down for %s", node.swarm, term.agent, lease.agent)
             term.scope.cancel()
@@ -513,7 +533,7 @@ class SwarmService:
     def absorb(self, node: SwarmNode, key: str, record: Record) -> None:
         """A journal record read from the document: another term's counts here too."""
         term = self._coordinating.get(node.swarm)
-        if term is not None and not key.startswith(log_key(term.core.epoch, term.agent) + "/"):
+        if term is not None and not key.startswith(log_key(term.core.epoch, term.core.me) + "/"):
             term.core.absorb(record)
 
     def canceled(self, node: SwarmNode) -> None:
