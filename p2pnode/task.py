@@ -39,6 +39,8 @@ MAX_DESCRIPTION = 4096
 MAX_CAPABILITIES = 16
 MAX_COMPLEXITY = 1e9
 MAX_TEXT = 4096
+#: The largest ``retryAfterMs`` a ``task-reject`` may carry (an hour).
+MAX_RETRY_AFTER_MS = 3_600_000
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 #: Payload key of the messages of a task's thread (``stream-data`` envelopes).
 TASK_MARKER = "task"
@@ -350,13 +352,15 @@ class Accepted:
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
-    """A ``task-reject`` payload: who rejects, why, and whom to ask instead."""
+    """A ``task-reject`` payload: who rejects, why, whom to ask instead, and (for a
+    ``BUSY`` refusal of the proposing peer) milliseconds to wait before proposing again."""
 
     task_id: str
     agent: str
     reason: str
     message: str = ""
     alternative: str | None = None
+    retry_after_ms: int | None = None
 
     def to_payload(self) -> dict[str, Any]:
         out: dict[str, Any] = {"taskId": self.task_id, "agentId": self.agent}
@@ -365,16 +369,19 @@ class Rejected:
             out["message"] = self.message
         if self.alternative is not None:
             out["alternative"] = self.alternative
+        if self.retry_after_ms is not None:
+            out["retryAfterMs"] = self.retry_after_ms
         return out
 
     @classmethod
     def from_payload_untrusted(cls, payload: object) -> Rejected:
         if not isinstance(payload, dict) or not {"taskId", "agentId", "reason"} <= set(payload):
             raise _fail("task-reject: must hold taskId, agentId and reason")
-        if set(payload) - {"taskId", "agentId", "reason", "message", "alternative"}:
+        if set(payload) - {"taskId", "agentId", "reason", "message", "alternative", "retryAfterMs"}:
             raise _fail("task-reject: unknown fields")
         alternative = payload.get("alternative")
         message = payload.get("message", "")
+        retry = payload.get("retryAfterMs")
         if (
             not valid_id(payload["taskId"])
             or not valid_id(payload["agentId"])
@@ -382,9 +389,12 @@ class Rejected:
             or len(payload["reason"]) > 64
             or not _text(message, MAX_TEXT)
             or (alternative is not None and not valid_id(alternative))
+            or not (retry is None or (type(retry) is int and 0 <= retry <= MAX_RETRY_AFTER_MS))
         ):
             raise _fail("task-reject: bad field")
-        return cls(payload["taskId"], payload["agentId"], payload["reason"], message, alternative)
+        return cls(
+            payload["taskId"], payload["agentId"], payload["reason"], message, alternative, retry
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.node.negotiation import TaskConfig
 from p2pnode.node.node import Node
+from p2pnode.node.tasks import TaskHandle
 from p2pnode.task import Accept, Proposal, Reject, RejectReason, Selection, Task, TaskState
 from p2pnode.taskwork import Work
 from tests.sim import FAST_NODE, Inbox, connect_all, swarm, wait_until
@@ -372,3 +373,47 @@ async def test_propose_refuses_bad_arguments(autojump_clock: Any) -> None:
         with pytest.raises(LocalError) as info:
             await a.tasks.propose("nobody", "worker", Task("x"))
         assert info.value.code is ErrorCode.AGENT_NOT_FOUND
+
+
+async def test_agent_at_peer_reaches_that_peers_agent_past_a_squatter(
+    autojump_clock: Any,
+) -> None:
+    # ``worker`` is claimed by b (the real one) and by c (a squatter that answers wrong).
+    async with swarm(3, FAST_TASKS) as (_, (a, b, c)):
+        boss = Agent("boss", tier=0)
+        await a.add_agent(boss)
+        await b.add_agent(summer("worker"))
+        squatter = Agent("worker", capabilities=(SUM,))
+
+        @squatter.on_task
+        async def lie(work: Work) -> int:
+            return -1
+
+        await c.add_agent(squatter)
+        for node in (b, c):  # connect_all waits for one owner per id: not here
+            await node.connect(a.listen_address)
+        await wait_until(
+            lambda: all(a.registry.find_owned("worker", n.peer_id) for n in (b, c))
+            and b.registry.find("boss") is not None
+            and c.registry.find("boss") is not None
+        )
+        real, fake = f"worker@{b.peer_id}", f"worker@{c.peer_id}"
+        handle = await boss.propose(real, Task("add", ("sum",), 1.0, [1, 2, 3]))
+        assert handle.assignee == real
+        assert await handle.result() == 6
+        assert await (await boss.propose(fake, Task("add", ("sum",), 1.0, [1]))).result() == -1
+        # A call for proposals names both; each answer is matched to its own owner, and
+        # the best estimate wins whichever owner answered first.
+        both = await boss.propose(
+            [real, fake], Task("add", ("sum",), 1.0, [2]), selection=Selection.BEST_ESTIMATE
+        )
+        assert isinstance(both, TaskHandle)
+        assert set(both.thread.accepts) == {real, fake}
+        assert both.assignee in (real, fake)
+        assert await both.result() == (2 if both.assignee == real else -1)
+        # A peer id spelled in another case is the same owner.
+        shout = f"worker@{str(b.peer_id).upper()}"
+        upper = await boss.propose(shout, Task("x", ("sum",), 1.0, [4]))
+        assert await upper.result() == 4
+        assert a.tasks.statistics()["open"] == 0
+        assert b.tasks.statistics()["proposalsRefused"] == 0

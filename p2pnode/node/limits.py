@@ -23,6 +23,9 @@ log line a minute, not one per input.
   is given back: only failed attempts use the budget.
 * :class:`TokenBucket`: a peer's envelope rate after the handshake,
   ``rate`` per second with bursts of ``burst``.
+* :class:`PeerQuota`: work held for a peer (task proposals its agents made to
+  this node's agents, p2pnode.node.taskexec): a rate, a count and bytes per
+  peer; a refusal says when to retry.
 """
 
 from __future__ import annotations
@@ -33,7 +36,14 @@ from collections import deque
 from p2pnode.dht.routing import host_key
 from p2pnode.errors import ErrorCode, LocalError
 
-__all__ = ["REPORT_INTERVAL", "DialBudget", "HandshakeSlots", "ReportGate", "TokenBucket"]
+__all__ = [
+    "REPORT_INTERVAL",
+    "DialBudget",
+    "HandshakeSlots",
+    "PeerQuota",
+    "ReportGate",
+    "TokenBucket",
+]
 
 #: Seconds between two reports of the same kind of refusal from the same source.
 REPORT_INTERVAL = 60.0
@@ -186,3 +196,115 @@ class ReportGate:
             del self._last[next(iter(self._last))]
         self._last[source] = now
         return True
+
+
+# -- held work per peer (the task service's proposals) ------------------------------------------
+
+
+class PeerQuota:
+    """Work a node holds on behalf of peers: a rate, a count held and bytes held, per peer.
+
+    ``admit(peer, size, now)`` takes one item of ``size`` bytes for ``peer``, or
+    refuses it with the seconds after which a retry may pass: when the peer's
+    token bucket (``rate`` a second, bursts of ``burst``) is empty, the time
+    until it holds a token again; when the peer already holds ``max_held``
+    items or ``max_bytes`` bytes (or all peers ``max_total_bytes``),
+    ``busy_retry``. :meth:`release` gives an item back once the work ends. At
+    most ``max_peers`` peers are tracked: peers holding nothing are forgotten
+    first (their bucket starts full again), and a new peer is refused while
+    every tracked peer holds work. Sans-IO: ``now`` is the caller's clock.
+    """
+
+    __slots__ = (
+        "_peers",
+        "burst",
+        "busy_retry",
+        "max_bytes",
+        "max_held",
+        "max_peers",
+        "max_total_bytes",
+        "rate",
+        "refused",
+        "total_bytes",
+    )
+
+    def __init__(
+        self,
+        rate: float,
+        burst: int,
+        max_held: int,
+        max_bytes: int,
+        *,
+        max_total_bytes: int,
+        max_peers: int = 4096,
+        busy_retry: float = 1.0,
+    ) -> None:
+        """Raises LocalError(CONFIG_ERROR) unless every limit is positive."""
+        if not rate > 0 or math.isinf(rate) or min(burst, max_held, max_bytes, max_peers) < 1:
+            raise LocalError(ErrorCode.CONFIG_ERROR, "peer quota limits must be positive")
+        if max_total_bytes < max_bytes or not busy_retry > 0:
+            raise LocalError(ErrorCode.CONFIG_ERROR, "peer quota: total bytes below a peer's")
+        self.rate = rate
+        self.burst = burst
+        self.max_held = max_held
+        self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes
+        self.max_peers = max_peers
+        self.busy_retry = busy_retry
+        #: peer -> [tokens, at, items held, bytes held]
+        self._peers: dict[str, list[float]] = {}
+        #: Bytes held for all peers.
+        self.total_bytes = 0
+        #: Items refused since the start.
+        self.refused = 0
+
+    def admit(self, peer: str, size: int, now: float) -> float | None:
+        """Take one item of ``size`` bytes for ``peer``: None when taken, else the
+        seconds after which to retry (counted in :attr:`refused`)."""
+        entry = self._peers.get(peer)
+        if entry is None:
+            if len(self._peers) >= self.max_peers and not self._forget_idle():
+                self.refused += 1
+                return self.busy_retry
+            entry = self._peers[peer] = [float(self.burst), now, 0.0, 0.0]
+        tokens = min(float(self.burst), entry[0] + max(0.0, now - entry[1]) * self.rate)
+        entry[0], entry[1] = tokens, max(now, entry[1])
+        if tokens < 1:
+            self.refused += 1
+            return (1 - tokens) / self.rate
+        if (
+            entry[2] >= self.max_held
+            or entry[3] + size > self.max_bytes
+            or self.total_bytes + size > self.max_total_bytes
+        ):
+            self.refused += 1
+            return self.busy_retry
+        entry[0] -= 1
+        entry[2] += 1
+        entry[3] += size
+        self.total_bytes += size
+        return None
+
+    def release(self, peer: str, size: int) -> None:
+        """Give back one item of ``size`` bytes that :meth:`admit` took for ``peer``."""
+        entry = self._peers.get(peer)
+        if entry is None:
+            return
+        entry[2] -= 1
+        entry[3] -= size
+        self.total_bytes -= size
+
+    def held(self, peer: str) -> tuple[int, int]:
+        """Items and bytes held for ``peer``."""
+        entry = self._peers.get(peer)
+        return (0, 0) if entry is None else (int(entry[2]), int(entry[3]))
+
+    def __len__(self) -> int:
+        """Peers tracked."""
+        return len(self._peers)
+
+    def _forget_idle(self) -> bool:
+        idle = [p for p, e in self._peers.items() if e[2] <= 0]
+        for peer in idle:
+            del self._peers[peer]
+        return bool(idle)

@@ -15,6 +15,12 @@ Interaction Protocol"):
   capacity; ties go to the earlier answer). With no acceptor the thread ends
   ``rejected`` when every target rejected, else ``timed-out`` at the deadline
   (R7.4). An acceptor arriving after the award is released.
+* A target is an agent id or ``agent@peer`` (that peer's agent, however many
+  peers claim the id). The executor answers as its bare id; the driver says
+  which peer the answer came from, and :meth:`ProposerThread.target_of`
+  matches it to the target it answers: ``agent@peer`` first, else the bare id.
+  Accepts, rejects, the assignee and releases are keyed by the target as the
+  proposer named it.
 * Once awarded the thread is ``working``. The executor's updates move it
   (``working``, ``input-required``, then ``completed``, ``failed`` or
   ``canceled``); only the assignee's updates count. An executor reports at
@@ -24,6 +30,10 @@ Interaction Protocol"):
   (its proposal handler runs), ``reserved`` (it accepted and waits up to
   ``award_timeout`` for the award or a release), ``working`` /
   ``input-required``, then ``done``.
+* :meth:`TaskConfig.quota` bounds what one peer's proposals hold on the
+  executor (docs/protocol/tasks.md §3.6): a rate, open threads and bytes per
+  peer; a proposal beyond them is answered ``task-reject`` ``BUSY`` with
+  ``retryAfterMs``.
 * Both are state machines with explicit transition tables: an illegal
   transition raises LocalError(ILLEGAL_TRANSITION) and changes nothing.
   Time is the caller's ``now`` (seconds on any monotonic clock);
@@ -38,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.node.limits import PeerQuota
+from p2pnode.node.router import pinned_address
 from p2pnode.task import (
     TERMINAL_STATES,
     Accepted,
@@ -64,12 +76,38 @@ class TaskConfig:
     max_targets: int = 16
     #: Open threads (proposed and executing) at most; new ones beyond are refused.
     max_threads: int = 10_000
+    #: Proposals one peer may make to this node's agents, per second (bursts below).
+    proposal_rate: float = 50.0
+    proposal_burst: int = 200
+    #: Open executor threads (considering, reserved, working) for one peer at most.
+    max_proposals_per_peer: int = 128
+    #: Bytes of proposals (envelope sizes) held for one peer, and for all peers, at most.
+    max_proposal_bytes_per_peer: int = 8 * 1024 * 1024
+    max_proposal_bytes: int = 64 * 1024 * 1024
+    #: Seconds a proposer refused for holding too much is told to wait (``retryAfterMs``).
+    busy_retry: float = 1.0
+    #: Refusals being sent to one peer at most; more are dropped (the peer is not reading).
+    max_refusals_in_flight: int = 8
 
     def __post_init__(self) -> None:
-        if min(self.deadline, self.award_timeout, self.keepalive) <= 0:
+        if min(self.deadline, self.award_timeout, self.keepalive, self.busy_retry) <= 0:
             raise LocalError(ErrorCode.CONFIG_ERROR, "task timers must be positive")
-        if self.silence_limit < 1 or self.max_targets < 1 or self.max_threads < 1:
+        if min(self.silence_limit, self.max_targets, self.max_threads,
+               self.max_refusals_in_flight) < 1:  # fmt: skip
             raise LocalError(ErrorCode.CONFIG_ERROR, "task bounds must be positive")
+        self.quota()  # checks the proposal limits
+
+    def quota(self) -> PeerQuota:
+        """A fresh :class:`~p2pnode.node.limits.PeerQuota` of the proposal limits.
+        Raises LocalError(CONFIG_ERROR) when they are not positive."""
+        return PeerQuota(
+            self.proposal_rate,
+            self.proposal_burst,
+            self.max_proposals_per_peer,
+            self.max_proposal_bytes_per_peer,
+            max_total_bytes=self.max_proposal_bytes,
+            busy_retry=self.busy_retry,
+        )
 
 
 class Decision(NamedTuple):
@@ -141,10 +179,22 @@ class ProposerThread:
 
     # -- answers --------------------------------------------------------------------------
 
-    def on_accept(self, accept: Accepted, now: float) -> Decision:
-        """A target accepted. Answers from non-targets and second answers are ignored."""
-        agent = accept.agent
-        if agent not in self.targets or agent in self.answered:
+    def target_of(self, agent: str, peer: str | None = None) -> str | None:
+        """The target an answer from ``agent`` (a bare id) of ``peer`` is for: ``agent@peer``
+        when the proposer named it so, else ``agent``; None when neither is a target.
+        ``peer`` None (an answer the driver made up, such as a send failure): ``agent``
+        as it is."""
+        if peer is not None:
+            pinned = pinned_address(agent, peer)
+            if pinned in self.targets:
+                return pinned
+        return agent if agent in self.targets else None
+
+    def on_accept(self, accept: Accepted, now: float, peer: str | None = None) -> Decision:
+        """A target accepted (``peer``: whose agent answered, see :meth:`target_of`).
+        Answers from non-targets and second answers are ignored."""
+        agent = self.target_of(accept.agent, peer)
+        if agent is None or agent in self.answered:
             return Decision()
         self.answered.append(agent)
         self.accepts[agent] = accept
@@ -156,10 +206,10 @@ class ProposerThread:
             return self._choose(now)
         return Decision()
 
-    def on_reject(self, reject: Rejected, now: float) -> Decision:
+    def on_reject(self, reject: Rejected, now: float, peer: str | None = None) -> Decision:
         """A target rejected (also how a proposal that could not be sent is recorded)."""
-        agent = reject.agent
-        if agent not in self.targets or agent in self.answered:
+        agent = self.target_of(reject.agent, peer)
+        if agent is None or agent in self.answered:
             return Decision()
         self.answered.append(agent)
         self.rejects[agent] = reject
@@ -174,12 +224,12 @@ class ProposerThread:
             return Decision()
         order = {a: i for i, a in enumerate(self.answered)}
         if self.selection is Selection.LOWEST_LOAD:
-            best = min(self.accepts.values(), key=lambda a: (a.load / a.capacity, order[a.agent]))
+            best = min(self.accepts.items(), key=lambda t: (t[1].load / t[1].capacity, order[t[0]]))
         else:
             best = min(
-                self.accepts.values(), key=lambda a: (a.estimated_completion_ms, order[a.agent])
+                self.accepts.items(), key=lambda t: (t[1].estimated_completion_ms, order[t[0]])
             )
-        return self._award(best.agent, now)
+        return self._award(best[0], now)
 
     def _award(self, agent: str, now: float) -> Decision:
         self._move(TaskState.WORKING)
@@ -189,10 +239,13 @@ class ProposerThread:
 
     # -- the executor's reports -----------------------------------------------------------
 
-    def on_update(self, sender: str, update: Update, now: float) -> bool:
-        """The assignee reported; False (nothing changed) for anyone else, or for a state
-        the thread cannot move to (a report after the end)."""
-        if sender != self.assignee or self.state not in _PROPOSER_MOVES or not self.settled:
+    def on_update(self, sender: str, update: Update, now: float, peer: str | None = None) -> bool:
+        """The assignee (``sender`` of ``peer``, see :meth:`target_of`) reported; False
+        (nothing changed) for anyone else, or for a state the thread cannot move to (a
+        report after the end)."""
+        if self.assignee is None or self.target_of(sender, peer) != self.assignee:
+            return False
+        if self.state not in _PROPOSER_MOVES or not self.settled:
             return False
         if update.state not in _PROPOSER_MOVES[self.state]:
             return False
@@ -353,6 +406,8 @@ class TaskStats:
     proposals_rejected: int = 0
     proposals_timed_out: int = 0
     proposals_received: int = 0
+    #: Proposals refused for the proposing peer's rate, open threads or bytes.
+    proposals_refused: int = 0
     tasks_completed: int = 0
     tasks_failed: int = 0
     tasks_canceled: int = 0
@@ -365,6 +420,7 @@ class TaskStats:
             "proposalsRejected": self.proposals_rejected,
             "proposalsTimedOut": self.proposals_timed_out,
             "proposalsReceived": self.proposals_received,
+            "proposalsRefused": self.proposals_refused,
             "tasksCompleted": self.tasks_completed,
             "tasksFailed": self.tasks_failed,
             "tasksCanceled": self.tasks_canceled,

@@ -16,6 +16,18 @@ envelopes and hands this part the ones for executors). Theory of operation
   the proposer's ``input``. The end is reported ``completed`` (the handler's
   return value), ``failed`` (a P2PError's code; anything else
   ``HANDLER_FAILED``) or ``canceled``.
+* Each proposing peer is held to :meth:`TaskConfig.quota
+  <p2pnode.node.negotiation.TaskConfig.quota>` (a rate, open threads and
+  bytes; docs/protocol/tasks.md §3.6), and the node to ``max_threads``. A
+  proposal beyond them is answered at once with ``task-reject`` ``BUSY`` and
+  ``retryAfterMs``, without a task of its own; at most
+  ``max_refusals_in_flight`` such answers are being sent to one peer, more are
+  dropped and counted (a peer that outruns them is not reading), and the
+  refusals are reported as a security event at most once a minute per peer.
+  An execution gives its share of the quota back when it ends.
+* Answers and reports go to ``proposer@peer`` of the peer the proposal came
+  from, and only that peer's proposer instructs the thread: another owner of
+  the proposer's agent id reaches none of it.
 * An invitation to a swarm runs the swarm service's joiner as its work
   (:mod:`p2pnode.node.swarms`).
 """
@@ -30,10 +42,12 @@ from typing import Any
 
 import trio
 
-from p2pnode.card import AgentCard
-from p2pnode.envelope import Envelope, MessageType
+from p2pnode.card import AgentCard, Origin
+from p2pnode.envelope import Envelope, MessageType, envelope_size
 from p2pnode.errors import ErrorCode, P2PError
+from p2pnode.node.limits import ReportGate
 from p2pnode.node.negotiation import ExecTimer, ExecutorThread, TaskConfig, TaskStats
+from p2pnode.node.router import pinned_address
 from p2pnode.node.service import ServiceHost
 from p2pnode.task import (
     Accept,
@@ -64,6 +78,11 @@ class Execution:
 
     agent: str
     thread: ExecutorThread
+    #: The proposing peer (its quota) and the address answers go to (``proposer@peer``).
+    peer: str = ""
+    reply_to: str = ""
+    #: Bytes of the proposal, charged to the peer's quota while the execution is open.
+    size: int = 0
     event: trio.Event = field(default_factory=trio.Event)
     instruction: Control | None = None
     input: Any = None
@@ -136,6 +155,11 @@ class TaskExecutor:
         self._handlers = handlers
         self.executing: dict[tuple[str, str], Execution] = {}
         self._load: dict[str, int] = {}
+        #: What each proposing peer holds here (rate, open threads, bytes).
+        self.quota = config.quota()
+        #: Refusals being sent, per peer (at most max_refusals_in_flight each).
+        self._refusing: dict[str, int] = {}
+        self._reports = ReportGate()
         #: Runs accepted swarm invitations (set by the swarm service).
         self.joiner: Joiner | None = None
 
@@ -152,7 +176,11 @@ class TaskExecutor:
     def instruct(self, source: AgentCard, agent_id: str, message: Instruction) -> None:
         """An instruction on a thread: taken when it comes from the thread's proposer."""
         execution = self.executing.get((agent_id, message.task_id))
-        if execution is not None and execution.thread.proposer == source.id:
+        if (
+            execution is not None
+            and execution.thread.proposer == source.id
+            and execution.peer == str(source.peer_id)
+        ):
             execution.instruct(message)
 
     async def on_proposal(
@@ -192,13 +220,62 @@ class TaskExecutor:
         thread = ExecutorThread(
             proposal.task_id, source.id, now + remaining, self.config, since=now
         )
-        execution = Execution(agent_id, thread)
+        local = source.origin is Origin.LOCAL
+        reply_to = source.id if local else pinned_address(source.id, source.peer_id)
+        execution = Execution(agent_id, thread, str(source.peer_id), reply_to)
         if not room:
-            busy = Reject(RejectReason.BUSY, "too many open tasks")
-            nursery.start_soon(self._answer, execution, busy, proposal)
+            self._refuse(nursery, execution, "too many open tasks", self.config.busy_retry)
             return
+        size = envelope_size(envelope)
+        retry = self.quota.admit(execution.peer, size, now)
+        if retry is not None:
+            held, held_bytes = self.quota.held(execution.peer)
+            why = f"too many proposals from peer {execution.peer} ({held} open, {held_bytes} B)"
+            self._refuse(nursery, execution, why, retry)
+            return
+        execution.size = size
         self.executing[key] = execution
         nursery.start_soon(self._execute, handlers, proposal, execution)
+
+    def _refuse(
+        self, nursery: trio.Nursery, execution: Execution, why: str, retry: float
+    ) -> None:
+        """Answer a proposal the limits refuse: ``BUSY`` with ``retryAfterMs``, unless the
+        peer already has ``max_refusals_in_flight`` refusals being sent (dropped then)."""
+        self.stats.proposals_refused += 1
+        peer, now = execution.peer, trio.current_time()
+        if self._reports.due(peer, now):
+            self.host.events.security(
+                ErrorCode.BUSY, f"task proposals refused: {why}", peer
+            )
+        if self._refusing.get(peer, 0) >= self.config.max_refusals_in_flight:
+            return
+        self._refusing[peer] = self._refusing.get(peer, 0) + 1
+        thread = execution.thread
+        refusal = Rejected(
+            thread.task_id, execution.agent, RejectReason.BUSY, why,
+            retry_after_ms=math.ceil(retry * 1000),
+        )  # fmt: skip
+        nursery.start_soon(self._send_refusal, execution, refusal)
+
+    async def _send_refusal(self, execution: Execution, refusal: Rejected) -> None:
+        try:
+            envelope = self.host.envelope(
+                execution.agent,
+                execution.reply_to,
+                MessageType.TASK_REJECT,
+                refusal.to_payload(),
+                correlation_id=refusal.task_id,
+            )
+            await self.host.send(envelope)
+        except P2PError as exc:
+            logger.info("refusal of %s to %s not sent: %s", refusal.task_id, execution.peer, exc)
+        finally:
+            left = self._refusing[execution.peer] - 1
+            if left:
+                self._refusing[execution.peer] = left
+            else:
+                del self._refusing[execution.peer]
 
     async def _execute(
         self, handlers: TaskHandlers, proposal: Proposal, execution: Execution
@@ -230,6 +307,7 @@ class TaskExecutor:
         finally:
             thread.finish(trio.current_time())
             self.executing.pop((agent, thread.task_id), None)
+            self.quota.release(execution.peer, execution.size)
 
     async def _answer(
         self, execution: Execution, answer: Accept | Reject, proposal: Proposal
@@ -255,7 +333,7 @@ class TaskExecutor:
             type_, payload = MessageType.TASK_REJECT, rejected.to_payload()
         try:
             envelope = self.host.envelope(
-                agent, thread.proposer, type_, payload, correlation_id=thread.task_id
+                agent, execution.reply_to, type_, payload, correlation_id=thread.task_id
             )
             await self.host.send(envelope)
         except P2PError as exc:
@@ -277,7 +355,7 @@ class TaskExecutor:
         try:
             envelope = self.host.envelope(
                 execution.agent,
-                thread.proposer,
+                execution.reply_to,
                 MessageType.STREAM_DATA,
                 payload,
                 correlation_id=thread.task_id,

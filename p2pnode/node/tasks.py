@@ -47,6 +47,7 @@ from p2pnode.node.negotiation import (
     TaskConfig,
     TaskStats,
 )
+from p2pnode.node.router import pinned_address, split_address
 from p2pnode.node.service import ServiceHost
 from p2pnode.node.taskexec import TaskExecutor
 from p2pnode.task import (
@@ -304,9 +305,9 @@ class TaskService:
         meta: Metadata | None,
     ) -> tuple[str, ...]:
         if isinstance(target, str) and not capability:
-            return (target,)
+            return (_canonical(target),)
         if not isinstance(target, str):
-            targets = tuple(dict.fromkeys(target))
+            targets = tuple(dict.fromkeys(_canonical(t) for t in target))
             if not 0 < len(targets) <= self.config.max_targets:
                 raise LocalError(
                     ErrorCode.INVALID_ARGUMENT, f"1 to {self.config.max_targets} targets"
@@ -367,18 +368,7 @@ class TaskService:
             return handle
         self._forget(handle)
         if thread.state is TaskState.REJECTED:
-            rejections = [
-                {"agent": r.agent, "reason": r.reason, "message": r.message}
-                | ({"alternative": r.alternative} if r.alternative else {})
-                for r in thread.rejects.values()
-            ]
-            raise RemoteError(
-                ErrorCode.TASK_REJECTED,
-                f"task {thread.task_id} rejected by "
-                + ", ".join(f"{r['agent']} ({r['reason']})" for r in rejections),
-                taskId=thread.task_id,
-                rejections=rejections,
-            )
+            raise _rejected(thread)
         if thread.state is TaskState.CANCELED:
             raise LocalError(ErrorCode.TASK_CANCELED, f"task {thread.task_id} was canceled")
         raise LocalError(
@@ -536,15 +526,17 @@ class TaskService:
         except TaskError as exc:
             self._bad(source, envelope, exc)
             return
-        if answer.agent not in thread.targets or answer.agent in thread.answered:
+        peer = str(source.peer_id)
+        target = thread.target_of(answer.agent, peer)
+        if target is None or target in thread.answered:
             return
         now, before = trio.current_time(), thread.state
         if isinstance(answer, Accepted):
             self.stats.proposals_accepted += 1
-            self._apply(handle, thread.on_accept(answer, now), before)
+            self._apply(handle, thread.on_accept(answer, now, peer), before)
         else:
             self.stats.proposals_rejected += 1
-            self._apply(handle, thread.on_reject(answer, now), before)
+            self._apply(handle, thread.on_reject(answer, now, peer), before)
 
     async def _on_thread(self, source: AgentCard, agent_id: str, envelope: Envelope) -> None:
         try:
@@ -560,10 +552,42 @@ class TaskService:
         handle = self._proposed.get(message.task_id)
         if handle is None or handle.sender != agent_id:
             return  # a report on a task that ended here, or is not ours
-        if handle.thread.on_update(source.id, message, trio.current_time()):
+        peer = str(source.peer_id)
+        if handle.thread.on_update(source.id, message, trio.current_time(), peer):
             handle._notify()
             self._wake.set()
             self._settled(handle)
+
+
+def _rejected(thread: ProposerThread) -> RemoteError:
+    """TASK_REJECTED for a thread every target rejected: each rejection (its target as the
+    proposer named it) in ``details["rejections"]``; ``retryAfterMs`` (the longest) when
+    a target refused the proposing peer as BUSY with a hint."""
+    rejections: list[dict[str, Any]] = []
+    for target, r in thread.rejects.items():
+        rejection: dict[str, Any] = {"agent": target, "reason": r.reason, "message": r.message}
+        if r.alternative:
+            rejection["alternative"] = r.alternative
+        if r.retry_after_ms is not None:
+            rejection["retryAfterMs"] = r.retry_after_ms
+        rejections.append(rejection)
+    hints = [r["retryAfterMs"] for r in rejections if "retryAfterMs" in r]
+    extra = {"retryAfterMs": max(hints)} if hints else {}
+    return RemoteError(
+        ErrorCode.TASK_REJECTED,
+        f"task {thread.task_id} rejected by "
+        + ", ".join(f"{r['agent']} ({r['reason']})" for r in rejections),
+        taskId=thread.task_id,
+        rejections=rejections,
+        **extra,
+    )
+
+
+def _canonical(target: str) -> str:
+    """``target`` as routing spells it: ``agent@peer`` with the peer id in its canonical
+    form (answers are matched to it by that text), or a bare id as it is."""
+    agent, owner = split_address(target)
+    return target if owner is None else pinned_address(agent, owner)
 
 
 __all__ = ["TaskHandle", "TaskService"]
