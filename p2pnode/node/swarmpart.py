@@ -50,6 +50,7 @@ from p2pnode.node.swarmdoc import (
     SwarmView,
     authored,
     encode_result,
+    log_key,
     member_address,
 )
 from p2pnode.node.tasks import TaskService
@@ -138,6 +139,10 @@ class SwarmNode:
         """Where a participant sends: the admitted coordinator lease's member address
         (before one is read, the invitation's proposer)."""
         return self.lease.agent if self.lease is not None else part.proposer
+
+
+def _term(lease: CoordLease) -> str:
+    return log_key(lease.epoch, lease.agent) + "/"
 
 
 class Coordination(Protocol):
@@ -359,6 +364,10 @@ class SwarmMembers:
         node.view = view
         for key, record in new:
             self._coordination.absorb(node, key, record)
+        if node.lease is not None and any(k.startswith(_term(node.lease)) for k, _ in new):
+            # The holder's journal shows it alive too: a peer overwriting ``coord`` with a
+            # claim the rules refuse cannot make its silence look like a lapse.
+            node.lease_seen = now
         if reader.canceled and not node.canceled:
             node.canceled = True
             self._coordination.canceled(node)

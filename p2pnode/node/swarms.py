@@ -411,15 +411,16 @@ class SwarmService:
         address = self.members.address_of(card)
         term.inviting.add(address)
         try:
+            # Addressed as agent@peer: a squatter of the id never receives the invitation.
             handle = await self.tasks.propose(
-                term.agent, card.id, task, deadline=self.config.join_deadline, swarm=invite
+                term.agent, address, task, deadline=self.config.join_deadline, swarm=invite
             )
         except P2PError as exc:
             logger.info("swarm %s: %s did not join: %s", plan.swarm, card.id, exc)
             return
         finally:
             term.inviting.discard(address)
-        accepted = handle.thread.accepts.get(card.id)
+        accepted = handle.thread.accepts.get(card.id) or handle.thread.accepts.get(address)
         capacity = accepted.capacity if accepted is not None else 1
         external = accepted.load if accepted is not None else 0
         if self._coordinating.get(node.swarm) is term:
