@@ -7,20 +7,29 @@ Rules (seed Requirement 1, Properties 1-5):
   the registry holds the owner's identity, stored local cards are re-signed.
 * ``merge_remote`` accepts a peer's card only if the owner's signature checks;
   it is stored with origin ``remote``. An older revision never replaces a
-  newer one, a remote card never replaces a local agent, and an agent id held
-  by one owner cannot be taken over by another owner's card until the first
-  expires (first come, first served; ids are not globally unique otherwise).
-  The other owner's card is still kept, as a *rival*: an agent id with two
-  live owners is ambiguous (:meth:`Registry.owners`), and routing refuses it
-  unless the sender names the owner (``agent@peer``, docs/protocol/node.md
-  "Agent ids and owners"). Envelopes are authenticated against the card of
-  the owner that sent them (:meth:`Registry.find_owned`), so the real owner
-  of a squatted id is not refused.
+  newer one, and a remote card never replaces a local agent. Agent ids are
+  names, not identities, so an id may have several owners: the card of the
+  first owner learned is the *holder* (first seen, pinned like SSH's known
+  hosts), the others are *rivals* (docs/protocol/node.md "Agent ids and
+  owners"). Envelopes are authenticated against the card of the owner that
+  sent them (:meth:`Registry.find_owned`), so no owner is refused.
+* Which owner a bare id resolves to (:meth:`Registry.resolve`): among the
+  *live* owners (card not expired, owner not known unreachable), the ones
+  the swarm authority endorsed when there are any; then the one this node's
+  agents named (``agent@peer``); then the pinned holder; one live owner is
+  always the answer; several with none of those preferred is ambiguous.
+* Liveness is told, not read: :meth:`note_unreachable` when the node's link
+  to a peer closed for good (its redials failed), :meth:`note_reachable`
+  when a channel to it opens. A claim is withdrawn (:meth:`withdraw_missing`)
+  when its owner's HELLO no longer lists it.
+* When a holder's claim ends (expired, withdrawn) the one live rival takes
+  the id, pinned; with several live rivals the first learned holds it
+  *unpinned* (ambiguous until one is left). Claims learned together with no
+  earlier owner (one discovery answer) are unpinned too (:meth:`unpin`).
 * Bounds against a flood of cards: at most ``max_cards_per_peer`` cards
   (held and rival) per owning peer, and no card whose expiry lies more than
   ``max_lifetime_ms`` ahead; both refusals are ``INVALID_CARD``.
-* ``prune_expired(now_ms)`` drops remote cards past their expiry; a rival
-  takes the place of an expired holder.
+* ``prune_expired(now_ms)`` drops remote cards past their expiry, as above.
 """
 
 from __future__ import annotations
@@ -56,8 +65,12 @@ class Registry:
         self._cards: dict[str, AgentCard] = {}
         #: Live cards of other owners claiming a held agent id, by id and owner.
         self._rivals: dict[str, dict[PeerId, AgentCard]] = {}
-        #: Remote cards (held and rival) per owning peer.
-        self._per_peer: dict[PeerId, int] = {}
+        #: The ids of the remote cards (held and rival) of each owning peer.
+        self._ids_of: dict[PeerId, set[str]] = {}
+        #: Owners whose link closed for good: their claims are not live (see is_live).
+        self._unreachable: set[PeerId] = set()
+        #: Contested ids whose holder is not preferred over the live rivals (resolve).
+        self._unpinned: set[str] = set()
         self._by_capability: dict[str, set[str]] = {}
         self._max_cards = max_cards
         self._max_per_peer = max_cards_per_peer
@@ -117,7 +130,7 @@ class Registry:
             )
         if existing is not None and existing.public_key != card.public_key:
             if existing.is_expired(now_ms):
-                self._drop(card.id)
+                self._end_claim(card.id, existing.peer_id, now_ms)
                 return self.merge_remote(card, now_ms)
             return self._merge_rival(card, now_ms)
         if existing is not None:
@@ -133,9 +146,9 @@ class Registry:
     def _admit(self, card: AgentCard, now_ms: int) -> None:
         """Refuse a new remote card over its peer's quota or the total."""
         peer = card.peer_id
-        if self._per_peer.get(peer, 0) >= self._max_per_peer:
+        if self.cards_of(peer) >= self._max_per_peer:
             self.prune_expired(now_ms)
-            if self._per_peer.get(peer, 0) >= self._max_per_peer:
+            if self.cards_of(peer) >= self._max_per_peer:
                 raise RemoteError(
                     ErrorCode.INVALID_CARD,
                     f"card {card.id!r} refused: peer {peer} has {self._max_per_peer} cards "
@@ -151,6 +164,17 @@ class Registry:
         """True when another owner also holds a live card for ``agent_id`` (a rival)."""
         return agent_id in self._rivals
 
+    def is_pinned(self, agent_id: str) -> bool:
+        """True unless the holder of contested ``agent_id`` holds it unpinned (see
+        :meth:`resolve`)."""
+        return agent_id not in self._unpinned
+
+    def unpin(self, agent_id: str) -> None:
+        """Hold contested ``agent_id`` unpinned: its claims came together, with no earlier
+        owner to prefer (one discovery answer). Nothing for an uncontested id."""
+        if agent_id in self._rivals:
+            self._unpinned.add(agent_id)
+
     def _merge_rival(self, card: AgentCard, now_ms: int) -> bool:
         rivals = self._rivals.get(card.id, {})
         held = rivals.get(card.peer_id)
@@ -158,20 +182,24 @@ class Registry:
             return False
         if held is None:
             self._admit(card, now_ms)
-            self._per_peer[card.peer_id] = self._per_peer.get(card.peer_id, 0) + 1
-        self._rivals.setdefault(card.id, {})[card.peer_id] = dataclasses.replace(
-            card, origin=Origin.REMOTE, last_seen_at=now_ms
-        )
+        stored = dataclasses.replace(card, origin=Origin.REMOTE, last_seen_at=now_ms)
+        self._rivals.setdefault(card.id, {})[card.peer_id] = stored
+        self._count(stored)
         return True
+
+    def _count(self, card: AgentCard) -> None:
+        if card.origin is Origin.REMOTE:
+            self._ids_of.setdefault(card.peer_id, set()).add(card.id)
 
     def _uncount(self, card: AgentCard) -> None:
         if card.origin is not Origin.REMOTE:
             return
-        left = self._per_peer.get(card.peer_id, 0) - 1
-        if left > 0:
-            self._per_peer[card.peer_id] = left
-        else:
-            self._per_peer.pop(card.peer_id, None)
+        ids = self._ids_of.get(card.peer_id)
+        if ids is None:
+            return
+        ids.discard(card.id)
+        if not ids:
+            del self._ids_of[card.peer_id]
 
     def _drop(self, agent_id: str) -> None:
         """Remove the held card of ``agent_id``, keeping its rivals."""
@@ -186,43 +214,95 @@ class Registry:
                 if not ids:
                     del self._by_capability[cap]
 
+    def _end_claim(self, agent_id: str, peer_id: PeerId, now_ms: int | None) -> bool:
+        """Remove ``peer_id``'s claim on ``agent_id`` (held or rival); a rival takes the
+        place of a holder (:meth:`_promote`). False when it had none."""
+        rivals = self._rivals.get(agent_id)
+        if rivals is not None and peer_id in rivals:
+            self._uncount(rivals.pop(peer_id))
+        else:
+            held = self._cards.get(agent_id)
+            if held is None or held.peer_id != peer_id:
+                return False
+            self._drop(agent_id)
+            self._promote(agent_id, now_ms)
+        if not self._rivals.get(agent_id):
+            self._rivals.pop(agent_id, None)
+            self._unpinned.discard(agent_id)
+        return True
+
+    def _promote(self, agent_id: str, now_ms: int | None) -> None:
+        """A rival holds ``agent_id`` after its holder's claim ended: the first learned
+        live one (any, when none is live), pinned only when no other live rival is left."""
+        rivals = self._rivals.get(agent_id)
+        if not rivals:
+            return
+        live = [c for c in rivals.values() if self.is_live(c, now_ms)]
+        heir = live[0] if live else next(iter(rivals.values()))
+        del rivals[heir.peer_id]
+        self._uncount(heir)
+        self._put(heir)
+        if len(live) > 1:
+            self._unpinned.add(agent_id)
+        else:
+            self._unpinned.discard(agent_id)
+
     def unregister(self, agent_id: str) -> bool:
         """Remove a card (and its rivals); False when there was none."""
         for rival in self._rivals.pop(agent_id, {}).values():
             self._uncount(rival)
+        self._unpinned.discard(agent_id)
         if agent_id not in self._cards:
             return False
         self._drop(agent_id)
         return True
 
+    def withdraw_missing(self, peer_id: PeerId, listed: set[str], now_ms: int) -> list[str]:
+        """End the claims of ``peer_id`` on contested ids that its HELLO (its whole list of
+        agents, ``listed``) leaves out: their agents were withdrawn. Returns those ids."""
+        ids = self._ids_of.get(peer_id, ())
+        gone = [i for i in ids if i not in listed and (i in self._rivals)]
+        for agent_id in gone:
+            self._end_claim(agent_id, peer_id, now_ms)
+        return gone
+
+    def note_unreachable(self, peer_id: PeerId) -> None:
+        """``peer_id`` cannot be reached (the link to it closed and redials failed): its
+        claims are not live until :meth:`note_reachable`. Kept only for a peer with
+        cards here, so the set is bounded by the registry."""
+        if peer_id in self._ids_of:
+            self._unreachable.add(peer_id)
+
+    def note_reachable(self, peer_id: PeerId) -> None:
+        """A channel to ``peer_id`` opened: its claims are live again."""
+        self._unreachable.discard(peer_id)
+
+    def is_live(self, card: AgentCard, now_ms: int | None) -> bool:
+        """A claim counts: not expired at ``now_ms`` (None: not checked), and its owner
+        not known unreachable."""
+        if now_ms is not None and card.is_expired(now_ms):
+            return False
+        return card.origin is Origin.LOCAL or card.peer_id not in self._unreachable
+
     def prune_expired(self, now_ms: int) -> list[str]:
-        """Drop remote cards whose expiry has passed; returns their ids. A live rival of
-        an expired holder takes its place (the one that expires last)."""
-        expired = [
-            c.id for c in self._cards.values() if c.origin is Origin.REMOTE and c.is_expired(now_ms)
-        ]
-        for agent_id in expired:
-            self._drop(agent_id)
+        """Drop remote cards whose expiry has passed; returns the ids of the held ones.
+        A rival takes the place of an expired holder (:meth:`_promote`)."""
         for agent_id in list(self._rivals):
-            rivals = self._rivals[agent_id]
-            for peer, rival in list(rivals.items()):
+            for peer, rival in list(self._rivals[agent_id].items()):
                 if rival.is_expired(now_ms):
-                    del rivals[peer]
-                    self._uncount(rival)
-            if rivals and agent_id not in self._cards:
-                heir = max(rivals.values(), key=lambda c: c.expires_at)
-                del rivals[heir.peer_id]
-                self._uncount(heir)
-                self._put(heir)
-            if not rivals:
-                del self._rivals[agent_id]
-        return expired
+                    self._end_claim(agent_id, peer, now_ms)
+        expired = [
+            c for c in self._cards.values() if c.origin is Origin.REMOTE and c.is_expired(now_ms)
+        ]
+        for card in expired:
+            self._end_claim(card.id, card.peer_id, now_ms)
+        self._unreachable &= self._ids_of.keys()  # only owners of cards are remembered
+        return [c.id for c in expired]
 
     def _put(self, card: AgentCard) -> None:
         self._drop(card.id)
         self._cards[card.id] = card
-        if card.origin is Origin.REMOTE:
-            self._per_peer[card.peer_id] = self._per_peer.get(card.peer_id, 0) + 1
+        self._count(card)
         for cap in card.provider_keys():
             self._by_capability.setdefault(cap, set()).add(card.id)
 
@@ -258,13 +338,44 @@ class Registry:
             cards = [c for c in cards if not c.is_expired(now_ms)]
         return cards
 
+    def resolve(
+        self,
+        agent_id: str,
+        now_ms: int | None,
+        *,
+        prefer: PeerId | None = None,
+        authority_key: bytes | None = None,
+    ) -> list[AgentCard]:
+        """The card a bare ``agent_id`` goes to, as a list: empty when no live owner is
+        known, one card, or every live owner when the id is ambiguous.
+
+        A local agent always; else among the live owners (:meth:`is_live`), those
+        ``authority_key`` endorsed if any; of these the only one, else ``prefer`` (the
+        owner this node's agents named), else the pinned holder; else all of them.
+        """
+        held = self._cards.get(agent_id)
+        if held is not None and held.origin is Origin.LOCAL:
+            return [held]
+        live = [c for c in self.owners(agent_id) if self.is_live(c, now_ms)]
+        if len(live) > 1 and authority_key is not None:
+            endorsed = [c for c in live if c.endorsed_by(authority_key)]
+            live = endorsed or live
+        if len(live) <= 1:
+            return live
+        for card in live:
+            if card.peer_id == prefer:
+                return [card]
+        if live[0] is held and agent_id not in self._unpinned:
+            return [held]
+        return live
+
     def rival_count(self) -> int:
         """Cards kept as rivals (another owner holds their id)."""
         return sum(len(r) for r in self._rivals.values())
 
     def cards_of(self, peer_id: PeerId) -> int:
         """Remote cards (held and rival) owned by ``peer_id``: what counts against its quota."""
-        return self._per_peer.get(peer_id, 0)
+        return len(self._ids_of.get(peer_id, ()))
 
     def find_by_capability(self, capability_id: str) -> list[AgentCard]:
         """Cards offering ``capability_id``, local ones first, then by agent id."""

@@ -18,7 +18,8 @@ from p2pnode.identity import Identity
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.inbox import DEFAULT_INBOX_BYTES_PER_PEER
 from p2pnode.node.node import Node
-from p2pnode.node.router import AmbiguousAgentError, pinned_address, split_address
+from p2pnode.node.observability import EventKind
+from p2pnode.node.router import pinned_address, split_address
 from p2pnode.registry import DEFAULT_MAX_CARDS_PER_PEER, Registry
 from p2pnode.threadstore import ThreadStore
 from tests.sim import Inbox, connect_all, make_card, open_swarm, wait_until
@@ -86,19 +87,22 @@ async def test_a_squatter_never_receives_the_messages_of_the_real_owner(
         await alice.add_agent("alice", alice_inbox, tier=3)
         await squatter.add_agent("carol", squatter_inbox, tier=3)
         await carol.add_agent("carol", carol_inbox, tier=3)
-        # The squatter claims "carol" on alice's node before the real carol does.
-        await connect_all([alice, squatter])
+        # The real carol is met first; then the squatter claims "carol" on alice's node.
         await carol.connect(alice.listen_address)
+        await wait_until(lambda: alice.registry.find("carol") is not None)
+        await squatter.connect(alice.listen_address)
         await wait_until(
             lambda: (
-                alice.registry.find_owned("carol", carol.peer_id) is not None
+                alice.registry.find_owned("carol", squatter.peer_id) is not None
                 and carol.registry.find("alice") is not None
             )
         )
         owners = [c.peer_id for c in alice.registry.owners("carol")]
-        assert owners == [squatter.peer_id, carol.peer_id]
-        # By name alone the id is ambiguous: refused, naming both owners. Nor does a
-        # reply to the squatter choose it.
+        assert owners == [carol.peer_id, squatter.peer_id]
+        # The squat is a security event naming both owners.
+        [squat] = alice.events.recent(kind=EventKind.SECURITY)
+        assert str(squatter.peer_id) in squat.detail and str(carol.peer_id) in squat.detail
+        # A reply to the squatter does not hand it the name.
         asked = squatter.envelope("carol", "alice", MessageType.REQUEST, "hi")
         answer_to_squatter = alice.envelope(
             "alice",
@@ -108,17 +112,12 @@ async def test_a_squatter_never_receives_the_messages_of_the_real_owner(
             correlation_id=asked.id,
         )
         alice.routing.router.pin(answer_to_squatter)
-        with pytest.raises(AmbiguousAgentError) as info:
-            await alice.request("alice", "carol", "secret")
-        assert info.value.code is ErrorCode.INVALID_ARGUMENT
-        assert info.value.details["owners"] == [
-            pinned_address("carol", squatter.peer_id),
-            pinned_address("carol", carol.peer_id),
-        ]
-        # Pinned to the owner: delivered to the real carol.
-        reply = await alice.request("alice", pinned_address("carol", carol.peer_id), "secret")
+        # By name alone the id stays with the owner met first: the real carol.
+        reply = await alice.request("alice", "carol", "secret")
         assert reply.payload == {"echo": "secret"}
-        assert [e.payload for e in carol_inbox.received] == ["secret"]
+        reply = await alice.request("alice", pinned_address("carol", carol.peer_id), "again")
+        assert reply.payload == {"echo": "again"}
+        assert [e.payload for e in carol_inbox.received] == ["secret", "again"]
         # The real carol is not refused: her requests reach alice, and the answer goes
         # back to her, not to the first claimant of her name.
         answer = await carol.request("carol", "alice", "hello")
@@ -130,8 +129,8 @@ async def test_a_squatter_never_receives_the_messages_of_the_real_owner(
         )
         assert alice.routing.router.reply_recipient(late) == pinned_address("carol", carol.peer_id)
         await alice.send(late)
-        # Alice named carol's owner once: her bare "carol" goes there from now on (a reply
-        # never pins, or answering the squatter would hand it the name).
+        # Her bare "carol" still goes there (a reply never pins, or answering the
+        # squatter would hand it the name).
         note = alice.envelope("alice", "carol", MessageType.NOTIFICATION, "bare")
         await alice.send(note)
         await wait_until(lambda: [e.payload for e in carol_inbox.received][-1] == "bare")

@@ -1,5 +1,11 @@
 """Admitting the cards peers present (in HELLOs and DHT reads): policy admission, then
-the registry's merge rules, with one warning per agent id that two owners claim."""
+the registry's merge rules, with one warning per agent id that two owners claim.
+
+A HELLO lists all of its sender's agents: a claim of that peer on a contested id
+that its HELLO leaves out was withdrawn, and ends (the rival's ambiguity with it).
+Cards of one discovery answer arrive together: when two owners of an id come in
+one answer and no owner was known before, neither was seen first, and the id is
+held unpinned (docs/protocol/node.md "Agent ids and owners")."""
 
 from __future__ import annotations
 
@@ -59,19 +65,41 @@ class CardIntake:
                 self._events.security(exc.code, exc.message, peer, None)
             return False
         owners = self._registry.owners(card.id)
-        if len(owners) > 1:
-            # Kept, but the id is ambiguous now: routing by the bare id is refused.
-            others = ", ".join(str(c.peer_id) for c in owners if c.peer_id != card.peer_id)
-            self._note_collision(
-                card,
-                RemoteError(
-                    ErrorCode.INVALID_CARD,
-                    f"agent id {card.id!r} of peer {card.peer_id} is also claimed by peer "
-                    f"{others}: it is routed only as agent@peer from now on",
-                ),
-                peer,
-            )
+        if len(owners) > 1 and not (
+            owners[0].peer_id == card.peer_id and self._registry.is_pinned(card.id)
+        ):
+            # A rival claim (the pinned holder repeating its own is none): the id keeps
+            # its holder, but an operator must hear that someone else claims it.
+            self._note_collision(card, self._rivalry(card, owners), peer)
         return True
+
+    def _rivalry(self, card: AgentCard, owners: list[AgentCard]) -> RemoteError:
+        """What the security event about ``card``'s claim on a contested id says."""
+        others = ", ".join(str(c.peer_id) for c in owners if c.peer_id != card.peer_id)
+        holder = owners[0]
+        if self._registry.is_pinned(card.id):
+            outcome = (
+                f"the bare id stays with peer {holder.peer_id}, met first, while it is "
+                f"live; the claimant is reached as {card.id}@{card.peer_id}"
+            )
+        else:
+            outcome = "each owner is reached as agent@peer; the bare id may be ambiguous"
+        return RemoteError(
+            ErrorCode.INVALID_CARD,
+            f"agent id {card.id!r} of peer {card.peer_id} is also claimed by peer "
+            f"{others}: {outcome}",
+        )
+
+    def learn_all(self, cards: list[AgentCard]) -> None:
+        """Admit the cards of one discovery answer. An id with no live owner before it
+        and several after it is held unpinned: nothing says which came first."""
+        now = self._clock_ms()
+        fresh = {c.id for c in cards if not self._registry.owners(c.id, now)}
+        for card in cards:
+            self.learn(card)
+        for agent_id in fresh:
+            if len(self._registry.owners(agent_id, now)) > 1:
+                self._registry.unpin(agent_id)
 
     def learn_from(self, peer_id: PeerId, cards: tuple[AgentCard, ...]) -> None:
         """Admit the cards of a HELLO from ``peer_id``: only its own agents' cards."""
@@ -85,6 +113,9 @@ class CardIntake:
                 )
                 continue
             self.learn(card, str(peer_id))
+        listed = {c.id for c in cards if c.peer_id == peer_id}
+        for agent_id in self._registry.withdraw_missing(peer_id, listed, self._clock_ms()):
+            logger.info("peer %s withdrew its claim on agent id %r", peer_id, agent_id)
 
     def _note_collision(self, card: AgentCard, exc: RemoteError, peer: str | None) -> None:
         """An agent id claimed by two owners: one warning (a security event naming both)

@@ -126,7 +126,7 @@ class LinkManager(TaskOwner):
                 self.nursery,
                 lambda: self._dial(peer_id),
                 self._on_frame,
-                _log_state,
+                self._on_state,
                 self._config.retry,
                 self._config.channel.idle_timeout,
                 self._limits,
@@ -139,6 +139,15 @@ class LinkManager(TaskOwner):
         """Addresses a peer announced for itself (in its HELLO)."""
         if addresses:
             self._addresses[peer_id] = addresses[: self._config.hello_addresses]
+
+    def _on_state(self, link: PeerLink, state: ChannelState) -> None:
+        _log_state(link, state)
+        # The registry's liveness of the peer's agent-id claims (registry.py, "Agent
+        # ids and owners"): a link closes for good only once its redials failed.
+        if state is ChannelState.OPEN:
+            self._registry.note_reachable(link.peer_id)
+        elif state is ChannelState.CLOSED and not self._closing:
+            self._registry.note_unreachable(link.peer_id)
 
     def _on_drop(self, link: PeerLink, envelopes: int) -> None:
         self.envelopes_dropped += envelopes

@@ -13,12 +13,14 @@ Egress (docs/protocol/node.md "Routing"):
 * :meth:`Router.source` — the sender must be a local agent.
 * :meth:`Router.known_target` — a recipient known to the registry (local
   agents are registered too); None means "ask discovery". Egress questions
-  take ``now_ms``: a card past its expiry is never a target. An agent id
-  with two live owners is never routed by name alone (that would reach
-  whichever claimed it first, maybe a squatter): ``agent@peer`` names the
-  owner, and a bare ambiguous id raises :class:`AmbiguousAgentError`
-  naming every owner unless the node's agents chose one before
-  (:meth:`Router.pin`; docs/protocol/node.md "Agent ids and owners").
+  take ``now_ms``: a card past its expiry is never a target. A bare agent id
+  that several owners claim goes to one of them by the registry's rule
+  (:meth:`p2pnode.registry.Registry.resolve`): the local agent, the owner the
+  swarm authority endorsed, the owner this node's agents named before
+  (:meth:`Router.pin`), the first owner this node met while it is live, the
+  only live one; else :class:`AmbiguousAgentError` names every live owner
+  (docs/protocol/node.md "Agent ids and owners"). ``agent@peer`` always
+  names the owner.
 * :meth:`Router.candidates` — agents offering a capability that the source
   may discover and send a request to, local ones first; when there is none,
   :meth:`Router.refused` says why for each agent that offers it.
@@ -89,6 +91,15 @@ class RegistryView(Protocol):
     def owners(self, agent_id: str, now_ms: int | None = None) -> list[AgentCard]: ...
 
     def is_contested(self, agent_id: str) -> bool: ...
+
+    def resolve(
+        self,
+        agent_id: str,
+        now_ms: int | None,
+        *,
+        prefer: PeerId | None = None,
+        authority_key: bytes | None = None,
+    ) -> list[AgentCard]: ...
 
     def __iter__(self) -> Iterator[AgentCard]: ...
 
@@ -287,8 +298,11 @@ class Router:
     def known_target(self, agent_id: str, now_ms: int | None = None) -> AgentCard | None:
         """The registry's card for ``agent_id`` (a bare id, or ``agent@peer`` naming the
         owner); None when only discovery can tell (also when the card expired at
-        ``now_ms``: an expired card is never routed to). Raises AmbiguousAgentError for
-        a bare id that more than one live owner claims."""
+        ``now_ms``: an expired card is never routed to). A bare id that several owners
+        claim resolves by the registry's rule (:meth:`Registry.resolve`: a local agent,
+        the endorsed owner, the owner this node's agents named, the first seen live
+        owner, the only live one). Raises AmbiguousAgentError when none of these
+        decides between live owners."""
         registry = self._registry
         if "@" not in agent_id and not registry.is_contested(agent_id):
             # The common case, a bare id with one owner: no address to parse, no list.
@@ -300,14 +314,15 @@ class Router:
         if owner is not None:
             card = registry.find_owned(name, owner)
         else:
-            owners = self._registry.owners(name, now_ms)
-            if len(owners) > 1:
-                pinned = self._pins.get(name)
-                chosen = [c for c in owners if c.peer_id == pinned]
-                if not chosen:
-                    raise AmbiguousAgentError(name, owners)
-                owners = chosen
-            card = owners[0] if owners else None
+            chosen = registry.resolve(
+                name,
+                now_ms,
+                prefer=self._pins.get(name),
+                authority_key=self._policy.config.authority_key,
+            )
+            if len(chosen) > 1:
+                raise AmbiguousAgentError(name, chosen)
+            card = chosen[0] if chosen else None
         if card is not None and now_ms is not None and card.is_expired(now_ms):
             return None
         return card

@@ -17,8 +17,7 @@ async def find_agent(
 ) -> AgentCard:
     """The card ``agent_id`` (or ``agent@peer``) routes to, after asking discovery.
     Raises LocalError(AGENT_NOT_FOUND)."""
-    for found in await discovery.find_agent(split_address(agent_id)[0]):
-        cards.learn(found)
+    cards.learn_all(await discovery.find_agent(split_address(agent_id)[0]))
     card = router.known_target(agent_id, now_ms)
     if card is None:
         raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
