@@ -12,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.identity import PeerId
 from p2pnode.jsonutil import dumps
 from p2pnode.node.swarmcore import (
     Coordinator,
     Participation,
     SwarmConfig,
+    Verdict,
     claim_after,
     invitees,
     successors,
@@ -27,6 +29,7 @@ from p2pnode.node.swarmdoc import (
     DONE,
     ESCALATED,
     INPUT_REQUIRED,
+    Authored,
     DocReader,
     Plan,
     Record,
@@ -35,6 +38,8 @@ from p2pnode.node.swarmdoc import (
     fold,
     lease_stamp,
     log_key,
+    member_address,
+    peer_of,
 )
 from p2pnode.task import Task
 
@@ -158,25 +163,45 @@ def test_the_fold_accepts_the_first_result_of_each_subtask(
     assert view.duplicates == len(results) - len({i for i, _, _ in results})
 
 
+OWNER = str(PeerId.from_public_key(bytes([1]) * 32))
+P_W = str(PeerId.from_public_key(bytes([2]) * 32))
+BOSS, W = member_address("boss", OWNER), member_address("w", P_W)
+
+
+def signed(value: dict[str, Any]) -> dict[str, Any]:
+    """A plain document value as :func:`authored` gives it: the plan and ``cancel`` by
+    the opener's peer, each journal record by its term's coordinator's peer."""
+    out: dict[str, Any] = {k: Authored(v, OWNER) for k, v in value.items() if k != "log"}
+    out["plan"] = {k: Authored(v, OWNER) for k, v in value["plan"].items()}
+    out["log"] = {t: {q: Authored(v, peer_of(t.split(":", 1)[1]) or "") for q, v in e.items()}
+                  for t, e in value.get("log", {}).items()}  # fmt: skip
+    if "coord" in value:
+        out["coord"] = Authored(value["coord"], P_W)
+    return out
+
+
 def test_the_reader_folds_incrementally_and_refolds_out_of_order() -> None:
     plan = make_plan([1.0, 1.0], [frozenset(), frozenset()])
     value: dict[str, Any] = {"plan": dict(plan.chunks()), "log": {}}
     reader = DocReader()
     assert reader.read_untrusted({"plan": {}}) == []
-    late = log_key(2, "w")
-    value["log"][late] = {f"{1:010d}": dumps({"d": [[0, 2, "w", "late"]]})}
-    assert len(reader.read_untrusted(value)) == 1
-    assert reader.view is not None and reader.view.subtasks[0].result == "late"
-    early = log_key(1, "boss")
-    value["log"][early] = {f"{1:010d}": dumps({"d": [[0, 1, "boss", "early"]]}), "2": "{"}
-    value["coord"] = '{"agent": "w", "epoch": 2, "beat": 3}'
+    late = log_key(2, W)
+    value["log"][late] = {f"{1:010d}": dumps({"d": [[0, 2, W, "late"]]})}
+    # Term 2 before term 1 arrived: not admitted yet (no term 1, w not yet a member).
+    assert reader.read_untrusted(signed(value)) == []
+    assert reader.view is not None and reader.view.subtasks[0].result is None
+    early = log_key(1, "boss@" + OWNER)
+    first = {"j": [[W, [], 1]], "a": [[0, W, 1], [0, W, 2]], "d": [[0, 1, W, "early"]]}
+    value["log"][early] = {f"{1:010d}": dumps(first), "2": "{"}
+    value["coord"] = dumps({"agent": W, "epoch": 2, "beat": 3})
     value["cancel"] = True
-    new = reader.read_untrusted(value)
+    new = reader.read_untrusted(signed(value))
     assert [k for k, _ in new] == [f"{early}/{1:010d}"]  # the bad register is skipped
     assert reader.view.subtasks[0].result == "early"  # refolded: the earlier term wins
-    assert reader.view.duplicates == 1 and reader.bad == 1
-    assert reader.coord is not None and reader.coord.agent == "w" and reader.canceled
-    assert reader.read_untrusted(value) == []
+    assert reader.view.duplicates == 1 and reader.bad == 1  # term 2, admitted now
+    assert reader.view.breaches == {}
+    assert reader.coord is not None and reader.coord.agent == W and reader.canceled
+    assert reader.read_untrusted(signed(value)) == []
 
 
 def test_a_later_epoch_outranks_any_renewal_of_an_earlier_one() -> None:
@@ -314,9 +339,9 @@ def test_assignment_follows_capability_and_load_longest_first() -> None:
     orders = core.tick(0.0)
     # The longest "a" task goes to x (y is loaded elsewhere); y alone can do the "b" one.
     assert orders.assign == {"x": [(1, 1)], "y": [(3, 1)]}
-    assert core.result("x", 1, 1, "r1")
-    assert not core.result("x", 1, 1, "again")  # a duplicate
-    assert not core.result("z", 0, 1, "stranger")  # not a participant
+    assert core.result("x", 1, 1, "r1") is Verdict.ACCEPTED
+    assert core.result("x", 1, 1, "again") is Verdict.DUPLICATE
+    assert core.result("z", 0, 1, "stranger") is Verdict.REFUSED  # not the assignee
     assert core.tick(1.0).assign == {"x": [(2, 1)]}
 
 
@@ -392,10 +417,10 @@ def test_a_large_record_is_split_into_registers_and_folds_the_same() -> None:
     plan = make_plan([1.0] * 40, [frozenset()] * 40, agg="list")
     big = "x" * 5000
     record = Record(
-        joined=[("w", (), 1)],
-        assigned=[(i, "w", 1) for i in range(40)],
-        done=[(i, 1, "w", big) for i in range(40)],
-        leases={"w": NOW_MS},
+        joined=[(W, (), 1)],
+        assigned=[(i, W, 1) for i in range(40)],
+        done=[(i, 1, W, big) for i in range(40)],
+        leases={W: NOW_MS},
         status=COMPLETED,
         outcome=[big] * 40,
     )
@@ -403,18 +428,18 @@ def test_a_large_record_is_split_into_registers_and_folds_the_same() -> None:
     assert len(parts) > 3
     assert all(len(dumps(p.to_json())) <= 48 * 1024 for p in parts)
     assert not parts[-1].has_outcome and parts[-1].status == COMPLETED  # too large: left out
-    keys = [f"{log_key(1, 'boss')}/{1:010d}" + ("" if n == 0 else f".{n:04d}")
+    keys = [f"{log_key(1, BOSS)}/{1:010d}" + ("" if n == 0 else f".{n:04d}")
             for n in range(len(parts))]  # fmt: skip
     value = {
         "plan": dict(plan.chunks()),
         "log": {
-            log_key(1, "boss"): {
+            log_key(1, BOSS): {
                 k.split("/")[1]: dumps(p.to_json()) for k, p in zip(keys, parts, strict=True)
             }
         },
     }
     reader = DocReader()
-    reader.read_untrusted(value)
+    reader.read_untrusted(signed(value))
     assert reader.view is not None and reader.view.complete
     assert reader.view.results() == [big] * 40
     assert reader.view.outcome == [big] * 40  # computed by the reader

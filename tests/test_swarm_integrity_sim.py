@@ -17,7 +17,7 @@ from p2pnode.crdt.ops import RegisterSet
 from p2pnode.jsonutil import dumps
 from p2pnode.node.swarmdoc import COMPLETED, CoordLease, lease_stamp, log_key, member_address
 from p2pnode.node.swarms import SwarmHandle, SwarmService
-from tests.test_swarms_sim import World, plan_of, settled, wait_until, world, worker
+from tests.test_swarms_sim import World, plan_of, settled, wait_until, world
 
 N = 10
 HONEST = sum(i * i for i in range(N))
