@@ -13,7 +13,13 @@ then runs each attack in turn:
   3.8 MiB in a loop, reading the 3.8 MiB echoes the victim's agent sends back;
 * ``records``: ``--record-peers`` (200) authenticated peers each announce a
   4 MiB record on their channel and send its first 196 bytes, then wait;
-* ``junk``: 300 TCP connections each write 64 KB of junk, 4 rounds.
+* ``junk``: 300 TCP connections each write 64 KB of junk, 4 rounds;
+* ``proposals``: an authenticated peer sends ``--proposals`` (100,000) task
+  proposals, as fast as it can, to a task-taking agent the victim hosts
+  (examples/squarer.py, which accepts them all and is never awarded), reading
+  the answers; the victim's task counters are printed after it (accepted,
+  refused ``BUSY``, open threads). When ``proposals`` is among the attacks the
+  victim hosts that agent from the start.
 
 During each attack the honest daemon sends the victim a request every
 ``--probe-every`` seconds; every one must be answered (``honest ok``/``failed``
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import struct
 import sys
 import tempfile
@@ -41,6 +48,7 @@ from pathlib import Path
 import trio
 
 from p2pnode.card import AgentCard, Capability
+from p2pnode.cardfile import CARD_FILE_NAME
 from p2pnode.channel import SecureChannel, connect_secure
 from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
 from p2pnode.errors import P2PError
@@ -51,6 +59,7 @@ from p2pnode.node.frames import encode_envelope, encode_hello
 from p2pnode.noise import TAGLEN
 from p2pnode.process import NodeProcess
 from p2pnode.secure import SecureIdentity
+from p2pnode.task import Task, proposal_payload
 
 MIB = 1024 * 1024
 BIG = int(3.8 * MIB)  # fits one 4 MiB node frame with the envelope around it
@@ -80,13 +89,31 @@ class Row:
     errors: list[str] = field(default_factory=list)
 
 
+#: The task-taking agent of the proposal flood: examples/squarer.py, hosted by the victim.
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TASKER = "squarer"
+
+
+def victim_options(
+    attacks: list[str], data_dir: Path
+) -> tuple[dict[str, str] | None, list[str]]:
+    """The victim's environment and ``run`` options: with the proposal flood, it hosts
+    :data:`TASKER` beside its card file's agent."""
+    if "proposals" not in attacks:
+        return None, []
+    path = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
+    card = str(data_dir / CARD_FILE_NAME)
+    return dict(os.environ, PYTHONPATH=path), ["--agent", f"{TASKER}:agent", "--card", card]
+
+
 class Bench:
     """The victim, the honest daemon and the measurements."""
 
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
         self.args = args
         self.root = root
-        self.victim = NodeProcess(root / "victim", log_lines=200)
+        env, self.victim_args = victim_options(args.attacks, root / "victim")
+        self.victim = NodeProcess(root / "victim", env, log_lines=200)
         self.honest = NodeProcess(root / "honest", log_lines=200)
         self.baseline = 0.0
         self.nonce = 0
@@ -98,7 +125,7 @@ class Bench:
     async def start(self, nursery: trio.Nursery) -> None:
         for node, name in ((self.victim, "victim"), (self.honest, "honest")):
             node.prepare(name, 3, [{"id": f"{name}.echo", "name": "Echo", "description": "echo"}])
-        await self.victim.start(nursery, None)
+        await self.victim.start(nursery, None, run_args=self.victim_args)
         await self.honest.start(nursery, self.victim.address)
         for _ in range(20):  # warm the paths an honest request takes
             await self.ask()
@@ -235,6 +262,34 @@ class Bench:
             for channel in opened:
                 await trio.aclose_forcefully(channel._stream)
 
+    async def proposals(self, row: Row) -> None:
+        channel, _ = await self.attacker()
+        factory = EnvelopeFactory(wall_clock_ms)
+        task = Task("square 7", ("square",), 1.0, 7)
+        deadline = wall_clock_ms() + 3_600_000  # accepted, then held until the award timeout
+        async with channel, trio.open_nursery() as nursery:
+            nursery.start_soon(_drain, channel)  # read the accepts and the BUSY refusals
+            for n in range(self.args.proposals):
+                task_id = f"flood-{n:08d}"
+                envelope = factory.create(
+                    ATTACKER,
+                    TASKER,
+                    MessageType.TASK_PROPOSAL,
+                    proposal_payload(task_id, task, deadline),
+                    correlation_id=task_id,
+                    metadata=Metadata(tier=3),
+                )
+                await channel.send_message(encode_envelope(envelope))
+                row.sent += 1
+                if n % 2000 == 0:
+                    row.peak = max(row.peak, self.rss())
+            await trio.sleep(self.args.linger)
+            row.peak = max(row.peak, self.rss())
+            nursery.cancel_scope.cancel()
+        tasks = (await self.victim.call({"op": "status"}))["tasks"]
+        keys = ("proposalsReceived", "proposalsRefused", "open")
+        print("  victim tasks: " + ", ".join(f"{k} {tasks.get(k)}" for k in keys), flush=True)
+
     async def junk(self, row: Row) -> None:
         address = parse_address(self.victim.address)
         for _ in range(4):
@@ -322,7 +377,7 @@ async def main_async(args: argparse.Namespace, root: Path) -> int:
     return 1 if bad else 0
 
 
-ATTACKS = ("notifications", "requests", "records", "junk")
+ATTACKS = ("notifications", "requests", "records", "junk", "proposals")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -331,6 +386,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--notifications", type=int, default=617)
     parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--record-peers", type=int, default=200)
+    parser.add_argument("--proposals", type=int, default=100_000)
     parser.add_argument("--slack", type=float, default=50.0, help="MB above the baseline")
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to give it back")
     parser.add_argument("--linger", type=float, default=2.0, help="attacker stays after sending")
