@@ -47,10 +47,13 @@ from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.task import Selection, Task
 from p2pnode.taskwork import TaskHandlers, TaskThread
-from p2pnode.tools import MCP_METHODS, Access, Caller, Catalog, PromptArgument
+from p2pnode.tools import MCP_METHODS, TOOLS_CALL, Access, Caller, Catalog, PromptArgument
 from p2pnode.toolschema import Checker, schema_checker
 
 logger = logging.getLogger("p2pnode.agent")
+
+#: The longest deadline a tool may declare: one day, in seconds (NodeConfig's bound).
+_MAX_DEADLINE = 86_400.0
 
 #: A handler: ``handler(message)``, sync or async.
 HandlerFunction = Callable[["Message"], Any]
@@ -132,6 +135,8 @@ class Agent:
         self.catalog = Catalog(id)
         #: Its task handlers, and how it proposes once hosted (p2pnode.task).
         self.tasks = TaskHandlers(id)
+        #: Deadlines tools declared (seconds), by tool name.
+        self._tool_deadlines: dict[str, float] = {}
 
     @property
     def capabilities(self) -> tuple[Capability, ...]:
@@ -277,17 +282,26 @@ class Agent:
         input_schema: Any = None,
         output_schema: Any = None,
         access: Access | None = None,
+        deadline: float | None = None,
     ) -> Callable[[T], T]:
         """Declare a tool, named ``<agent id>.<name>`` in the swarm (``name`` defaults to
         the function's). Without ``input_schema`` the function's parameters are its
         arguments, their schema derived from the type hints; a parameter annotated
         :class:`~p2pnode.tools.Caller` receives the authenticated caller. ``access``
         says who may call it (default: anyone policy lets send to this agent).
+        ``deadline``: seconds one call may run before its owner's node cancels it and
+        answers TIMEOUT (default: the node's ``tool_deadline``, 30 s).
 
-        Raises LocalError(DUPLICATE_TOOL) for a name taken."""
+        Raises LocalError(DUPLICATE_TOOL) for a name taken, LocalError(INVALID_ARGUMENT)
+        for a deadline that is not more than 0 and at most a day."""
+        if deadline is not None and not 0 < deadline <= _MAX_DEADLINE:
+            raise LocalError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"a tool's deadline is more than 0 and at most {_MAX_DEADLINE:g} s",
+            )
 
         def register(function: T) -> T:
-            self.catalog.add_tool(
+            spec = self.catalog.add_tool(
                 function,
                 name=name,
                 description=description,
@@ -295,6 +309,8 @@ class Agent:
                 output_schema=output_schema,
                 access=access,
             )
+            if deadline is not None:
+                self._tool_deadlines[spec.name] = deadline
             return function
 
         return register
@@ -423,6 +439,17 @@ class Agent:
             failed = f"the handler of {method} on agent {self.id!r} failed"
             error = RemoteError(ErrorCode.HANDLER_FAILED, failed, agentId=self.id)
             return Reply(MessageType.ERROR, error.to_dict())
+
+    def tool_deadline(self, envelope: Envelope) -> float | None:
+        """The deadline (seconds) the tool a ``tools/call`` request names declared; None
+        when it declared none, or for any other request."""
+        if not self._tool_deadlines:
+            return None
+        meta, params = envelope.metadata, envelope.payload
+        if meta is None or meta.capability != TOOLS_CALL or type(params) is not dict:
+            return None
+        name = params.get("name")
+        return self._tool_deadlines.get(name) if type(name) is str else None
 
     def card_offers(self) -> dict[str, tuple[str, ...]]:
         """What the agent's card lists of its catalog: ``tools``, ``resources`` and

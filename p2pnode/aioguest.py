@@ -430,6 +430,9 @@ class InAsyncio(Agent):
     def card_offers(self) -> dict[str, tuple[str, ...]]:
         return self.definition.card_offers()
 
+    def tool_deadline(self, envelope: Envelope) -> float | None:
+        return self.definition.tool_deadline(envelope)
+
     async def handle(self, envelope: Envelope, caller: Caller | None = None) -> Reply | None:
         return await self._guest.handle_in_asyncio(self.definition, envelope, self._context, caller)
 

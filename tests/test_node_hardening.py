@@ -22,7 +22,7 @@ from p2pnode.node.observability import EventKind
 from p2pnode.node.router import pinned_address, split_address
 from p2pnode.registry import DEFAULT_MAX_CARDS_PER_PEER, Registry
 from p2pnode.threadstore import ThreadStore
-from tests.sim import Inbox, connect_all, make_card, open_swarm, wait_until
+from tests.sim import FAST_NODE, Inbox, connect_all, make_card, open_swarm, wait_until
 
 
 def received(node: Node) -> int:
@@ -42,7 +42,8 @@ async def test_replies_owed_to_a_vanished_peer_do_not_delay_other_requesters(
             await gate.wait()
         return envelope.payload
 
-    async with open_swarm(3) as sw:
+    # One waiting handler at a time: the held request keeps the rest in the inbox.
+    async with open_swarm(3, dataclasses.replace(FAST_NODE, agent_concurrency=1)) as sw:
         a, b, c = sw.nodes
         await a.add_agent("worker", worker, tier=3)
         await b.add_agent("leaver", Inbox(), tier=3)

@@ -7,18 +7,36 @@ Theory of operation:
   ``add_capability`` to it. It holds the node's local agents (the same map
   the router and the routing driver read).
 * Each hosted agent has a bounded inbox (by count, and by bytes per sending
-  peer and in total: p2pnode.node.inbox) and one task, in the node's nursery,
-  that feeds its handler in arrival order. A requester that vanished or never
-  reads must not hold the agent up, yet handing every reply to another task
-  costs a scheduler pass per request. So a small reply (at most
-  :data:`INLINE_REPLY_BYTES`) is written by the agent's own task when it can
-  leave at once: nothing is queued for the requester's peer and its link is
-  open with no write waiting. That write gets :data:`INLINE_REPLY_WAIT`
-  seconds; a peer that cannot take it by then has stopped reading, its
-  channel is dropped as after a stalled write, and the reply is lost (the
-  requester times out, as for any lost reply). Every other reply is queued
-  for the requester's peer (p2pnode.node.replies) and written by that peer's
-  own task, so the agent goes on with the next envelope at once.
+  peer and in total: p2pnode.node.inbox) read by one task at a time, in
+  arrival order, in the agent's own nursery (under the node's).
+  Notifications and the other envelopes that get no answer are handled by
+  that reader, in order, one at a time. Requests are answered concurrently
+  without a task per request: the reader runs a request's handler itself,
+  and a handler that answers without waiting (most) costs nothing more. The
+  first time a handler waits (seen by :func:`_watched` before trio parks the
+  task), its request becomes a *call*: its task's scope gets the call's
+  deadline (a tool's own, ``tool_deadline`` for tools, resources and
+  prompts, else ``request_timeout``), the call is registered for its
+  requester's cancel (p2pnode.node.callcancel), and while the agent has fewer
+  than ``agent_concurrency`` calls a new task takes over the inbox; the old
+  one finishes its call, queues the answer and ends. At the limit the reader
+  stays in its call (the inbox waits, then refuses requests BUSY:
+  p2pnode.node.inbox) until a call ends and frees a slot. A call past its
+  deadline is cancelled and answered ``TIMEOUT``; one its requester
+  cancelled is cancelled and not answered. So a handler that hangs holds
+  one slot until its deadline, and the agent's other requests, and other
+  agents, are served meanwhile.
+* A requester that vanished or never reads must not hold the agent up, yet
+  handing every reply to another task costs a scheduler pass per request.
+  So a small reply (at most :data:`INLINE_REPLY_BYTES`) is written by the
+  reader itself when it can leave at once: nothing is queued for the
+  requester's peer and its link is open with no write waiting. That write
+  gets :data:`INLINE_REPLY_WAIT` seconds; a peer that cannot take it by
+  then has stopped reading, its channel is dropped as after a stalled
+  write, and the reply is lost (the requester times out, as for any lost
+  reply). Every other reply (a call's included) is queued for the
+  requester's peer (p2pnode.node.replies) and written by that peer's own
+  task, so the agent goes on with the next envelope at once.
 * Every card change (an agent added, replaced, given a capability, removed)
   is announced: a HELLO of the current cards to each open link, and a
   discovery ``provide`` of the new card.
@@ -30,8 +48,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+import math
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass
 from functools import partial
+from typing import Any, TypeVar
 
 import trio
 
@@ -44,7 +66,7 @@ from p2pnode.lifetime import TaskOwner
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.frames import encode_hello
-from p2pnode.node.inbox import LOCAL, InboxBudget, Queued
+from p2pnode.node.inbox import LOCAL, InboxBudget, Queued, RunningCall
 from p2pnode.node.inlinewrite import InlineWatch, Writer
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
@@ -64,6 +86,73 @@ CARD_CHECK_INTERVAL = 30.0
 INLINE_REPLY_BYTES = 64 * 1024
 #: Seconds such a reply may take to leave before its write is cut (p2pnode.node.inlinewrite).
 INLINE_REPLY_WAIT = 0.25
+
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True, eq=False)
+class _Serving:
+    """One hosted agent's tasks: the nursery its readers and waiting calls run in, and
+    the task that reads its inbox now."""
+
+    nursery: trio.Nursery
+    reader: _Reader | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Reader:
+    """One of an agent's tasks: its scope (``writer``), the call it is in once a handler
+    waited, and whether it handed the inbox over (then it ends with that call)."""
+
+    writer: Writer
+    call: RunningCall | None = None
+    demoted: bool = False
+
+
+@types.coroutine
+def _watched(
+    handling: Coroutine[Any, Any, T],
+    host: AgentHost,
+    agent: LocalAgent,
+    serving: _Serving,
+    reader: _Reader,
+    item: Queued,
+    envelope: Envelope,
+) -> Generator[Any, Any, T]:
+    """Await ``handling`` (a request's handler) in this task, telling ``host`` the first
+    time it waits.
+
+    It runs the coroutine step by step as ``await`` would, passing what it yields to trio
+    and what trio sends or throws back, so it stays in this task, its cancel scopes and
+    its context. A handler that answers without waiting costs one generator; one that
+    waits is seen at its first wait, before trio parks the task (module docstring).
+    """
+    try:
+        trap = handling.send(None)
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]
+    host._waiting(agent, serving, reader, item, envelope)
+    while True:
+        try:
+            sent = yield trap
+        except GeneratorExit:
+            handling.close()
+            raise
+        except BaseException as exc:  # trio's Cancelled, or any error thrown in
+            try:
+                trap = handling.throw(exc)
+            except StopIteration as finished:
+                return finished.value  # type: ignore[no-any-return]
+        else:
+            try:
+                trap = handling.send(sent)
+            except StopIteration as finished:
+                return finished.value  # type: ignore[no-any-return]
+
+
+def _size(payload: object) -> int:
+    return payload_envelope_size(payload)
 
 
 def _renewal_due(card: AgentCard) -> int:
@@ -125,6 +214,8 @@ class AgentHost:
         self._cards_changed = trio.Event()
         #: Cuts a reply an agent's task writes itself once it is stuck (inlinewrite).
         self._inline = InlineWatch(owner, INLINE_REPLY_WAIT, self._reply_cut)
+        #: Calls cancelled in all: at their deadline, or by their requester.
+        self.calls_cut = 0
 
     # -- hosting ----------------------------------------------------------------------------
 
@@ -182,7 +273,9 @@ class AgentHost:
         existing = self.agents.get(card.id)
         if existing is None:
             send, receive = trio.open_memory_channel[Queued](self._config.inbox_size)
-            hosted = LocalAgent(stored, agent, send, receive, self.inbox_budget)
+            hosted = LocalAgent(
+                stored, agent, send, receive, self.inbox_budget, self._config.agent_concurrency
+            )
             self.agents[card.id] = hosted
             done = self._done[card.id] = trio.Event()
             self._owner.nursery.start_soon(self._agent_loop, hosted, done)
@@ -291,24 +384,32 @@ class AgentHost:
     # -- inboxes ----------------------------------------------------------------------------
 
     async def _agent_loop(self, agent: LocalAgent, done: trio.Event) -> None:
-        inbox, key = agent.inbox_receive, agent.card.id
+        """The agent's tasks: this one reads its inbox first; readers that take over and
+        calls that wait run in the agent's own nursery (the module docstring)."""
         try:
-            async with inbox:
-                while True:  # a fresh scope each time a stuck reply was cut (inlinewrite)
-                    with trio.CancelScope() as scope:
-                        writer = self._inline.open(key, scope)
-                        try:
-                            await self._serve_inbox(agent, inbox, writer)
-                        finally:
-                            self._inline.close(key, writer)
-                    if not scope.cancelled_caught:
-                        return
+            async with agent.inbox_receive, trio.open_nursery() as nursery:
+                await self._read(agent, _Serving(nursery))
         finally:
             done.set()
 
-    async def _serve_inbox(
-        self, agent: LocalAgent, inbox: trio.MemoryReceiveChannel[Queued], writer: Writer
-    ) -> None:
+    async def _read(self, agent: LocalAgent, serving: _Serving) -> None:
+        """Read the inbox in arrival order until it closes; or, once the request this task
+        is answering waits and the inbox is handed to a new reader, finish that call."""
+        key = agent.card.id
+        while True:  # a fresh scope each time one was cancelled (inlinewrite, a call cut)
+            with trio.CancelScope() as scope:
+                reader = serving.reader = _Reader(self._inline.open(key, scope))
+                try:
+                    await self._serve_inbox(agent, serving, reader)
+                finally:
+                    self._inline.close(key, reader.writer)
+            if reader.call is not None:  # its call was cut: deadline, or its caller left
+                self._call_cut(agent, serving, reader, reader.call)
+            if reader.demoted or not scope.cancelled_caught:
+                return
+
+    async def _serve_inbox(self, agent: LocalAgent, serving: _Serving, reader: _Reader) -> None:
+        inbox = agent.inbox_receive
         next_item: Queued | None
         async for next_item in inbox:
             while next_item is not None:
@@ -316,8 +417,10 @@ class AgentHost:
                 if envelope is None:
                     pass  # its peer left: nobody to answer
                 elif envelope.type is MessageType.REQUEST:
-                    await self._answer(agent, item, envelope, writer)
-                else:  # nothing to answer: straight to the agent's handler
+                    await self._answer(agent, serving, reader, item, envelope)
+                    if reader.demoted:
+                        return  # another task reads the inbox now
+                else:  # nothing to answer: straight to the agent's handler, in order
                     await agent.definition.handle(envelope)
                 # Drain what is already queued without a scheduler pass per envelope.
                 try:
@@ -326,42 +429,129 @@ class AgentHost:
                     next_item = None
 
     async def _answer(
-        self, agent: LocalAgent, item: Queued, envelope: Envelope, writer: Writer
+        self,
+        agent: LocalAgent,
+        serving: _Serving,
+        reader: _Reader,
+        item: Queued,
+        envelope: Envelope,
     ) -> None:
-        """Run the handler of request ``envelope`` (taken from ``item``) and answer it."""
+        """Run the handler of request ``envelope`` (taken from ``item``) and answer it.
+        The handler runs in this task; should it wait, :meth:`_waiting` makes it a call
+        (see the module docstring)."""
         meta = envelope.metadata
+        method = meta.capability if meta is not None else None
+        if method in MCP_METHODS:
+            handling = self._tool_audit.serve(agent.definition, envelope, method or "")
+            streamed = True
+        else:
+            handling = agent.definition.handle(envelope)
+            streamed = False
+        answer = await _watched(handling, self, agent, serving, reader, item, envelope)
+        if reader.call is not None:
+            self._call_ended(agent, serving, reader, reader.call)
+        if answer is not None:  # None: forwarded to the agent's process, which answers
+            writer = None if reader.demoted else reader.writer
+            await self._reply(agent, item, writer, answer.type, answer.payload, streamed=streamed)
+
+    def _waiting(
+        self,
+        agent: LocalAgent,
+        serving: _Serving,
+        reader: _Reader,
+        item: Queued,
+        envelope: Envelope,
+    ) -> None:
+        """The handler of ``envelope``, run by ``reader``'s task, waits: it becomes a call
+        with a deadline, found by its requester's cancel; the inbox goes to a new reader
+        while the agent's calls are under its limit. Sync: runs as the handler yields."""
+        limit = self._deadline(agent, envelope)
+        deadline = trio.current_time() + limit
+        key = (item.peer, envelope.sender, envelope.id)
+        call = RunningCall(key, item, reader.writer.scope, deadline, limit)
+        agent.calls.setdefault(call.key, call)  # a repeated id keeps the first's entry
+        reader.call = call
+        reader.writer.scope.deadline = deadline
+        if len(agent.calls) < agent.max_calls:
+            self._hand_over(agent, serving, reader)
+
+    def _hand_over(self, agent: LocalAgent, serving: _Serving, reader: _Reader) -> None:
+        """``reader``'s task keeps its call only; a new task reads the inbox."""
+        reader.demoted = True
+        serving.nursery.start_soon(self._read, agent, serving)
+
+    def _deadline(self, agent: LocalAgent, envelope: Envelope) -> float:
+        """Seconds the handler of request ``envelope`` may run: the tool's own, else
+        ``tool_deadline`` for a use of a tool, resource or prompt, else the node's
+        request timeout."""
+        meta = envelope.metadata
+        if meta is None or meta.capability not in MCP_METHODS:
+            return self._config.request_timeout
+        declared = agent.definition.tool_deadline(envelope)
+        return declared if declared is not None else self._config.tool_deadline
+
+    def _call_ended(
+        self, agent: LocalAgent, serving: _Serving, reader: _Reader, call: RunningCall
+    ) -> None:
+        """``call`` (``reader``'s) has left its handler: its slot is free. A reader held in
+        a call of its own for want of a slot hands the inbox over now."""
+        if agent.calls.get(call.key) is call:
+            del agent.calls[call.key]
+        reader.call = None
+        if not reader.demoted:
+            reader.writer.scope.deadline = math.inf
+        held = serving.reader
         if (
-            meta is not None
-            and meta.capability in MCP_METHODS
-            and envelope.type is MessageType.REQUEST
+            held is not None
+            and held is not reader
+            and held.call is not None
+            and not held.demoted
+            and len(agent.calls) < agent.max_calls
         ):
-            reply = await self._tool_audit.serve(agent.definition, envelope, meta.capability)
-            if reply is not None:  # None: forwarded to the agent's process, which answers
-                await self._reply(agent, item, writer, reply.type, reply.payload, streamed=True)
+            self._hand_over(agent, serving, held)
+
+    def _call_cut(
+        self, agent: LocalAgent, serving: _Serving, reader: _Reader, call: RunningCall
+    ) -> None:
+        """``call`` was cancelled: answered TIMEOUT when its deadline passed, not at all
+        when its requester cancelled it (it no longer waits)."""
+        self._call_ended(agent, serving, reader, call)
+        self.calls_cut += 1
+        if call.by_caller:
             return
-        answer = await agent.definition.handle(envelope)
-        if answer is not None:
-            await self._reply(agent, item, writer, answer.type, answer.payload, streamed=False)
+        error = RemoteError(
+            ErrorCode.TIMEOUT,
+            f"the handler of agent {agent.card.id!r} ran past its deadline of {call.limit:g} s",
+            deadlineSeconds=call.limit,
+            agentId=agent.card.id,
+        )
+        payload = error.to_dict()
+        self._queue_reply(agent, call.item, MessageType.ERROR, payload, _size(payload), False)
 
     async def _reply(
         self,
         agent: LocalAgent,
         item: Queued,
-        writer: Writer,
+        writer: Writer | None,
         type: MessageType,
         payload: object,
         *,
         streamed: bool,
     ) -> None:
-        """Answer ``item``: written at once when it can leave at once, else queued for its
-        requester's peer (the module docstring)."""
+        """Answer ``item``: written at once by ``writer``'s task when it can leave at once,
+        else queued for its requester's peer (the module docstring)."""
         sender, to, peer = agent.card.id, item.envelope, item.peer
         # An answer surely small enough for one envelope is not measured for streaming.
         streamed = streamed and not surely_inline(payload)
-        send = partial(reply_streamed, self._routing.reply) if streamed else self._routing.reply
-        size = payload_envelope_size(payload)
         key = LOCAL if peer is None else peer
-        if size <= INLINE_REPLY_BYTES and self.replies.queued(key) == 0 and self._writable(item):
+        size = payload_envelope_size(payload)
+        if (
+            size <= INLINE_REPLY_BYTES
+            and writer is not None
+            and self.replies.queued(key) == 0
+            and self._writable(item)
+        ):
+            send = partial(reply_streamed, self._routing.reply) if streamed else self._routing.reply
             self._inline.begin(writer)  # cut if it cannot leave within INLINE_REPLY_WAIT
             try:
                 code = await send(sender, to, type, payload, peer)
@@ -369,11 +559,26 @@ class AgentHost:
                 InlineWatch.end(writer)
             self.replies.note(key, code)
             return
+        self._queue_reply(agent, item, type, payload, size, streamed)
+
+    def _queue_reply(
+        self,
+        agent: LocalAgent,
+        item: Queued,
+        type: MessageType,
+        payload: object,
+        size: int,
+        streamed: bool,
+    ) -> None:
+        """Queue the answer to ``item`` for its requester's peer's reply task."""
+        sender, to, peer = agent.card.id, item.envelope, item.peer
+        send = partial(reply_streamed, self._routing.reply) if streamed else self._routing.reply
 
         def job() -> Awaitable[ErrorCode | None]:
             return send(sender, to, type, payload, peer)
 
         self._replying[sender] = self._replying.get(sender, 0) + 1
+        key = LOCAL if peer is None else peer
         if not self.replies.put(key, job, size, self._replied(sender)):
             self._replied(sender)()
 

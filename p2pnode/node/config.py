@@ -12,6 +12,9 @@ from p2pnode.node.channels import RetryPolicy
 from p2pnode.node.negotiation import TaskConfig
 from p2pnode.node.policy import PolicyConfig
 
+#: The longest deadline a call may have (a tool's own included): one day, in seconds.
+MAX_DEADLINE = 86_400.0
+
 
 def parse_address(text: str) -> Address:
     """``host:port`` or ``[v6]:port`` as an address. Raises LocalError(CONFIG_ERROR)."""
@@ -48,6 +51,14 @@ class NodeConfig:
     request_timeout: float = 10.0
     card_ttl_seconds: int = 3600
     inbox_size: int = 256
+    #: Request handlers of one local agent that may wait at once; past it a request waits
+    #: in the inbox, and finding the inbox full it is refused BUSY (docs/protocol/node.md
+    #: "Requests to an agent").
+    agent_concurrency: int = 64
+    #: Seconds a use of a tool, resource or prompt may run at its owner, unless the tool
+    #: declares its own (``@agent.tool(deadline=...)``); other requests get
+    #: ``request_timeout``. Then the handler is cancelled and answered TIMEOUT.
+    tool_deadline: float = 30.0
     dedup_window: int = 65_536
     max_peers: int = 4096
     #: Connections still in the Noise handshake, in all and per source host (an IPv4
@@ -77,5 +88,9 @@ class NodeConfig:
             problems.append("card_ttl_seconds must be from 60 to 2592000")
         if self.inbox_size < 1 or self.dedup_window < 1 or self.max_peers < 1:
             problems.append("inbox_size, dedup_window and max_peers must be positive")
+        if self.agent_concurrency < 1:
+            problems.append("agent_concurrency must be positive")
+        if not 0 < self.tool_deadline <= MAX_DEADLINE:
+            problems.append(f"tool_deadline must be more than 0 and at most {MAX_DEADLINE:g}")
         if problems:
             raise LocalError(ErrorCode.CONFIG_ERROR, "; ".join(problems), problems=problems)

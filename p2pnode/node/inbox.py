@@ -12,20 +12,32 @@ instead of queued (docs/protocol/node.md "Limits"), so one peer cannot make
 the node hold more than its share of bytes. What a peer queued is released as
 the agent works through it, and once the peer left (no channel to it) its
 envelopes are taken out unread.
+
+The inbox is also where a request's *call* is found again. A request whose
+handler waits (p2pnode.node.agents) becomes a :class:`RunningCall` in its
+agent's :attr:`LocalAgent.calls`, keyed by the requesting peer, the
+requesting agent and the request id, with the cancel scope that bounds it.
+A cancel notification from that same requester (p2pnode.node.callcancel)
+cancels it on delivery, without being queued. At most
+:attr:`LocalAgent.max_calls` handlers of an agent wait at once; while that
+many do and its inbox is full by count, a further request is refused with
+``BUSY`` and a retry hint instead of holding its peer's channel.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import trio
 
 from p2pnode.agent import Agent
 from p2pnode.card import AgentCard
-from p2pnode.envelope import Envelope, Metadata, envelope_size
+from p2pnode.envelope import Envelope, MessageType, Metadata, envelope_size
 from p2pnode.errors import ErrorCode, LocalError
 from p2pnode.identity import PeerId
+from p2pnode.node.callcancel import CANCELLED, cancelled_request_untrusted
 
 #: Bytes of envelopes from one peer queued in the node's inboxes at most.
 DEFAULT_INBOX_BYTES_PER_PEER = 16 * 1024 * 1024
@@ -33,6 +45,14 @@ DEFAULT_INBOX_BYTES_PER_PEER = 16 * 1024 * 1024
 DEFAULT_INBOX_BYTES = 128 * 1024 * 1024
 #: The budget key of envelopes sent by the node's own agents.
 LOCAL = "local"
+#: Request handlers of one agent that may wait at once (``NodeConfig.agent_concurrency``).
+DEFAULT_MAX_CALLS = 64
+
+_NOTIFICATION = MessageType.NOTIFICATION
+_REQUEST = MessageType.REQUEST
+
+#: A running call's key: the requesting peer (None: this node), agent and request id.
+CallKey = tuple[str | None, str, str]
 
 
 class InboxBudget:
@@ -98,6 +118,25 @@ class Queued:
     peer_id: PeerId | None = None
 
 
+@dataclass(slots=True, eq=False)
+class RunningCall:
+    """A request whose handler is waiting: the scope that bounds it, and its deadline
+    (trio clock). ``by_caller`` is set when its requester cancelled it."""
+
+    key: CallKey
+    #: The request, as it was queued (whom to answer).
+    item: Queued
+    scope: trio.CancelScope
+    deadline: float
+    #: The deadline's length in seconds, for the TIMEOUT answer.
+    limit: float
+    by_caller: bool = False
+
+    def cancel_by_caller(self) -> None:
+        self.by_caller = True
+        self.scope.cancel()
+
+
 @dataclass(slots=True)
 class LocalAgent:
     """An agent hosted by this node: its card, definition (handlers) and bounded inbox."""
@@ -107,8 +146,12 @@ class LocalAgent:
     inbox_send: trio.MemorySendChannel[Queued]
     inbox_receive: trio.MemoryReceiveChannel[Queued]
     budget: InboxBudget = dataclasses.field(default_factory=InboxBudget)
+    #: Request handlers that may wait at once (the module docstring).
+    max_calls: int = DEFAULT_MAX_CALLS
     #: What its envelopes carry when the caller gives no metadata: built once per card.
     metadata: Metadata = dataclasses.field(init=False)
+    #: Requests whose handler is waiting, by :data:`CallKey`.
+    calls: dict[CallKey, RunningCall] = dataclasses.field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.set_card(self.card)
@@ -129,10 +172,14 @@ class LocalAgent:
         ``size`` is its :func:`~p2pnode.envelope.envelope_size` when the caller has it.
 
         Raises LocalError(BUSY) when its bytes would exceed the peer's or the node's
-        inbox budget, LocalError(CHANNEL_CLOSED) once the node closed the inbox.
+        inbox budget, or for a request when the inbox is full while :attr:`max_calls`
+        handlers wait (``details.retryAfterMs``: when the first of them reaches its
+        deadline); LocalError(CHANNEL_CLOSED) once the node closed the inbox.
         """
         if self.deliver_nowait(envelope, peer, peer_id, size):
             return
+        if envelope.type is _REQUEST and len(self.calls) >= self.max_calls:
+            raise self._saturated()
         if size is None:
             size = envelope_size(envelope)
         key = LOCAL if peer is None else peer
@@ -153,7 +200,10 @@ class LocalAgent:
         size: int | None = None,
     ) -> bool:
         """Queue ``envelope`` as :meth:`deliver` does when the inbox has room: True when
-        queued, False (nothing charged) when it is full by count. Raises as deliver."""
+        queued, False (nothing charged) when it is full by count. Raises as deliver.
+        A cancel notification is taken here (True), never queued."""
+        if envelope.type is _NOTIFICATION and self._take_cancel(envelope, peer):
+            return True
         if size is None:
             size = envelope_size(envelope)
         key = LOCAL if peer is None else peer
@@ -167,6 +217,32 @@ class LocalAgent:
             self.budget.release(key, size)
             raise self._closed() from None
         return True
+
+    def _take_cancel(self, envelope: Envelope, peer: str | None) -> bool:
+        """True when ``envelope`` (from ``peer``) is a cancel notification: the call it
+        names, from that requester, is cancelled; one naming no running call is ignored."""
+        meta = envelope.metadata
+        if meta is None or meta.capability != CANCELLED:
+            return False
+        request_id = cancelled_request_untrusted(envelope.payload)
+        if request_id is not None:
+            call = self.calls.get((peer, envelope.sender, request_id))
+            if call is not None:
+                call.cancel_by_caller()
+        return True
+
+    def _saturated(self) -> LocalError:
+        """BUSY for a request that finds the agent at its limit of waiting handlers."""
+        now = trio.current_time()
+        soonest = min((c.deadline for c in self.calls.values()), default=now)
+        retry_ms = max(1, math.ceil((soonest - now) * 1000))
+        return LocalError(
+            ErrorCode.BUSY,
+            f"agent {self.card.id} is running {len(self.calls)} calls (its limit) and its "
+            f"inbox is full: retry in {retry_ms} ms",
+            retryAfterMs=retry_ms,
+            limit=self.max_calls,
+        )
 
     def _closed(self) -> LocalError:
         return LocalError(
@@ -185,8 +261,11 @@ class LocalAgent:
 __all__ = [
     "DEFAULT_INBOX_BYTES",
     "DEFAULT_INBOX_BYTES_PER_PEER",
+    "DEFAULT_MAX_CALLS",
     "LOCAL",
+    "CallKey",
     "InboxBudget",
     "LocalAgent",
     "Queued",
+    "RunningCall",
 ]

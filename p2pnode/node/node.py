@@ -59,6 +59,7 @@ from p2pnode.jsonutil import is_json_value
 from p2pnode.lifetime import TaskOwner
 from p2pnode.net import Address, Network, StreamListener
 from p2pnode.node.agents import AgentHost
+from p2pnode.node.callcancel import CANCELLED, cancel_payload
 from p2pnode.node.config import NodeConfig, format_address, parse_address
 from p2pnode.node.discovery import Discovery, NoDiscovery
 from p2pnode.node.links import LinkManager
@@ -509,8 +510,10 @@ class Node(TaskOwner):
             meta = dataclasses.replace(meta or Metadata(), routing_hint=ROUTING_HINT_CAPABILITY)
         envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
         pending = self.routing.pending[envelope.id] = PendingRequest()
+        targets: tuple[str, ...] = ()
         try:
             result = await self.routing.send(envelope)
+            targets = result.targets
             if not result.targets:
                 raise LocalError(
                     ErrorCode.AGENT_NOT_FOUND, f"no reachable agent may receive {recipient!r}"
@@ -521,6 +524,9 @@ class Node(TaskOwner):
             await pending.event.wait()  # set by the reply, or when it expires
         finally:
             del self.routing.pending[envelope.id]
+            if pending.reply is None and len(targets) == 1 and recipient != "*":
+                # Given up (timed out, or cancelled): the owner may cancel the handler.
+                self._cancel_abandoned(envelope, targets[0] if capability else recipient)
         reply = pending.reply
         if reply is None:
             raise LocalError(ErrorCode.TIMEOUT, f"no response to {envelope.id} from {recipient}")
@@ -537,6 +543,27 @@ class Node(TaskOwner):
                 responder=reply.sender,
             )
         return reply
+
+    def _cancel_abandoned(self, request: Envelope, recipient: str) -> None:
+        """Tell ``recipient``, the agent ``request`` went to, that its requester gave up
+        (the cancel notification of p2pnode.node.callcancel), from the node's nursery."""
+        if self.is_open:
+            self.nursery.start_soon(self._send_cancel, request, recipient)
+
+    async def _send_cancel(self, request: Envelope, recipient: str) -> None:
+        try:
+            notice = self.envelope(
+                request.sender,
+                recipient,
+                MessageType.NOTIFICATION,
+                cancel_payload(request, "the requester stopped waiting"),
+                correlation_id=request.correlation_id or request.id,
+                metadata=Metadata(capability=CANCELLED),
+            )
+            with trio.move_on_after(self.config.request_timeout):
+                await self.routing.send(notice)
+        except P2PError as exc:  # the owner's deadline still bounds the call
+            logger.debug("cancel of %s to %s not sent: %s", request.id, recipient, exc)
 
     # -- links ------------------------------------------------------------------------------
 

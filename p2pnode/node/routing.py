@@ -578,7 +578,8 @@ class Routing:
                 # Over the inbox budget (p2pnode.node.inbox): refused, not buffered.
                 self._events.security(exc.code, exc.message, peer, envelope)
                 if envelope.type is MessageType.REQUEST and not envelope.is_broadcast:
-                    error = RemoteError(exc.code, exc.message, agent_id=agent.card.id)
+                    details = {**exc.details, "agent_id": agent.card.id}  # retryAfterMs
+                    error = RemoteError(exc.code, exc.message, **details)
                     await self._refuse(peer_id, envelope, agent.card.id, error)
                     without_wait = False
         return without_wait

@@ -14,6 +14,8 @@ straight to the agent:
   (R12.2), and a :class:`~p2pnode.tools.ToolInvocation` record in a bounded
   history (R13.4). A refusal by an access rule is also a security event.
   Listing is not audited: it shows a caller only what it may use.
+  A use cancelled before it answered (its deadline passed, or its caller
+  cancelled it: p2pnode.node.agents) is recorded as failed with ``TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
+
+import trio
 
 from p2pnode.agent import Agent, Reply
 from p2pnode.card import AgentCard
@@ -167,7 +171,14 @@ class ToolAudit:
         if method not in _USES:
             return await agent.handle(envelope, caller)
         perf = time.perf_counter()
-        reply = await agent.handle(envelope, caller)
+        try:
+            reply = await agent.handle(envelope, caller)
+        except trio.Cancelled:
+            # Cut at its deadline, or its caller gave up (p2pnode.node.agents): audited
+            # as a use that timed out, then the cancellation goes on.
+            cut = {"code": str(ErrorCode.TIMEOUT), "message": "cancelled before it answered"}
+            self._record(agent.id, envelope, method, MessageType.ERROR, cut, perf, card)
+            raise
         if reply is None:
             self._forwarded[envelope.id] = _Started(perf, card)
             while len(self._forwarded) > MAX_FORWARDED:
