@@ -23,9 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.jsonutil import dumps, is_json_value, loads_untrusted
-from p2pnode.wire import WireLimits, pack, unpack_untrusted
+from p2pnode.wire import DEFAULT_LIMITS, LIMIT_CODES, WireLimits, pack, unpack_untrusted
 
 SCHEMA_VERSION = 1
 BROADCAST = "*"
@@ -33,6 +35,10 @@ MAX_ENVELOPE_BYTES = 4 * 1024 * 1024
 MAX_ID_LENGTH = 128
 MAX_JUSTIFICATION_LENGTH = 4096
 _ENVELOPE_LIMITS = WireLimits(max_size=MAX_ENVELOPE_BYTES)
+#: How deep a payload may nest (a scalar 0, a flat array or map 1) for every node frame
+#: to carry its envelope within the decoder's 32 levels: the frame's array, an ENVELOPES
+#: frame's array and the envelope's map take three (docs/protocol/node.md, "Limits").
+MAX_PAYLOAD_DEPTH = DEFAULT_LIMITS.max_depth - 3
 
 
 class MessageType(enum.StrEnum):
@@ -497,3 +503,102 @@ def _member_size(item: Any) -> int:
     if kind in _SCALARS:
         return 16
     return _value_size(item)
+
+
+# -- the decoder's limits, on the sending side and in a refusal -------------------------------
+
+
+def payload_limit_error(payload: Any, limits: WireLimits = DEFAULT_LIMITS) -> LocalError | None:
+    """Why a peer's decoder would refuse an envelope carrying ``payload`` (a string or
+    binary over its limit: MESSAGE_TOO_LARGE; an array or map of more items:
+    TOO_MANY_ITEMS; nesting past :data:`MAX_PAYLOAD_DEPTH`: NESTING_TOO_DEEP; the details
+    name the ``bound`` and its ``limit``), or None. What a node checks before an envelope
+    leaves, so its sender fails at once instead of waiting for a reply that cannot come.
+    A string payload, most of them, costs one comparison; others one bounded walk."""
+    kind = type(payload)
+    if kind is str and len(payload) <= limits.max_str_len // 4:
+        return None
+    if payload is None or kind is int or kind is float or kind is bool:
+        return None
+    return _walk_limits(payload, limits)
+
+
+def _walk_limits(value: Any, limits: WireLimits) -> LocalError | None:
+    # Iterative, so a deep value cannot exhaust the stack; stops at the first violation.
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if len(item) > limits.max_str_len // 4 and _utf8_len(item) > limits.max_str_len:
+                return _limit_error("string", limits.max_str_len, "a string")
+        elif isinstance(item, bytes | bytearray):
+            if len(item) > limits.max_bin_len:
+                return _limit_error("binary", limits.max_bin_len, "a binary")
+        elif isinstance(item, dict | list | tuple):
+            if depth >= MAX_PAYLOAD_DEPTH:
+                return _limit_error("depth", MAX_PAYLOAD_DEPTH, "the payload's nesting")
+            if isinstance(item, dict) and len(item) > limits.max_map_len:
+                return _limit_error("map", limits.max_map_len, "a map's items")
+            if len(item) > limits.max_array_len:
+                return _limit_error("array", limits.max_array_len, "an array's items")
+            if isinstance(item, dict):
+                stack.extend((key, depth + 1) for key in item)
+                stack.extend((child, depth + 1) for child in item.values())
+            else:
+                stack.extend((child, depth + 1) for child in item)
+    return None
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _limit_error(bound: str, limit: int, what: str) -> LocalError:
+    return LocalError(
+        LIMIT_CODES[bound],
+        f"{what} exceeds the decoder's limit of {limit}: a peer would refuse the envelope",
+        bound=bound,
+        limit=limit,
+    )
+
+
+# The header fields of a refused envelope are short: ids of at most 128 characters (four
+# bytes each at most), a type name, integers. Anything longer is not attributable.
+_HEADER_STR_BYTES = 4 * MAX_ID_LENGTH
+_SKIPPED_FIELDS = frozenset({"payload", "metadata"})
+
+
+def envelope_header_untrusted(data: bytes) -> Envelope | None:
+    """The envelope whose plain form ``data`` (one msgpack map) encodes, read without its
+    payload and metadata, which are skipped unread (the result carries neither): what
+    identifies an envelope whose payload a decoding limit refused, so its sender can be
+    answered. None when the rest is not a valid envelope's header; never raises."""
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=True,
+        max_buffer_size=max(len(data), 1),
+        max_str_len=_HEADER_STR_BYTES,
+        max_bin_len=0,
+        max_array_len=0,
+        max_map_len=0,
+        max_ext_len=0,
+    )
+    header: dict[str, Any] = {"payload": None}
+    try:
+        unpacker.feed(data)
+        count = unpacker.read_map_header()
+        if count > len(_ENVELOPE_KEYS):
+            return None
+        for _ in range(count):
+            key = unpacker.unpack()
+            if key in _SKIPPED_FIELDS:
+                unpacker.skip()  # unread: skipping builds nothing, whatever it holds
+            elif type(key) is not str or key in header or key not in _ENVELOPE_KEYS:
+                return None
+            else:
+                header[key] = unpacker.unpack()  # scalars only: containers exceed the limits
+        if unpacker.tell() != len(data):
+            return None
+        return Envelope.from_dict_untrusted(header)
+    except Exception:  # msgpack's errors and EnvelopeError alike: not attributable
+        return None

@@ -34,6 +34,10 @@ class ErrorCode(enum.StrEnum):
     # Wire and data model.
     MALFORMED_MESSAGE = "MALFORMED_MESSAGE"
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+    #: A message nests deeper than its decoder takes (details: ``limit``, ``max``).
+    NESTING_TOO_DEEP = "NESTING_TOO_DEEP"
+    #: An array or map holds more items than its decoder takes (details: ``limit``, ``max``).
+    TOO_MANY_ITEMS = "TOO_MANY_ITEMS"
     INVALID_ENVELOPE = "INVALID_ENVELOPE"
     INVALID_SIGNATURE = "INVALID_SIGNATURE"
     INVALID_PEER_ID = "INVALID_PEER_ID"

@@ -78,6 +78,39 @@ def canonical_pack(obj: Any) -> bytes:
     return pack(canonical(obj))
 
 
+#: The refusal code of each bound (a WireError's ``bound`` detail): what a node answers
+#: for an envelope it refused (docs/protocol/node.md, "Limits").
+LIMIT_CODES: dict[str, ErrorCode] = {
+    "size": ErrorCode.MESSAGE_TOO_LARGE,
+    "string": ErrorCode.MESSAGE_TOO_LARGE,
+    "binary": ErrorCode.MESSAGE_TOO_LARGE,
+    "array": ErrorCode.TOO_MANY_ITEMS,
+    "map": ErrorCode.TOO_MANY_ITEMS,
+    "depth": ErrorCode.NESTING_TOO_DEEP,
+}
+# msgpack names the limit in its message, "<n> exceeds max_str_len(<max>)".
+_LENGTH_LIMITS = {
+    "max_str_len": "string",
+    "max_bin_len": "binary",
+    "max_array_len": "array",
+    "max_map_len": "map",
+}
+
+
+def _length_error(exc: Exception, limits: WireLimits) -> WireError | None:
+    """The WireError of a msgpack length-limit error (None for any other error): string
+    and binary lengths are MESSAGE_TOO_LARGE, item counts stay MALFORMED_MESSAGE as every
+    layer documents them; the ``bound`` detail says which, ``limit`` its value."""
+    text = str(exc)
+    for field, bound in _LENGTH_LIMITS.items():
+        if f"exceeds {field}(" in text:
+            code = LIMIT_CODES[bound]
+            if code is ErrorCode.TOO_MANY_ITEMS:
+                code = ErrorCode.MALFORMED_MESSAGE
+            return WireError(code, text, bound=bound, limit=getattr(limits, field))
+    return None
+
+
 def _reject_ext(code: int, data: bytes) -> Any:
     raise WireError(ErrorCode.MALFORMED_MESSAGE, f"msgpack ext type {code} not allowed")
 
@@ -119,7 +152,10 @@ def unpack_untrusted(
 ) -> Any:
     """Decode one msgpack object from peer bytes, enforcing ``limits``.
 
-    Raises WireError with code MESSAGE_TOO_LARGE or MALFORMED_MESSAGE.
+    Raises WireError with code MESSAGE_TOO_LARGE (the size, a string or binary over its
+    limit) or MALFORMED_MESSAGE; a violated limit is named in the details (``bound``: ``size``,
+    ``string``, ``binary``, ``array``, ``map`` or ``depth``; ``limit``: its value;
+    :data:`LIMIT_CODES` maps the bound to the code a node answers with).
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise WireError(ErrorCode.MALFORMED_MESSAGE, "expected bytes")
@@ -128,6 +164,7 @@ def unpack_untrusted(
             ErrorCode.MESSAGE_TOO_LARGE,
             f"{len(data)} bytes exceeds the {limits.max_size}-byte limit",
             size=len(data),
+            bound="size",
             limit=limits.max_size,
         )
     try:
@@ -146,7 +183,15 @@ def unpack_untrusted(
     except WireError:
         raise
     except Exception as exc:  # msgpack raises many unrelated types; translate them all.
+        length = _length_error(exc, limits) if isinstance(exc, ValueError) else None
+        if length is not None:
+            raise length from exc
         raise WireError(ErrorCode.MALFORMED_MESSAGE, f"undecodable msgpack: {exc!r}") from exc
     if _could_nest_deeper(data, limits.max_depth) and _depth_exceeds(obj, limits.max_depth):
-        raise WireError(ErrorCode.MALFORMED_MESSAGE, f"nesting deeper than {limits.max_depth}")
+        raise WireError(
+            ErrorCode.MALFORMED_MESSAGE,
+            f"nesting deeper than {limits.max_depth}",
+            bound="depth",
+            limit=limits.max_depth,
+        )
     return obj

@@ -16,6 +16,15 @@ Every application message on a node-to-node channel is one msgpack array
 
 Unknown kinds are a protocol error (``MALFORMED_MESSAGE``): the channel stays
 open, the frame is dropped and a security event names the peer.
+
+A frame of envelopes that the decoder's limits refuse (a string over 1 MiB,
+an array or map over 65,536 items, nesting past 32 levels) is read again
+member by member: the members within the limits are decoded as usual, and of
+each member over them the header fields alone (id, sender, recipient, type,
+correlation id, timestamp, schema version; payload and metadata skipped
+unread) identify a :class:`Refused` envelope, which the node answers
+(docs/protocol/node.md, "Refusals"). What cannot be read so is the frame's
+error, as before.
 """
 
 from __future__ import annotations
@@ -24,10 +33,12 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 from p2pnode.card import AgentCard, is_address
-from p2pnode.envelope import Envelope, EnvelopeError
+from p2pnode.envelope import Envelope, EnvelopeError, envelope_header_untrusted
 from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.wire import WireLimits, array_header, pack, unpack_untrusted
+from p2pnode.wire import LIMIT_CODES, WireError, WireLimits, array_header, pack, unpack_untrusted
 
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_HELLO_CARDS = 64
@@ -53,11 +64,24 @@ class Hello:
 
 
 @dataclass(frozen=True, slots=True)
+class Refused:
+    """An envelope a decoding limit refused, known by its header fields."""
+
+    #: The envelope without its payload (None) and metadata (None), which were not read.
+    envelope: Envelope
+    #: MESSAGE_TOO_LARGE, TOO_MANY_ITEMS or NESTING_TOO_DEEP; details ``bound``, ``limit``.
+    error: RemoteError
+
+
+@dataclass(frozen=True, slots=True)
 class EnvelopeBatch:
-    """The valid envelopes of an ENVELOPES frame, in order, and why the others were not."""
+    """The valid envelopes of an ENVELOPES frame, in order, and why the others were not:
+    ``rejected`` the ones that cannot be attributed, ``refused`` the ones over a decoding
+    limit whose header identifies them (a frame of one such envelope is a batch too)."""
 
     envelopes: tuple[Envelope, ...]
     rejected: tuple[RemoteError, ...] = ()
+    refused: tuple[Refused, ...] = ()
 
 
 Frame = Hello | Envelope | EnvelopeBatch
@@ -148,8 +172,15 @@ def _decode_hello_untrusted(body: Any) -> Hello:
 
 
 def decode_frame_untrusted(data: bytes) -> Frame:
-    """Decode one node frame. Raises RemoteError (FrameError, EnvelopeError, card errors)."""
-    obj = unpack_untrusted(data, _LIMITS)
+    """Decode one node frame. Raises RemoteError (FrameError, EnvelopeError, WireError, card
+    errors). A frame of envelopes over a decoding limit is an :class:`EnvelopeBatch` of its
+    members within the limits and the :class:`Refused` ones (see the module docstring)."""
+    try:
+        obj = unpack_untrusted(data, _LIMITS)
+    except WireError as exc:
+        if exc.details.get("bound") not in LIMIT_CODES or exc.details.get("bound") == "size":
+            raise
+        return _salvage_untrusted(data, exc)
     if not isinstance(obj, list) or len(obj) != 2 or not isinstance(obj[0], int):
         raise FrameError(ErrorCode.MALFORMED_MESSAGE, "a frame is [kind, body]")
     kind, body = obj
@@ -162,6 +193,82 @@ def decode_frame_untrusted(data: bytes) -> Frame:
     raise FrameError(ErrorCode.MALFORMED_MESSAGE, f"unknown frame kind {kind}")
 
 
+# -- frames over a decoding limit -------------------------------------------------------------
+
+#: Limits for reading a frame's outline (its array, kind and member count); members are
+#: skipped, which reads their bytes without building anything.
+_OUTLINE = {
+    "raw": False,
+    "max_str_len": 0,
+    "max_bin_len": 0,
+    "max_array_len": _LIMITS.max_array_len,
+    "max_map_len": 0,
+    "max_ext_len": 0,
+}
+
+
+def _members_untrusted(data: bytes) -> tuple[list[bytes], WireLimits]:
+    """The bytes of each envelope of an ENVELOPE or ENVELOPES frame, and the limits a
+    member is decoded with (the frame's, less the levels the frame's arrays take).
+    Raises any exception when ``data`` is not such a frame (the caller translates)."""
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1), **_OUTLINE)
+    unpacker.feed(data)
+    if unpacker.read_array_header() != 2:
+        raise ValueError("not [kind, body]")
+    kind = unpacker.unpack()
+    if type(kind) is not int or kind not in (FrameKind.ENVELOPE, FrameKind.ENVELOPES):
+        raise ValueError("not a frame of envelopes")
+    count, levels = (1, 1) if kind == FrameKind.ENVELOPE else (unpacker.read_array_header(), 2)
+    if count > _LIMITS.max_array_len:  # read_array_header does not apply the limit
+        raise ValueError("too many members")
+    members = []
+    for _ in range(count):
+        start = unpacker.tell()
+        unpacker.skip()
+        members.append(data[start : unpacker.tell()])
+    if unpacker.tell() != len(data):
+        raise ValueError("trailing bytes")
+    limits = WireLimits(max_size=_LIMITS.max_size, max_depth=_LIMITS.max_depth - levels)
+    return members, limits
+
+
+def _refusal(exc: WireError, bound: str) -> RemoteError:
+    """The refusal of a member over a limit; depth is counted from the frame, as the
+    decoder of a whole frame counts it, whatever kind of frame carried the member."""
+    if bound == "depth":
+        limit = _LIMITS.max_depth
+        message = f"the envelope nests deeper than a frame's {limit} levels"
+        return RemoteError(LIMIT_CODES[bound], message, bound=bound, limit=limit)
+    return RemoteError(LIMIT_CODES[bound], exc.message, **exc.details)
+
+
+def _salvage_untrusted(data: bytes, cause: WireError) -> EnvelopeBatch:
+    """The batch of a frame of envelopes that ``cause`` (a decoding limit) refused. Raises
+    ``cause`` when the frame cannot be read member by member."""
+    try:
+        members, limits = _members_untrusted(data)
+    except Exception:  # msgpack's errors, a frame of another shape: the frame's error
+        raise cause from None
+    envelopes: list[Envelope] = []
+    rejected: list[RemoteError] = []
+    refused: list[Refused] = []
+    for member in members:
+        try:
+            envelopes.append(Envelope.from_dict_untrusted(unpack_untrusted(member, limits)))
+        except EnvelopeError as exc:
+            rejected.append(exc)
+        except WireError as exc:
+            header = envelope_header_untrusted(member)
+            bound = exc.details.get("bound")
+            if header is None or bound not in LIMIT_CODES:
+                rejected.append(exc)
+            else:
+                refused.append(Refused(header, _refusal(exc, bound)))
+    if not refused and not envelopes:
+        raise cause
+    return EnvelopeBatch(tuple(envelopes), tuple(rejected), tuple(refused))
+
+
 __all__ = [
     "EnvelopeBatch",
     "EnvelopeError",
@@ -169,6 +276,7 @@ __all__ = [
     "FrameError",
     "FrameKind",
     "Hello",
+    "Refused",
     "decode_frame_untrusted",
     "encode_envelope",
     "encode_envelopes",

@@ -29,6 +29,7 @@ from p2pnode.envelope import (
     EnvelopeFactory,
     MessageType,
     envelope_size,
+    payload_limit_error,
 )
 from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.identity import PeerId
@@ -36,7 +37,13 @@ from p2pnode.node.cardintake import CardIntake
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import parse_address
 from p2pnode.node.discovery import Discovery
-from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted, encode_envelope
+from p2pnode.node.frames import (
+    EnvelopeBatch,
+    Hello,
+    Refused,
+    decode_frame_untrusted,
+    encode_envelope,
+)
 from p2pnode.node.inbox import LocalAgent as LocalAgent  # re-exported
 from p2pnode.node.interceptors import Interceptors
 from p2pnode.node.links import LinkManager
@@ -218,7 +225,11 @@ class Routing:
                 if error is not None:
                     break
             target = plain.get(envelope)
-            if target is not None and not target.is_expired(envelope.timestamp):
+            if (
+                target is not None
+                and not target.is_expired(envelope.timestamp)
+                and payload_limit_error(envelope.payload) is None  # else _route refuses it
+            ):
                 routed: RoutingResult | Route = Route(envelope, target, trio.current_time())
             else:
                 plain.clear()
@@ -290,6 +301,9 @@ class Routing:
                 if not verdict.allowed:
                     raise verdict.to_local_error()
             if target.origin is not Origin.LOCAL:
+                over = payload_limit_error(envelope.payload)
+                if over is not None:  # the peer's decoder would drop it unanswered
+                    raise over
                 if envelope.type is MessageType.TASK_PROPOSAL:  # answers pass ingress policy
                     self.router.note_request(envelope)
                 elif plain is not None and envelope is sent and silent_pass(sent, verdict):
@@ -352,6 +366,9 @@ class Routing:
         self, source: AgentCard, envelope: Envelope, start: float
     ) -> RoutingResult:
         fanout = self.router.fan_out(source, envelope, self._clock_ms())
+        over = payload_limit_error(envelope.payload) if fanout.peers else None
+        if over is not None:  # refused whole, before any agent has it
+            raise over
         await self._deliver_local(envelope, fanout.local)
         frame = encode_envelope(envelope)
         async with trio.open_nursery() as nursery:
@@ -420,6 +437,11 @@ class Routing:
             elif isinstance(frame, EnvelopeBatch):
                 for problem in frame.rejected:
                     self._boundary.contain(peer, "envelope", problem)
+                for refused in frame.refused:
+                    try:
+                        await self._on_refused(peer_id, peer, refused)
+                    except Exception as exc:
+                        self._boundary.contain(peer, "envelope", exc)
                 decisions: BurstDecisions[IngressDecision] = BurstDecisions()
                 for envelope in frame.envelopes:
                     # Each envelope of a batch is an input of its own: one that fails
@@ -436,6 +458,26 @@ class Routing:
                 self._on_hello(peer_id, frame)
         except Exception as exc:
             self._boundary.contain(peer, "frame", exc)
+
+    async def _on_refused(self, peer_id: PeerId, peer: str, refused: Refused) -> None:
+        """An envelope over a decoding limit, known by its header: reported as the peer's
+        fault, and a request from one of the peer's agents to a local agent answered with
+        the limit's error (docs/protocol/node.md, "Refusals")."""
+        envelope, error = refused.envelope, refused.error
+        self._boundary.contain(peer, "envelope", error)
+        source = self.router.authenticate(peer_id, envelope)
+        if isinstance(source, Refusal):
+            self._events.security(source.code, source.reason, peer, envelope)
+            return
+        if (
+            envelope.type is not MessageType.REQUEST
+            or envelope.recipient not in self._agents
+            or not self._seen.add(envelope.id)  # a retried write is answered once
+        ):
+            return
+        details = {**error.details, "agent_id": envelope.recipient}
+        answer = RemoteError(error.code, error.message, **details)
+        await self._refuse(peer_id, envelope, envelope.recipient, answer)
 
     def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
         self.cards.learn_from(peer_id, hello.cards)
