@@ -17,7 +17,8 @@ from p2pnode.crdt.ops import RegisterSet
 from p2pnode.jsonutil import dumps
 from p2pnode.node.swarmdoc import COMPLETED, CoordLease, lease_stamp, log_key, member_address
 from p2pnode.node.swarms import SwarmHandle, SwarmService
-from tests.test_swarms_sim import World, plan_of, settled, wait_until, world
+from tests.sim import wait_until
+from tests.test_swarms_sim import World, plan_of, settled, world
 
 N = 10
 HONEST = sum(i * i for i in range(N))
@@ -130,7 +131,11 @@ async def test_a_hostile_member_never_changes_the_outcome(autojump_clock: Any, k
         took = trio.current_time() - start
         honest_worker = member_address("w1", str(w.sw.nodes[1].peer_id))
         for member in (0, 1):
-            await wait_until(lambda m=member: settled(w.view(handle.swarm, m)), 30)
+
+            def ended(m: int = member) -> bool:
+                return settled(w.view(handle.swarm, m))
+
+            await wait_until(ended, 30)
             view = w.view(handle.swarm, member)
             assert view is not None and view.outcome == HONEST
             assert {s.assignee for s in view.subtasks} == {honest_worker}
