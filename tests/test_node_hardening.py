@@ -233,7 +233,7 @@ BIG = ["x" * 900_000, "y" * 900_000]  # about 1.7 MiB: strings are at most 1 MiB
 
 
 def test_thread_store_keeps_each_owner_under_its_budget_and_forgets_it() -> None:
-    store = ThreadStore(max_bytes=10_000, max_bytes_per_owner=4_000)
+    store = ThreadStore(max_bytes=10_000, max_bytes_per_owner=4_000, entry_overhead=0)
 
     def env(n: int, size: int) -> Envelope:
         return Envelope(f"e{n}", "s", "r", MessageType.NOTIFICATION, n, "x" * size, f"c{n}")

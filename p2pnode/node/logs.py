@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import IO, Any
 
 from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.node.heaptrace import start_from_env
 
 
 class JsonLinesFormatter(logging.Formatter):
@@ -46,6 +47,9 @@ def configure_logging(
     """Send the ``p2pnode`` loggers to ``stream`` (stderr by default) as text or JSON
     lines, at ``level``. Calling again replaces the handler this function installed.
     Returns the handler. Raises LocalError(CONFIG_ERROR) for an unknown level name.
+
+    A daemon's diagnostics start here too: with ``P2PNODE_HEAP_TRACE`` set, heap
+    growth reports (:mod:`p2pnode.node.heaptrace`; off otherwise).
     """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -58,4 +62,7 @@ def configure_logging(
     setattr(handler, _CONFIGURED, True)
     root.addHandler(handler)
     root.setLevel(numeric)
+    if not getattr(root, _CONFIGURED, False):  # once per process, however often called
+        setattr(root, _CONFIGURED, True)
+        start_from_env()
     return handler

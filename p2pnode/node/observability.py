@@ -55,6 +55,15 @@ DEFAULT_LATENCY_WINDOW = 1024
 #: what is above the last (a Prometheus histogram's ``+Inf``).
 LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
 EVENT_LOGGER = "p2pnode.events"
+#: Distinct tool names counted apart in ``tool_invocations_by_tool``; calls of any further
+#: name are counted under OTHER_TOOLS. The names come from callers (a call of a tool that
+#: does not exist is counted too), so without a bound a peer calling made-up names grew
+#: the counter, and the metrics page's label set, by one entry per name.
+MAX_TOOL_NAMES = 256
+OTHER_TOOLS = "(other)"
+#: Characters of an event's ``detail`` kept (the rest is cut, marked with "..."): a
+#: reason may quote what a peer sent, and the ring keeps DEFAULT_RECENT_SIZE events.
+MAX_DETAIL = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +205,11 @@ class _Counters:
         self.tool(e.tool, e.duration_ms, e.success)
 
     def tool(self, name: str | None, duration_ms: float | None, success: bool | None) -> None:
-        self.tools[name or "?"] += 1
+        key = name or "?"
+        tools = self.tools
+        if key not in tools and len(tools) >= MAX_TOOL_NAMES:
+            key = OTHER_TOOLS
+        tools[key] += 1
         if duration_ms is not None:
             self.tool_duration_sum += duration_ms
             self.tool_duration_count += 1
@@ -319,7 +332,10 @@ class Observability:
         return self._clock_ms()
 
     def emit(self, event: Event) -> Event:
-        """Record, count, log and announce ``event``; returns it."""
+        """Record, count, log and announce ``event`` (its detail cut to MAX_DETAIL
+        characters); returns what was recorded."""
+        if len(event.detail) > MAX_DETAIL:
+            event = replace(event, detail=short_detail(event.detail))
         self._recent.append(event)
         self._counters.add(event)
         level = log_level(event)
@@ -543,6 +559,8 @@ class Observability:
         may be a function that computes it: called only once the event is read. Returns
         the event's timestamp (ms), so the caller's own record needs no clock read."""
         now = self._clock_ms()
+        if len(detail) > MAX_DETAIL:
+            detail = short_detail(detail)
         fields = (
             EventKind.TOOL_INVOCATION, now, None, agent, owner, None, None, None,
             None, code, None, None, None, tool, duration_ms, success, arguments_digest, detail,
@@ -553,6 +571,11 @@ class Observability:
         else:
             self.emit(_built(fields))
         return now
+
+
+def short_detail(detail: str) -> str:
+    """``detail`` cut to MAX_DETAIL characters, the cut marked."""
+    return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."
 
 
 def _built(fields: tuple[Any, ...]) -> Event:
@@ -580,6 +603,9 @@ __all__ = [
     "DEFAULT_RECENT_SIZE",
     "EVENT_LOGGER",
     "LATENCY_BUCKETS_MS",
+    "MAX_DETAIL",
+    "MAX_TOOL_NAMES",
+    "OTHER_TOOLS",
     "Event",
     "EventKind",
     "Listener",
@@ -589,4 +615,5 @@ __all__ = [
     "RoutingPath",
     "log_level",
     "percentile",
+    "short_detail",
 ]
