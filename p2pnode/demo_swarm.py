@@ -88,7 +88,8 @@ async def swarm_check(
     except P2PError as exc:
         check("swarm with a participant killed", False, str(exc))
         return
-    dead = [m["agent"] for m in status["members"] if not m["alive"]]
+    # Members are named agent@peer in the swarm document (docs/protocol/tasks.md §4.4).
+    dead = [m["agent"].rpartition("@")[0] for m in status["members"] if not m["alive"]]
     expected = sum(i * i for i in range(SUBTASKS))
     check(
         "swarm with a participant killed",
