@@ -41,8 +41,11 @@ Theory of operation:
   waits goes on as its task from the loop. So a handler may await anything
   asyncio (``asyncio.sleep``, an asyncio HTTP client, an MCP session);
   ``asyncio.current_task()`` is its task, and it sees the context variables
-  of the code that opened the node. It must not call trio. The agent's
-  envelopes are still handled one at a time in arrival order, as in trio.
+  of the code that opened the node. It must not call trio. As in trio, the
+  agent's notifications are handled one at a time in arrival order and its
+  requests concurrently: a request whose handler waits becomes a call of its
+  own, and at its deadline its asyncio task is cancelled
+  (p2pnode.node.agents).
   If the node closes while a handler runs, its asyncio task is cancelled.
 * **Few loop passes.** trio's ticks run several in one loop callback while
   only trio has work, and the loop gets its turn as soon as trio hands it a

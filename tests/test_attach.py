@@ -4,6 +4,7 @@ kill -9, bad lines against a daemon)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -26,7 +27,7 @@ from p2pnode.node.attach import AttachLimits
 from p2pnode.node.attachwire import AGENT_SOCKET_NAME, MAX_LINE
 from p2pnode.node.node import Node
 from p2pnode.process import NodeProcess
-from tests.sim import FAST_SHARED, Inbox, connect_all, open_swarm, wait_until
+from tests.sim import FAST_NODE, FAST_SHARED, Inbox, connect_all, open_swarm, wait_until
 from tests.test_agent import EXAMPLES, check_planner, planner
 
 # -- Node.remove_agent --------------------------------------------------------------------------
@@ -43,7 +44,9 @@ async def test_remove_agent_answers_what_is_queued_and_withdraws_the_card(
         await release.wait()
         return "done"
 
-    async with open_swarm(2, discovery=True) as sw:
+    # One waiting handler at a time, so two requests stay queued behind the first.
+    one_call = dataclasses.replace(FAST_NODE, agent_concurrency=1)
+    async with open_swarm(2, one_call, discovery=True) as sw:
         a, b = sw.nodes
         await a.add_agent("slow", slow, tier=3)
         await a.add_agent("stays", Inbox(), tier=3)

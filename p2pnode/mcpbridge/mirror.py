@@ -50,8 +50,8 @@ from p2pnode.tools import Access, PromptArgument
 
 logger = logging.getLogger("p2pnode.mcp")
 
-#: Seconds a forwarded call may take before it is answered TIMEOUT (an agent's requests
-#: are answered one at a time, so a hung call must not hold the others for long).
+#: Seconds a forwarded call may take before it is answered TIMEOUT (the owner's node
+#: gives a tool call 30 s too: docs/protocol/node.md "Requests to an agent").
 CALL_TIMEOUT = 30.0
 #: Pages of one listing read at most (the card limits are far below).
 MAX_PAGES = 16

@@ -9,8 +9,9 @@ Theory of operation:
   card and a handler, through its :class:`~p2pnode.node.agents.AgentHost`.
   Each card is re-issued at half its lifetime, and remote cards past their
   expiry are forgotten (``AgentHost.keep_cards``). Each agent has a bounded
-  inbox and one task that feeds its handler in arrival order (per-channel
-  order is kept end to end).
+  inbox read in arrival order (per-channel order is kept end to end):
+  notifications are handled one at a time, in that order; requests
+  concurrently, each with a deadline, at most ``agent_concurrency`` waiting.
 * **Egress** (:meth:`Node.send`, in :mod:`p2pnode.node.routing`): the sender
   must be a local agent. The router resolves the recipient (local agent, registry, then discovery;
   ``*`` for broadcast; a capability with ``routingHint``), checks policy for
@@ -503,7 +504,8 @@ class Node(TaskOwner):
         the responder's code when it answers with an ``error`` envelope,
         LocalError(TIMEOUT) when no answer comes within ``config.request_timeout``
         (checked every eighth of it, so up to 12.5% later), and what :meth:`send`
-        raises.
+        raises. A request given up (timed out, or cancelled) to one agent is cancelled
+        at its owner (p2pnode.node.callcancel).
         """
         meta = metadata
         if capability:
