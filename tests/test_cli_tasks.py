@@ -194,3 +194,39 @@ async def test_tasks_and_a_swarm_through_the_command_line(tmp_path: Path) -> Non
                 for node in (*workers, boss):
                     await node.stop()
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_task_propose_to_agent_at_peer_through_the_command_line(tmp_path: Path) -> None:
+    # The real squarer is "squarer" on one node, and a second node claims "squarer" too:
+    # only squarer@<peer> names the real one, and the task reaches it (it timed out
+    # with PROPOSAL_TIMEOUT when the answer, from bare "squarer", was not matched).
+    base = dict(NodeProcess(tmp_path).env, PYTHONPATH=str(EXAMPLES))
+    boss = NodeProcess(tmp_path / "boss", base)
+    real, squatter = NodeProcess(tmp_path / "real", base), NodeProcess(tmp_path / "sq", base)
+    for node in (boss, real, squatter):
+        assert (await p2pnode(node.data_dir, base, "init"))[0] == 0
+    async with trio.open_nursery() as nursery:
+        try:
+            await boss.start(nursery, None)
+            for worker in (real, squatter):
+                await worker.start(nursery, boss.address, run_args=["--agent", "squarer:agent"])
+            peer = (await real.call({"op": "status"}))["peerId"]
+            task = json.dumps({"description": "square 9", "capabilities": ["square"],
+                               "complexity": 0.1, "input": 9})  # fmt: skip
+            with trio.fail_after(30):  # the boss learns both owners' cards
+                while True:
+                    code, out, err = await p2pnode(boss.data_dir, base, "task", "propose",
+                                                   f"squarer@{peer}", "--task", task,
+                                                   "--json")  # fmt: skip
+                    if code == 0 or "AGENT_NOT_FOUND" not in err:
+                        break
+                    await trio.sleep(0.2)
+            assert code == 0, err
+            answer = json.loads(out)
+            assert answer["result"] == 81.0 and answer["assignee"] == f"squarer@{peer}"
+        finally:
+            with trio.CancelScope(shield=True):
+                for node in (squatter, real, boss):
+                    await node.stop()
+            nursery.cancel_scope.cancel()
