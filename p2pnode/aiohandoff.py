@@ -20,12 +20,19 @@ crossings cost more than the request. Two things remove most of them:
   ``sniffio`` saying asyncio. A handler that answers without waiting (most do) is
   answered in that same tick; one that waits goes on as the task, which the loop
   resumes where it stopped.
+
+  The eager step marks the task current with asyncio's ``_enter_task`` and
+  ``_leave_task``, which Python 3.11 keeps private (3.12 uses the same pair for its
+  public eager tasks). :data:`EAGER` guards that path: where the pair is missing, or
+  with ``P2PNODE_EAGER_TASKS=0`` in the environment, :func:`start_eagerly` creates the
+  task with the public ``loop.create_task`` and it starts at the loop's next pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -36,6 +43,22 @@ T = TypeVar("T")
 
 #: Trio ticks run in one loop callback at most (see :class:`TickDriver`).
 MAX_CHAINED_TICKS = 8
+
+_enter_task: Callable[[asyncio.AbstractEventLoop, asyncio.Task[Any]], None] | None = getattr(
+    asyncio.tasks, "_enter_task", None
+)
+_leave_task: Callable[[asyncio.AbstractEventLoop, asyncio.Task[Any]], None] | None = getattr(
+    asyncio.tasks, "_leave_task", None
+)
+
+#: Whether :func:`start_eagerly` runs a handler's first step inside the trio tick (asyncio's
+#: private ``_enter_task``/``_leave_task``; see the module docstring). Measured with
+#: scripts/bench_node.py's asyncio rows: EAGER_FIGURE. False: the public ``loop.create_task``.
+EAGER = (
+    _enter_task is not None
+    and _leave_task is not None
+    and os.environ.get("P2PNODE_EAGER_TASKS", "1") != "0"
+)
 
 
 class TickDriver:
@@ -135,12 +158,15 @@ def start_eagerly(
     """Run ``coro`` as a new asyncio task (in a copy of ``context``) whose first step runs
     now, on the caller's stack: the outcome when it ended in that step, else the task,
     which goes on from the loop. Called from a trio tick (a loop callback, no task
-    current); elsewhere the task starts as usual, at the loop's next pass."""
+    current); elsewhere, or when :data:`EAGER` is false, the task starts as usual, at the
+    loop's next pass."""
     task_context = context.copy()
+    if not EAGER or _enter_task is None or _leave_task is None:
+        return loop.create_task(coro, context=task_context)
     continuation = _Continuation(coro)
     task: asyncio.Task[T] = loop.create_task(continuation, context=task_context)
     try:
-        asyncio.tasks._enter_task(loop, task)
+        _enter_task(loop, task)
     except RuntimeError:  # another task is running: it is not our turn to step this one
         return task
     previous = sniffio.thread_local.name
@@ -156,8 +182,8 @@ def start_eagerly(
         return outcome.Error(exc)
     finally:
         sniffio.thread_local.name = previous
-        asyncio.tasks._leave_task(loop, task)
+        _leave_task(loop, task)
     return task
 
 
-__all__ = ["MAX_CHAINED_TICKS", "TickDriver", "start_eagerly"]
+__all__ = ["EAGER", "MAX_CHAINED_TICKS", "TickDriver", "start_eagerly"]

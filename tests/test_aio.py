@@ -21,7 +21,7 @@ import pytest
 import sniffio
 import trio
 
-from p2pnode import Agent, Identity, Message, NodeConfig, TrioNetwork, aio
+from p2pnode import Agent, Identity, Message, NodeConfig, TrioNetwork, aio, aiohandoff
 from p2pnode.crdt.ops import CounterAdd
 from p2pnode.envelope import Envelope, MessageType
 from p2pnode.errors import ErrorCode, LocalError, RemoteError
@@ -48,6 +48,14 @@ def _loop_factories() -> list[Any]:
 
 LOOPS = _loop_factories()
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+
+@pytest.fixture(params=[pytest.param(True, id="eager"), pytest.param(False, id="public")])
+def eager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways a handler's asyncio task starts (p2pnode.aiohandoff.EAGER): its first step
+    inside the trio tick, or at the loop's next pass through the public create_task."""
+    monkeypatch.setattr(aiohandoff, "EAGER", request.param)
+    return bool(request.param)
 
 
 def run(factory: LoopFactory, main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -113,7 +121,7 @@ def test_the_planner_behaves_as_embedded_in_trio(factory: LoopFactory) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_handlers_run_as_asyncio_tasks_and_see_the_openers_context(
-    factory: LoopFactory,
+    factory: LoopFactory, eager: bool
 ) -> None:
     who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
     agent = Agent("probe")
@@ -150,7 +158,7 @@ def test_handlers_run_as_asyncio_tasks_and_see_the_openers_context(
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
 def test_a_handler_task_cancelled_in_its_first_step_or_later_fails_its_request(
-    factory: LoopFactory,
+    factory: LoopFactory, eager: bool
 ) -> None:
     agent = Agent("quitter")
 

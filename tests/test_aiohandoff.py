@@ -11,6 +11,7 @@ import outcome
 import pytest
 import sniffio
 
+from p2pnode import aiohandoff
 from p2pnode.aiohandoff import MAX_CHAINED_TICKS, TickDriver, start_eagerly
 
 # -- the tick driver, on a loop we step by hand --------------------------------------------------
@@ -211,3 +212,27 @@ def test_inside_a_running_task_the_task_starts_as_usual() -> None:
         assert await started == "late"
 
     asyncio.run(main())
+
+
+def test_without_the_eager_path_the_task_starts_at_the_loops_next_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(aiohandoff, "EAGER", False)
+    steps: list[str] = []
+
+    async def handler() -> str:
+        steps.append(who.get())
+        who.set("handler")  # in the task's own copy of the context
+        return "answer"
+
+    def start() -> Any:
+        context = contextvars.copy_context()
+        context.run(who.set, "opener")
+        started = start_eagerly(asyncio.get_running_loop(), handler(), context)
+        assert isinstance(started, asyncio.Task)
+        assert steps == []  # nothing ran on the caller's stack
+        assert context.run(who.get) == "opener"
+        return started
+
+    assert in_a_callback(start) == "answer"
+    assert steps == ["opener"]
