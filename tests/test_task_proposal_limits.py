@@ -29,7 +29,7 @@ from tests.test_tasks_sim import FAST_TASKS, SUM, summer
 
 # -- the quota, sans-IO ---------------------------------------------------------------------------
 
-LIMITS = {"rate": 5.0, "burst": 10, "max_held": 4, "max_bytes": 1000}
+RATE, MAX_HELD, MAX_BYTES = 5.0, 4, 1000
 ops = st.lists(
     st.tuples(
         st.sampled_from(["admit", "release", "wait"]),
@@ -43,7 +43,7 @@ ops = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(ops)
 def test_a_peer_never_holds_more_than_its_quota(steps: list[tuple[str, int, int]]) -> None:
-    quota = PeerQuota(**LIMITS, max_total_bytes=2500, max_peers=4)
+    quota = PeerQuota(RATE, 10, MAX_HELD, MAX_BYTES, max_total_bytes=2500, max_peers=4)
     held: dict[str, list[int]] = {}  # the model: sizes admitted and not released, per peer
     now = 0.0
     for op, peer_no, n in steps:
@@ -58,10 +58,10 @@ def test_a_peer_never_holds_more_than_its_quota(steps: list[tuple[str, int, int]
             if retry is None:
                 held.setdefault(peer, []).append(n)
             else:
-                assert 0 < retry <= max(1.0, 1 / LIMITS["rate"])  # a hint, never "now"
+                assert 0 < retry <= max(1.0, 1 / RATE)  # a hint, never "now"
         for p, sizes in held.items():
             assert quota.held(p) == (len(sizes), sum(sizes))
-            assert len(sizes) <= LIMITS["max_held"] and sum(sizes) <= LIMITS["max_bytes"]
+            assert len(sizes) <= MAX_HELD and sum(sizes) <= MAX_BYTES
         assert quota.total_bytes == sum(map(sum, held.values())) <= 2500
         assert len(quota) <= 4
 
