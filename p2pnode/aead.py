@@ -10,7 +10,12 @@ produce the same bytes:
   buffer and copy it again; when PyNaCl's compiled cffi binding
   (``nacl._sodium``) is importable, :class:`SodiumBackend` instead encrypts a
   frame inside the caller's buffer (libsodium allows ciphertext and plaintext
-  to overlap exactly) and decrypts straight into the destination.
+  to overlap exactly) and decrypts straight into the destination. That binding
+  is PyNaCl's private module, so it sits behind a guard (:data:`FAST`, false
+  when the import fails) with the public bindings as the fallback
+  (:data:`SODIUM_PORTABLE`; the tests run both): sealing and opening a 200-byte
+  frame costs about a third as much through it (11.9 µs against 37.0 µs, and
+  12.3 against 43.2 at 1,200 bytes, min of 7 × 20,000 on a loaded 2-core machine).
 * **OpenSSL** through the ``cryptography`` package (``pip install
   'p2pnode[fast]'``), whose ``ChaCha20Poly1305.encrypt_into`` /
   ``decrypt_into`` (cryptography >= 47) write into a caller's buffer; it
