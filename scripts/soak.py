@@ -53,7 +53,8 @@ source or target was restarted while it ran is counted as cut by churn, not
 as failed), every daemon's RSS at its start against the end (within
 ``--rss-slack``, 50 MB; a restarted daemon from its last start), and the
 tracebacks found in the daemons' logs (none). ``--heap-trace DIR`` makes
-nodes 0 and 1 write heap growth reports to DIR (p2pnode.node.heaptrace).
+the ``--trace-nodes`` (node 1, the victim) write heap growth reports to DIR
+(p2pnode.node.heaptrace; ``P2PNODE_HEAP_TRACE_EVERY`` seconds apart, 60).
 
 Usage: python scripts/soak.py [--minutes 10] [--nodes 20] [--churn 0.1] [--no-hostile]
 """
@@ -198,7 +199,7 @@ class Soak:
         member.start_rss = process_rss(member.process)
 
     def node_env(self, index: int) -> dict[str, str] | None:
-        if self.args.heap_trace is None or index > VICTIM:
+        if self.args.heap_trace is None or index not in self.args.trace_nodes:
             return None
         path = Path(self.args.heap_trace) / f"heap-n{index}.txt"
         return dict(os.environ, **{HEAP_TRACE_ENV: str(path)})
@@ -313,10 +314,13 @@ class Soak:
                 with trio.move_on_after(10):
                     await member.process.wait()
                 await member.process.kill()
-            try:
-                await self.start(member, nursery)
-            except FAILURES as exc:
-                print(f"  restart of {member.agent} failed: {exc}", file=sys.stderr)
+            for attempt in (1, 2):  # a start that was late is killed and tried again
+                try:
+                    await self.start(member, nursery)
+                    break
+                except FAILURES as exc:
+                    print(f"  restart {attempt} of {member.agent} failed: {exc}", file=sys.stderr)
+                    await member.process.kill()
             member.restarts.append(minute + 1)
 
     def scan_logs(self) -> None:
@@ -543,9 +547,13 @@ def main() -> int:
     )
     parser.add_argument("--min-success", type=float, default=0.999)
     parser.add_argument("--rss-slack", type=float, default=50.0, help="MB above a daemon's start")
-    parser.add_argument("--heap-trace", metavar="DIR", help="heap growth reports of nodes 0-1")
+    parser.add_argument("--heap-trace", metavar="DIR", help="heap growth reports to DIR")
+    parser.add_argument(
+        "--trace-nodes", default="1", help="comma-separated nodes that --heap-trace traces"
+    )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    args.trace_nodes = {int(n) for n in args.trace_nodes.split(",") if n}
     if args.nodes < 2 + args.hostile or args.minutes < 1 or args.baseline < 1:
         parser.error("need at least 2 nodes (3 with --hostile), 1 minute and a baseline >= 1")
     started = time.monotonic()

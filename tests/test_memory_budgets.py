@@ -4,16 +4,21 @@ finds what grows."""
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 import uuid
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.envelope import EnvelopeFactory, MessageType, envelope_size
 from p2pnode.errors import ErrorCode
+from p2pnode.identity import Identity, PeerId
+from p2pnode.node.channels import HISTORY_SIZE, ChannelState, ChannelStateMachine
 from p2pnode.node.heaptrace import HEAP_TRACE_ENV, HeapTrace, start_from_env
+from p2pnode.node.links import _bound
 from p2pnode.node.observability import (
     MAX_DETAIL,
     MAX_TOOL_NAMES,
@@ -22,6 +27,7 @@ from p2pnode.node.observability import (
     Observability,
 )
 from p2pnode.threadstore import ENTRY_OVERHEAD, ThreadStore
+from tests.sim import FAST_NODE, open_swarm
 
 # -- observability --------------------------------------------------------------------------
 
@@ -142,3 +148,54 @@ def test_heap_trace_reports_what_grew_since_the_first_report(tmp_path: Path) -> 
     assert "test_memory_budgets.py" in top  # the growth is named by its line
     assert "object types by growth in count" in text
     assert not (tmp_path / "heap.txt.partial").exists()
+
+
+# -- links: what a peer leaves behind ---------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 40), st.booleans()), max_size=200),
+    limit=st.integers(1, 8),
+)
+def test_per_peer_tables_never_exceed_their_bound_and_keep_linked_peers(
+    steps: list[tuple[int, bool]], limit: int
+) -> None:
+    table: dict[PeerId, Any] = {}
+    links: dict[PeerId, Any] = {}
+    ids = [Identity.generate().peer_id for _ in range(41)] if steps else []
+    for n, linked in steps:
+        peer = ids[n]
+        if linked:
+            links[peer] = object()
+        table.pop(peer, None)
+        table[peer] = n
+        before = set(table)
+        _bound(table, limit, links)
+        assert len(table) <= limit and peer in table  # the newest entry is kept
+        if any(p in links for p in before - set(table)):  # a linked peer went only when
+            assert all(p in links for p in table if p != peer)  # no linkless one was left
+
+
+def test_a_state_history_keeps_its_latest_states() -> None:
+    machine = ChannelStateMachine()
+    for _ in range(HISTORY_SIZE * 3):
+        machine.transition(ChannelState.OPEN)
+        machine.transition(ChannelState.RECONNECTING)
+    assert len(machine.history) == HISTORY_SIZE
+    assert list(machine.history)[-2:] == [ChannelState.OPEN, ChannelState.RECONNECTING]
+
+
+async def test_reconnecting_to_a_peer_keeps_its_addresses_few_and_forgets_them_with_it(
+    autojump_clock: Any,
+) -> None:
+    config = dataclasses.replace(FAST_NODE, max_peers=1)
+    async with open_swarm(3, config) as sw:
+        a, b, c = sw.nodes
+        for _ in range(10):  # each connect used to add the address once more
+            assert await a.connect(b.listen_address) == b.peer_id
+        assert a.links._addresses[b.peer_id] == [b.listen_address]
+        await a.links.link(b.peer_id).aclose()
+        await a.connect(c.listen_address)  # over max_peers: b's closed link goes, with all
+        assert b.peer_id not in a.links._addresses and b.peer_id not in a.links._static
+        assert len(a.links._addresses) <= 1

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -84,14 +85,20 @@ TRANSITIONS: dict[ChannelState, frozenset[ChannelState]] = {
 }
 
 
+#: States a link's history keeps (the latest): a peer that reconnects for days would
+#: otherwise grow it by a few entries per reconnection.
+HISTORY_SIZE = 64
+
+
 class ChannelStateMachine:
-    """The lifecycle of a channel; illegal transitions raise and change nothing."""
+    """The lifecycle of a channel; illegal transitions raise and change nothing.
+    ``history`` holds the last HISTORY_SIZE states."""
 
     __slots__ = ("history", "state")
 
     def __init__(self) -> None:
         self.state = ChannelState.CONNECTING
-        self.history: list[ChannelState] = [ChannelState.CONNECTING]
+        self.history: deque[ChannelState] = deque([ChannelState.CONNECTING], HISTORY_SIZE)
 
     def can(self, new: ChannelState) -> bool:
         return new in TRANSITIONS[self.state]

@@ -4,7 +4,8 @@ Set ``P2PNODE_HEAP_TRACE`` to a file path before ``p2pnode run``: the daemon
 then starts :mod:`tracemalloc` (``P2PNODE_HEAP_TRACE_FRAMES`` frames per
 allocation, 6 by default) and a daemon thread that, every
 ``P2PNODE_HEAP_TRACE_EVERY`` seconds (60 by default), rewrites that file with
-the heap's own figures (traced bytes now and at the peak), the 25 allocation
+the heap's own figures (traced bytes now and at the peak; the RSS, and glibc's
+bytes in use and free-but-kept beside it), the 25 allocation
 sites that grew most since the first report (by bytes, with their tracebacks),
 and the 25 object types whose live count grew most (``gc.get_objects``). The
 first report is the baseline. Off by default: tracing costs the daemon about
@@ -17,6 +18,8 @@ between two bytecodes of the trio thread, and never touch the node's state.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import linecache
 import os
@@ -35,6 +38,48 @@ TOP = 25
 _OWN = tuple(
     tracemalloc.Filter(False, path) for path in (tracemalloc.__file__, linecache.__file__, __file__)
 )
+
+
+def process_figures() -> str:
+    """The process's resident memory and, with glibc, its allocator's own figures (bytes
+    in use, and free but kept in the heap): RSS beside the heap, to tell a leak from
+    pages the allocator keeps."""
+    rss = "?"
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = f"{int(line.split()[1]) / 1024:.1f} MB"
+    except OSError:
+        pass
+    info = _mallinfo()
+    if info is None:
+        return f"RSS {rss}"
+    used, kept, mapped = info
+    return (
+        f"RSS {rss}; malloc in use {used / 2**20:.1f} MB, free but kept {kept / 2**20:.1f} MB,"
+        f" mmapped {mapped / 2**20:.1f} MB"
+    )
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+def _mallinfo() -> tuple[int, int, int] | None:
+    """glibc's ``mallinfo2()``: (bytes in use, free bytes kept, mmapped bytes); None
+    elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return info.uordblks, info.fordblks, info.hblkhd
 
 
 def type_census() -> Counter[str]:
@@ -63,6 +108,7 @@ class HeapTrace:
         lines = [
             f"report {self.reports}: traced {current / 2**20:.1f} MB, peak {peak / 2**20:.1f} MB,"
             f" tracing itself {tracemalloc.get_tracemalloc_memory() / 2**20:.1f} MB",
+            process_figures(),
             f"top {TOP} growth since the first report, by bytes:",
         ]
         for stat in snapshot.compare_to(self._base, "traceback")[:TOP]:

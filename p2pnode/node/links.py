@@ -16,7 +16,10 @@ Limits against floods (node/limits.py; defaults in NodeConfig, docs/SECURITY.md)
   ``hello_addresses``, and every dial attempt to a peer (any address, any
   redial) that does not reach it spends its ``dials_per_minute`` budget. So a peer that announces
   16 addresses and hangs up costs a handful of connection attempts a minute,
-  not one per address per redial.
+  not one per address per redial. Addresses (and Noise static keys from
+  cards) are kept for at most ``max_peers`` peers, those without a link
+  forgotten first, and dropped with a peer's closed link: peers that come and
+  go with fresh identities leave nothing behind.
 * Each link gets the envelope rate limit and the queue bound of
   :class:`~p2pnode.node.channels.LinkLimits`; drops are reported once a minute
   per peer.
@@ -29,6 +32,7 @@ import errno
 import logging
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import trio
 
@@ -138,7 +142,16 @@ class LinkManager(TaskOwner):
     def learn_addresses(self, peer_id: PeerId, addresses: list[Address]) -> None:
         """Addresses a peer announced for itself (in its HELLO)."""
         if addresses:
-            self._addresses[peer_id] = addresses[: self._config.hello_addresses]
+            self._remember(peer_id, addresses)
+
+    def _remember(self, peer_id: PeerId, addresses: list[Address]) -> None:
+        """Keep ``addresses`` (first first, no repeats) for ``peer_id``: at most
+        ``hello_addresses`` of them, for at most ``max_peers`` peers (those with no
+        link are forgotten first, then the least recently told)."""
+        kept = list(dict.fromkeys(addresses))[: self._config.hello_addresses]
+        self._addresses.pop(peer_id, None)
+        self._addresses[peer_id] = kept
+        _bound(self._addresses, self._config.max_peers, self._links)
 
     def _on_state(self, link: PeerLink, state: ChannelState) -> None:
         _log_state(link, state)
@@ -172,6 +185,8 @@ class LinkManager(TaskOwner):
     def _drop_closed(self) -> None:
         for peer_id in [p for p, link in self._links.items() if link.state is ChannelState.CLOSED]:
             del self._links[peer_id]
+            self._addresses.pop(peer_id, None)
+            self._static.pop(peer_id, None)
 
     def _addresses_of(self, peer_id: PeerId) -> list[Address]:
         addresses = list(self._addresses.get(peer_id, []))
@@ -181,8 +196,9 @@ class LinkManager(TaskOwner):
                     address = parse_address(text)
                     if address not in addresses:
                         addresses.append(address)
-                if card.noise_static_key is not None:
-                    self._static.setdefault(peer_id, card.noise_static_key)
+                if card.noise_static_key is not None and peer_id not in self._static:
+                    self._static[peer_id] = card.noise_static_key
+                    _bound(self._static, self._config.max_peers, self._links)
         return addresses
 
     async def _dial(self, peer_id: PeerId) -> SecureChannel:
@@ -219,7 +235,7 @@ class LinkManager(TaskOwner):
         """Open a channel to the node at ``address``; returns its proven peer id."""
         channel = await self._dial_address(address, None)
         peer_id = channel.remote_peer_id
-        self._addresses.setdefault(peer_id, []).insert(0, address)
+        self._remember(peer_id, [address, *self._addresses.get(peer_id, ())])
         self.link(peer_id).adopt(channel, self.local_peer_id)
         return peer_id
 
@@ -294,6 +310,15 @@ class LinkManager(TaskOwner):
             await close_quietly(channel)
             return
         self.link(peer_id).adopt(channel, peer_id)
+
+
+def _bound(table: dict[PeerId, Any], limit: int, links: dict[PeerId, PeerLink]) -> None:
+    """Forget entries of ``table`` until it holds ``limit``: peers without a link first
+    (oldest first), then the oldest; never the newest (the one just added)."""
+    while len(table) > limit:
+        newest = next(reversed(table))
+        stale = next((p for p in table if p not in links and p != newest), None)
+        del table[stale if stale is not None else next(iter(table))]
 
 
 def remote_host(stream: trio.abc.Stream) -> str | None:
