@@ -525,27 +525,43 @@ def payload_limit_error(payload: Any, limits: WireLimits = DEFAULT_LIMITS) -> Lo
 
 def _walk_limits(value: Any, limits: WireLimits) -> LocalError | None:
     # Iterative, so a deep value cannot exhaust the stack; stops at the first violation.
+    # Exact type tests, and the members of a container checked in its own turn when they
+    # are strings or scalars: tool arguments are maps of those, and this runs per envelope.
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, str):
-            if len(item) > limits.max_str_len // 4 and _utf8_len(item) > limits.max_str_len:
-                return _limit_error("string", limits.max_str_len, "a string")
-        elif isinstance(item, bytes | bytearray):
-            if len(item) > limits.max_bin_len:
-                return _limit_error("binary", limits.max_bin_len, "a binary")
-        elif isinstance(item, dict | list | tuple):
-            if depth >= MAX_PAYLOAD_DEPTH:
-                return _limit_error("depth", MAX_PAYLOAD_DEPTH, "the payload's nesting")
-            if isinstance(item, dict) and len(item) > limits.max_map_len:
+        kind = type(item)
+        if kind is dict or isinstance(item, dict):
+            if len(item) > limits.max_map_len:
                 return _limit_error("map", limits.max_map_len, "a map's items")
+            children: Any = [*item, *item.values()]
+        elif kind is list or kind is tuple or isinstance(item, list | tuple):
             if len(item) > limits.max_array_len:
                 return _limit_error("array", limits.max_array_len, "an array's items")
-            if isinstance(item, dict):
-                stack.extend((key, depth + 1) for key in item)
-                stack.extend((child, depth + 1) for child in item.values())
-            else:
-                stack.extend((child, depth + 1) for child in item)
+            children = item
+        else:
+            problem = _scalar_problem(item, limits)
+            if problem is not None:
+                return problem
+            continue
+        if depth >= MAX_PAYLOAD_DEPTH:
+            return _limit_error("depth", MAX_PAYLOAD_DEPTH, "the payload's nesting")
+        for child in children:
+            child_kind = type(child)
+            if child_kind is str:
+                if len(child) > limits.max_str_len // 4:
+                    stack.append((child, depth + 1))
+            elif child_kind not in _SCALARS:
+                stack.append((child, depth + 1))
+    return None
+
+
+def _scalar_problem(item: Any, limits: WireLimits) -> LocalError | None:
+    if isinstance(item, str):
+        if len(item) > limits.max_str_len // 4 and _utf8_len(item) > limits.max_str_len:
+            return _limit_error("string", limits.max_str_len, "a string")
+    elif isinstance(item, bytes | bytearray) and len(item) > limits.max_bin_len:
+        return _limit_error("binary", limits.max_bin_len, "a binary")
     return None
 
 
