@@ -19,7 +19,6 @@ between two bytecodes of the trio thread, and never touch the node's state.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import linecache
 import os
@@ -73,9 +72,8 @@ def _mallinfo() -> tuple[int, int, int] | None:
     """glibc's ``mallinfo2()``: (bytes in use, free bytes kept, mmapped bytes); None
     elsewhere."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallinfo2 = libc.mallinfo2
-    except (OSError, AttributeError):
+        mallinfo2 = ctypes.CDLL(None).mallinfo2  # the process's own libc: no lookup
+    except (OSError, AttributeError, TypeError):
         return None
     mallinfo2.restype = _MallInfo2
     info = mallinfo2()
