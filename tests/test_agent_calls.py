@@ -303,3 +303,21 @@ async def test_notifications_keep_their_order_while_requests_wait(autojump_clock
             release.set()
         expected = [(kind, n) for n in range(20) for kind in ("start", "end")]
         assert seen == expected
+
+
+async def test_a_repeated_request_id_takes_a_slot_of_its_own(autojump_clock: Any) -> None:
+    async with two_nodes(agent_concurrency=2) as (_, owner, seen):
+        await owner.add_agent("neighbour", Inbox(), tier=3)
+        params = {"name": "slow", "arguments": {}}
+        ask = owner.envelope(
+            "neighbour",
+            "toolbox",
+            MessageType.REQUEST,
+            params,
+            metadata=Metadata(capability="tools/call"),
+        )
+        for _ in range(3):  # the same envelope, id and all, from a local agent
+            await owner.send(ask)
+        await wait_until(lambda: seen.running == 2)
+        await trio.sleep(1.0)
+        assert seen.running == 2 and len(owner.hosting.agents["toolbox"].calls) == 2

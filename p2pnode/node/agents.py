@@ -216,6 +216,7 @@ class AgentHost:
         self._inline = InlineWatch(owner, INLINE_REPLY_WAIT, self._reply_cut)
         #: Calls cancelled in all: at their deadline, or by their requester.
         self.calls_cut = 0
+        self._repeats = 0  # calls registered under a request id already running
 
     # -- hosting ----------------------------------------------------------------------------
 
@@ -468,8 +469,10 @@ class AgentHost:
         limit = self._deadline(agent, envelope)
         deadline = trio.current_time() + limit
         key = (item.peer, envelope.sender, envelope.id)
-        call = RunningCall(key, item, reader.writer.scope, deadline, limit)
-        agent.calls.setdefault(call.key, call)  # a repeated id keeps the first's entry
+        if key in agent.calls:  # a repeated request id: counted, not found by a cancel
+            self._repeats += 1
+            key = (item.peer, envelope.sender, f"{envelope.id}\x00{self._repeats}")
+        call = agent.calls[key] = RunningCall(key, item, reader.writer.scope, deadline, limit)
         reader.call = call
         reader.writer.scope.deadline = deadline
         if len(agent.calls) < agent.max_calls:
