@@ -13,7 +13,7 @@ import os
 import trio
 
 from p2pnode import Agent, Capability
-from p2pnode.taskwork import Work
+from p2pnode.agent.taskwork import Work
 
 agent = Agent(
     os.environ.get("SQUARER_ID", "squarer"),

@@ -5,7 +5,7 @@
 import trio
 
 from p2pnode import Agent, Identity, NodeConfig, RemoteError, TrioNetwork, open_node
-from p2pnode.tools import Access, Caller
+from p2pnode.agent.tools import Access, Caller
 
 agent = Agent("toolbox", description="Estimates and checklists for plans", tier=2)
 rates = {"hours_per_task": 1.5}

@@ -1,5 +1,5 @@
 """``python -m p2pnode`` runs the command-line interface."""
 
-from p2pnode.cli import main
+from p2pnode.cli.main import main
 
 raise SystemExit(main())

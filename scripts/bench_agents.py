@@ -1,5 +1,5 @@
 """The agent runtime's rows of scripts/bench_node.py: an agent embedded in a trio and in an
-asyncio program (p2pnode.aio), and the floors the attach rows are read against (two
+asyncio program (p2pnode.hosting.aio), and the floors the attach rows are read against (two
 process hops with no node at either end). Shared helpers of the benchmark live here too.
 """
 
@@ -20,14 +20,14 @@ from typing import Any
 import trio
 from bench_channel import fmt
 
-from p2pnode import aio
-from p2pnode.agent import Agent, Message
-from p2pnode.envelope import Envelope
-from p2pnode.identity import Identity
-from p2pnode.net import TrioNetwork
+from p2pnode.agent.definition import Agent, Message
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.identity import Identity
+from p2pnode.hosting import aio
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.node import Node
 from p2pnode.node.runtime import open_node
+from p2pnode.transport.net import TrioNetwork
 
 PAYLOAD = "p" * 200  # a 256-byte-ish envelope body once ids and headers are added
 HOST = "127.0.0.1"
@@ -178,7 +178,7 @@ async def trio_embedded(count: int, remote: bool) -> float:
 
 
 async def asyncio_embedded(count: int, remote: bool) -> float:
-    """The same, the nodes opened by an asyncio program (p2pnode.aio)."""
+    """The same, the nodes opened by an asyncio program (p2pnode.hosting.aio)."""
     async with aio.open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as server:
         await server.add_agent(echo_agent())
         if not remote:

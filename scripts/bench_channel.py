@@ -3,7 +3,7 @@
 Usage: python scripts/bench_channel.py [--scale 1.0]
 
 Every baseline is measured in the same run. The output names the AEAD backend
-the channel used (p2pnode/aead.py: OpenSSL when ``cryptography`` >= 47 is
+the channel used (p2pnode/transport/aead.py: OpenSSL when ``cryptography`` >= 47 is
 installed, else libsodium) and says whether the target, bulk 64 KiB messages at
 least as fast as TLS 1.3 in the same run, is met. Raw TCP and TLS carry messages
 as ``len:u32be || message`` and are read through the same buffered reader,
@@ -27,16 +27,16 @@ from typing import Protocol
 
 import trio
 
-from p2pnode import aead
-from p2pnode.channel import (
+from p2pnode.core.identity import Identity
+from p2pnode.transport import aead
+from p2pnode.transport.channel import (
     DEFAULT_CONFIG,
     ChannelConfig,
     SecureChannel,
     accept_secure,
     connect_secure,
 )
-from p2pnode.identity import Identity
-from p2pnode.secure import SecureIdentity
+from p2pnode.transport.secure import SecureIdentity
 
 _u32 = struct.Struct(">I")
 SMALL = b"s" * 256

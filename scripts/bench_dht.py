@@ -45,11 +45,11 @@ import trio.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2pnode.card import AgentCard, Capability
+from p2pnode.core.card import AgentCard, Capability
+from p2pnode.core.identity import Identity
 from p2pnode.dht.node import DhtConfig, DhtNode
-from p2pnode.identity import Identity
-from p2pnode.net import Network, TrioNetwork
 from p2pnode.simnet import LinkConditions, SimNetwork
+from p2pnode.transport.net import Network, TrioNetwork
 
 JOIN_PARALLEL = 10
 IN_FLIGHT = 10

@@ -19,8 +19,8 @@ from typing import Any
 
 import trio
 
-from p2pnode.envelope import Envelope, EnvelopeFactory, MessageType
-from p2pnode.wire import pack, unpack_untrusted
+from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType
+from p2pnode.core.wire import pack, unpack_untrusted
 
 BATCH = 64
 

@@ -46,16 +46,16 @@ from typing import Any
 import trio
 from bench_gossip_sim import HEADER, VARIANTS, aggregate, format_row, run, verdict
 
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.identity import Identity
 from p2pnode.crdt.gossip import GossipConfig
 from p2pnode.crdt.ops import CounterAdd
 from p2pnode.crdt.replica import Delta, Replica
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.identity import Identity
-from p2pnode.net import TrioNetwork
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.discovery import MemoryDiscovery
 from p2pnode.node.node import Node
-from p2pnode.node.shared import SharedConfig
+from p2pnode.services.shared.service import SharedConfig
+from p2pnode.transport.net import TrioNetwork
 
 DOC = "bench"
 FANOUT = 4

@@ -18,13 +18,13 @@ trio, channel, policy, events or inbox, and trio's task switch; the node's rows 
 never beat them.
 
 An agent's request round trip is also measured with the agent embedded in a
-trio program and in an asyncio program (p2pnode.aio: the node runs as a trio
+trio program and in an asyncio program (p2pnode.hosting.aio: the node runs as a trio
 guest on the asyncio loop and the agent's handlers run as asyncio tasks), in
 one process, from a node to a node and from an agent to an agent of the same
 node.
 
 The node's request round trip is also measured to an agent in another OS
-process attached to the server node over its agent socket (p2pnode.client,
+process attached to the server node over its agent socket (p2pnode.hosting.client,
 asyncio), beside the in-process agent, in the same run: what attaching adds.
 
 Every measurement but the embedded one runs in two layouts. "1 process": both ends share one
@@ -62,16 +62,16 @@ from bench_agents import (
 from bench_channel import ChannelEndpoint, Endpoint, FramedStream, fmt
 from bench_floors import BATCH, envelope_rate, task_switch_rate
 
-from p2pnode.channel import ChannelConfig, accept_secure, connect_secure
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import P2PError
-from p2pnode.identity import Identity
-from p2pnode.net import TrioNetwork
-from p2pnode.node.agentsocket import AgentSocket
-from p2pnode.node.attachwire import AGENT_SOCKET_NAME
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import P2PError
+from p2pnode.core.identity import Identity
 from p2pnode.node.node import Node
-from p2pnode.secure import SecureIdentity
-from p2pnode.tcpstream import TcpStream
+from p2pnode.services.attach.service import AgentSocket
+from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
+from p2pnode.transport.channel import ChannelConfig, accept_secure, connect_secure
+from p2pnode.transport.net import TrioNetwork
+from p2pnode.transport.secure import SecureIdentity
+from p2pnode.transport.tcpstream import TcpStream
 
 ECHO, SINK, DONE = b"e", b"s", b"x"  # first byte of a baseline message: what the server does
 MESSAGE = b"\0" * 255
@@ -135,11 +135,11 @@ class Ports:
         return cls(raw, channel, node)
 
 
-# The attached agent's process: the same echo as "server", through p2pnode.client.
+# The attached agent's process: the same echo as "server", through p2pnode.hosting.client.
 ATTACHED_AGENT = """
 import sys
 from p2pnode import Agent
-from p2pnode.client import run_agent
+from p2pnode.hosting.client import run_agent
 
 agent = Agent("attached", tier=3)
 

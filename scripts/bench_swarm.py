@@ -1,7 +1,7 @@
 """Benchmark: a simulated swarm of 200 agents doing 2,000 sub-tasks of known duration.
 
-Drives the swarm's sans-IO cores (p2pnode.node.swarmcore: the coordinator's
-decisions and each participant's bookkeeping; p2pnode.node.swarmdoc: the
+Drives the swarm's sans-IO cores (p2pnode.services.swarms.coordinator: the coordinator's
+decisions and each participant's bookkeeping; p2pnode.services.swarms.document: the
 journal and its fold) in a discrete-event simulation: every message takes
 10-30 ms, the journal and the coordinator lease reach each participant 50-250
 ms after they are written (gossip), each participant runs one sub-task at a
@@ -44,8 +44,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from p2pnode.node.swarmcore import Coordinator, Participation, SwarmConfig, claim_after, successors
-from p2pnode.node.swarmdoc import (
+from p2pnode.agent.task import Task
+from p2pnode.services.swarms.coordinator import (
+    Coordinator,
+    Participation,
+    SwarmConfig,
+    claim_after,
+    successors,
+)
+from p2pnode.services.swarms.document import (
     COMPLETED,
     Plan,
     Record,
@@ -55,7 +62,6 @@ from p2pnode.node.swarmdoc import (
     fold,
     log_key,
 )
-from p2pnode.task import Task
 
 EPOCH_MS = 1_800_000_000_000
 CAP = "work"

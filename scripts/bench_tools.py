@@ -55,10 +55,10 @@ from bench_agents import HOST, echo, quantiles, timed_round_trips
 from bench_channel import fmt
 from bench_node import SERVE_SECONDS
 
-from p2pnode.agent import Agent, Message
-from p2pnode.identity import Identity
-from p2pnode.net import TrioNetwork
+from p2pnode.agent.definition import Agent, Message
+from p2pnode.core.identity import Identity
 from p2pnode.node.node import Node
+from p2pnode.transport.net import TrioNetwork
 
 ARGUMENTS = {"a": 1, "b": 2}
 ANSWER = 3

@@ -38,8 +38,8 @@ from typing import Any, Protocol
 import trio
 from fuzz_mutate import Generator
 
-from p2pnode.boundary import FailureBoundary
-from p2pnode.errors import P2PError, RemoteError
+from p2pnode.core.boundary import FailureBoundary
+from p2pnode.core.errors import P2PError, RemoteError
 
 
 @dataclass(frozen=True, slots=True)

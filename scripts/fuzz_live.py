@@ -65,24 +65,24 @@ from fuzz_seeds import (
 )
 from fuzz_streams import cut, hostile_frames
 
-from p2pnode.boundary import FailureBoundary
-from p2pnode.card import Capability
-from p2pnode.channel import ChannelConfig, accept_secure
-from p2pnode.cli_node import _node_ops, echo_handler
+from p2pnode.cli.node import _node_ops, echo_handler
+from p2pnode.core.boundary import FailureBoundary
+from p2pnode.core.card import Capability
+from p2pnode.core.envelope import MessageType
+from p2pnode.core.errors import P2PError, RemoteError
+from p2pnode.core.identity import Identity, PeerId
+from p2pnode.core.wire import pack
 from p2pnode.dht import rpcwire
 from p2pnode.dht.node import DhtNode
 from p2pnode.dht.records import RecordKind, SignedRecord, card_key, encode_value
 from p2pnode.dht.routing import Contact, RoutingTable
-from p2pnode.envelope import MessageType
-from p2pnode.errors import P2PError, RemoteError
-from p2pnode.identity import Identity, PeerId
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.control import ControlServer
 from p2pnode.node.frames import encode_envelopes, encode_hello
 from p2pnode.node.node import Node
-from p2pnode.node.shared import SharedConfig
+from p2pnode.services.shared.service import SharedConfig
 from p2pnode.simnet import LinkConditions, SimNetwork
-from p2pnode.wire import pack
+from p2pnode.transport.channel import ChannelConfig, accept_secure
 
 _LINK = LinkConditions(latency=0.005, jitter=0.0)
 

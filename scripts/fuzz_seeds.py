@@ -22,7 +22,12 @@ from typing import Any
 
 from fuzz_mutate import mutate_any, mutate_msgpack, unpack_plain
 
-from p2pnode.card import AgentCard, Capability, Endpoint
+from p2pnode.core.card import AgentCard, Capability, Endpoint
+from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType, Metadata
+from p2pnode.core.errors import P2PError
+from p2pnode.core.identity import Identity
+from p2pnode.core.registry import Registry
+from p2pnode.core.wire import pack
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.dots import DotContext
@@ -42,16 +47,11 @@ from p2pnode.dht.records import (
     card_key,
     encode_value,
 )
-from p2pnode.envelope import Envelope, EnvelopeFactory, MessageType, Metadata
-from p2pnode.errors import P2PError
-from p2pnode.identity import Identity
-from p2pnode.node.docops import gossip_payload
 from p2pnode.node.frames import encode_envelope, encode_envelopes, encode_hello
-from p2pnode.noise import IK, XX, HandshakeState, KeyPair
-from p2pnode.registry import Registry
-from p2pnode.secure import PROLOGUE, SecureIdentity
-from p2pnode.toolrecord import ToolInvocation
-from p2pnode.wire import pack
+from p2pnode.services.shared.docops import gossip_payload
+from p2pnode.services.tools.record import ToolInvocation
+from p2pnode.transport.noise import IK, XX, HandshakeState, KeyPair
+from p2pnode.transport.secure import PROLOGUE, SecureIdentity
 
 #: Unix milliseconds every seed is stamped with (records and cards are valid then).
 NOW_MS = 1_800_000_000_000

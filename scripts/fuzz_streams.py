@@ -25,11 +25,9 @@ from fuzz_seeds import (
     transcripts,
 )
 
-from p2pnode.aead import seal_in_place
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode
-from p2pnode.framing import TransportCodec
-from p2pnode.node.attach import (
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode
+from p2pnode.services.attach.session import (
     NEED_DATA,
     PAUSED,
     AgentSession,
@@ -42,9 +40,11 @@ from p2pnode.node.attach import (
     Send,
     SessionState,
 )
-from p2pnode.node.attachwire import AttachError, object_untrusted
-from p2pnode.noise import IK, NN, XX, CipherState, HandshakeState, NoiseTransport
-from p2pnode.secure import PROLOGUE, HandshakeStage, SecureHandshake, SecureIdentity
+from p2pnode.services.attach.wire import AttachError, object_untrusted
+from p2pnode.transport.aead import seal_in_place
+from p2pnode.transport.framing import TransportCodec
+from p2pnode.transport.noise import IK, NN, XX, CipherState, HandshakeState, NoiseTransport
+from p2pnode.transport.secure import PROLOGUE, HandshakeStage, SecureHandshake, SecureIdentity
 
 # --------------------------------------------------------------------------- Noise
 

@@ -68,7 +68,12 @@ from fuzz_streams import (
     transport_input,
 )
 
-from p2pnode.card import AgentCard
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.errors import RemoteError
+from p2pnode.core.identity import PeerId
+from p2pnode.core.registry import Registry
+from p2pnode.core.wire import pack, unpack_untrusted
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.delta import Delta, Opened
 from p2pnode.crdt.gossip import Digest, GossipNode, decode_untrusted
@@ -83,15 +88,10 @@ from p2pnode.dht.records import (
     decode_value_untrusted,
 )
 from p2pnode.dht.rpc import ReplyReceived, RpcCore
-from p2pnode.envelope import Envelope
-from p2pnode.errors import RemoteError
-from p2pnode.identity import PeerId
 from p2pnode.node.config import parse_address
-from p2pnode.node.docops import decode_gossip_payload_untrusted, value_to_json
 from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted
-from p2pnode.registry import Registry
-from p2pnode.toolrecord import ToolInvocation
-from p2pnode.wire import pack, unpack_untrusted
+from p2pnode.services.shared.docops import decode_gossip_payload_untrusted, value_to_json
+from p2pnode.services.tools.record import ToolInvocation
 
 # --------------------------------------------------------------------------- cards, envelopes
 

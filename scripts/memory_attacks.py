@@ -47,19 +47,19 @@ from pathlib import Path
 
 import trio
 
-from p2pnode.card import AgentCard, Capability
-from p2pnode.cardfile import CARD_FILE_NAME
-from p2pnode.channel import SecureChannel, connect_secure
-from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
-from p2pnode.errors import P2PError
-from p2pnode.framing import DEFAULT_MAX_MESSAGE_SIZE, FRAME_HEADER, RECORD_HEADER
-from p2pnode.identity import Identity
+from p2pnode.agent.task import Task, proposal_payload
+from p2pnode.cli.process import NodeProcess
+from p2pnode.core.card import AgentCard, Capability
+from p2pnode.core.cardfile import CARD_FILE_NAME
+from p2pnode.core.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
+from p2pnode.core.errors import P2PError
+from p2pnode.core.identity import Identity
 from p2pnode.node.config import parse_address
 from p2pnode.node.frames import encode_envelope, encode_hello
-from p2pnode.noise import TAGLEN
-from p2pnode.process import NodeProcess
-from p2pnode.secure import SecureIdentity
-from p2pnode.task import Task, proposal_payload
+from p2pnode.transport.channel import SecureChannel, connect_secure
+from p2pnode.transport.framing import DEFAULT_MAX_MESSAGE_SIZE, FRAME_HEADER, RECORD_HEADER
+from p2pnode.transport.noise import TAGLEN
+from p2pnode.transport.secure import SecureIdentity
 
 MIB = 1024 * 1024
 BIG = int(3.8 * MIB)  # fits one 4 MiB node frame with the envelope around it

@@ -2,7 +2,7 @@
 
 What it does:
 
-1. starts ``--nodes`` daemons (20) on 127.0.0.1 with p2pnode.process.NodeProcess,
+1. starts ``--nodes`` daemons (20) on 127.0.0.1 with p2pnode.cli.process.NodeProcess,
    each hosting one agent ``soak<i>`` that echoes requests, all bootstrapped off
    the first; every node subscribes to one shared document;
 2. for ``--minutes`` minutes keeps ``--workers`` request loops busy (a request
@@ -76,11 +76,11 @@ from typing import Any
 import trio
 from soak_hostile import HOSTILE_AGENT, Hostile
 
-from p2pnode.agent import Agent
-from p2pnode.client import AgentClient
-from p2pnode.errors import P2PError
+from p2pnode.agent.definition import Agent
+from p2pnode.cli.process import NodeProcess
+from p2pnode.core.errors import P2PError
+from p2pnode.hosting.client import AgentClient
 from p2pnode.node.heaptrace import HEAP_TRACE_ENV
-from p2pnode.process import NodeProcess
 
 DOC = "soak.board"
 CALL_TIMEOUT = 15.0

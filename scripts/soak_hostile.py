@@ -37,18 +37,18 @@ from typing import Any
 import trio
 from memory_attacks import _drain
 
-from p2pnode.agent import Agent
-from p2pnode.card import AgentCard, Capability
-from p2pnode.channel import SecureChannel, connect_secure
-from p2pnode.client import card_template, socket_path
-from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
-from p2pnode.errors import P2PError
-from p2pnode.identity import Identity
-from p2pnode.node.attachwire import AGENT_SOCKET_NAME, PROTOCOL_VERSION
+from p2pnode.agent.definition import Agent
+from p2pnode.cli.process import NodeProcess
+from p2pnode.core.card import AgentCard, Capability
+from p2pnode.core.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
+from p2pnode.core.errors import P2PError
+from p2pnode.core.identity import Identity
+from p2pnode.hosting.client import card_template, socket_path
 from p2pnode.node.config import parse_address
 from p2pnode.node.frames import encode_envelope, encode_hello
-from p2pnode.process import NodeProcess
-from p2pnode.secure import SecureIdentity
+from p2pnode.services.attach.wire import AGENT_SOCKET_NAME, PROTOCOL_VERSION
+from p2pnode.transport.channel import SecureChannel, connect_secure
+from p2pnode.transport.secure import SecureIdentity
 
 ATTACK_TIME = 30.0
 SQUAT_STAY = 5.0

@@ -7,8 +7,8 @@ import functools
 import hashlib
 from typing import Any
 
+from p2pnode.core.identity import Identity
 from p2pnode.crdt.replica import Replica
-from p2pnode.identity import Identity
 
 
 @functools.cache

@@ -7,9 +7,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard, Capability, Endpoint
-from p2pnode.envelope import Envelope, MessageType, Metadata
-from p2pnode.identity import Identity
+from p2pnode.core.card import AgentCard, Capability, Endpoint
+from p2pnode.core.envelope import Envelope, MessageType, Metadata
+from p2pnode.core.identity import Identity
 
 ident_text = st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True)
 short_text = st.text(min_size=1, max_size=30).filter(lambda s: s.strip() != "")

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from p2pnode.a2a import jws_signing_input, to_a2a
-from p2pnode.card import AgentCard, Capability
-from p2pnode.errors import LocalError
-from p2pnode.identity import Identity, verify_signature
+from p2pnode.core.a2a import jws_signing_input, to_a2a
+from p2pnode.core.card import AgentCard, Capability
+from p2pnode.core.errors import LocalError
+from p2pnode.core.identity import Identity, verify_signature
 
 VECTORS = Path(__file__).parent / "vectors" / "a2a"
 REQUIRED = ["name", "description", "supportedInterfaces", "version", "capabilities"]

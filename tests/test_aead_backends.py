@@ -1,4 +1,4 @@
-"""The AEAD backends (p2pnode/aead.py) are interchangeable on the wire.
+"""The AEAD backends (p2pnode/transport/aead.py) are interchangeable on the wire.
 
 libsodium (PyNaCl) and OpenSSL (cryptography) must produce the same frames
 byte for byte, each must open the other's, and a tampered frame must fail with
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode import aead
-from p2pnode.aead import AeadBackend, OpenSSLBackend, SodiumBackend
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.framing import RECORD_HEADER, CodecState, TransportCodec
-from p2pnode.noise import MAX_PLAINTEXT_LEN, NN, HandshakeState, NoiseTransport
-from p2pnode.secure import SecureChannelError
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.transport import aead
+from p2pnode.transport.aead import AeadBackend, OpenSSLBackend, SodiumBackend
+from p2pnode.transport.framing import RECORD_HEADER, CodecState, TransportCodec
+from p2pnode.transport.noise import MAX_PLAINTEXT_LEN, NN, HandshakeState, NoiseTransport
+from p2pnode.transport.secure import SecureChannelError
 
 # cryptography >= 47 is in the test extra: the OpenSSL backend must be testable here.
 assert aead.OPENSSL_AVAILABLE, "the test extra installs cryptography >= 47"

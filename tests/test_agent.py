@@ -14,9 +14,9 @@ import pytest
 import trio
 
 from p2pnode import Agent, Message
-from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.process import NodeProcess
+from p2pnode.cli.process import NodeProcess
+from p2pnode.core.envelope import EnvelopeFactory, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from tests.sim import Inbox, swarm
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -182,7 +182,7 @@ async def test_hosted_by_the_daemon(tmp_path: Path) -> None:
     ],
 )
 def test_run_agent_names_a_bad_reference_in_one_line(spec: str, problem: str) -> None:
-    from p2pnode.cli_node import load_agent
+    from p2pnode.cli.node import load_agent
 
     sys.path.insert(0, str(EXAMPLES))
     try:
@@ -194,7 +194,7 @@ def test_run_agent_names_a_bad_reference_in_one_line(spec: str, problem: str) ->
 
 
 def test_an_agent_id_needs_a_handler() -> None:
-    from p2pnode.agent import as_agent
+    from p2pnode.agent.definition import as_agent
 
     with pytest.raises(LocalError) as info:
         as_agent("lonely")

@@ -16,9 +16,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent, Message
-from p2pnode.envelope import MessageType, Metadata
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.agent.definition import Agent, Message
+from p2pnode.core.envelope import MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.node.callcancel import CANCELLED
 from p2pnode.node.node import Node
 from tests.sim import FAST_NODE, Inbox, connect_all, open_swarm, wait_until

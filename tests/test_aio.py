@@ -1,4 +1,4 @@
-"""p2pnode.aio: a node in an asyncio program (trio's guest mode on the running loop).
+"""p2pnode.hosting.aio: a node in an asyncio program (trio's guest mode on the running loop).
 
 These are plain ``def`` tests that run their own loop (pytest-trio runs ``async def``
 tests in trio), each once per available loop implementation.
@@ -22,9 +22,9 @@ import sniffio
 import trio
 
 from p2pnode import Agent, Identity, Message, NodeConfig, TrioNetwork, aio, aiohandoff
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.crdt.ops import CounterAdd
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
 from tests.test_agent import check_planner, planner
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -52,7 +52,7 @@ LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
 @pytest.fixture(params=[pytest.param(True, id="eager"), pytest.param(False, id="public")])
 def eager(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Both ways a handler's asyncio task starts (p2pnode.aiohandoff.EAGER): its first step
+    """Both ways a handler's asyncio task starts (p2pnode.hosting.aiohandoff.EAGER): its first step
     inside the trio tick, or at the loop's next pass through the public create_task."""
     monkeypatch.setattr(aiohandoff, "EAGER", request.param)
     return bool(request.param)
@@ -408,9 +408,9 @@ def test_the_http_example_forwards_to_the_agent(factory: LoopFactory) -> None:
 def test_importing_the_package_loads_no_asyncio() -> None:
     script = (
         "import sys, p2pnode\n"
-        "print('asyncio' in sys.modules, 'p2pnode.aio' in sys.modules)\n"
-        "p2pnode.aio\n"
-        "print('p2pnode.aio' in sys.modules)\n"
+        "print('asyncio' in sys.modules, 'p2pnode.hosting.aio' in sys.modules)\n"
+        "p2pnode.hosting.aio\n"
+        "print('p2pnode.hosting.aio' in sys.modules)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True

@@ -1,4 +1,4 @@
-"""Requests to an agent embedded in asyncio (p2pnode.aio) are concurrent as in trio: a
+"""Requests to an agent embedded in asyncio (p2pnode.hosting.aio) are concurrent as in trio: a
 handler that hangs holds its own call only, its asyncio task is cancelled at the deadline
 and its requester answered TIMEOUT, while the agent's next requests are answered."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from p2pnode import Agent, Message
-from p2pnode.errors import ErrorCode, P2PError
+from p2pnode.core.errors import ErrorCode, P2PError
 from tests.test_aio import LOOPS, LoopFactory, ignore, open_node, run
 
 #: The node's request timeout, hence the deadline of a request's handler (seconds).

@@ -1,4 +1,5 @@
-"""p2pnode.aiohandoff: trio ticks chained in one loop callback, handler tasks started eagerly."""
+"""p2pnode.hosting.aiohandoff: trio ticks chained in one loop callback, handler tasks
+started eagerly."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import outcome
 import pytest
 import sniffio
 
-from p2pnode import aiohandoff
-from p2pnode.aiohandoff import MAX_CHAINED_TICKS, TickDriver, start_eagerly
+from p2pnode.hosting import aiohandoff
+from p2pnode.hosting.aiohandoff import MAX_CHAINED_TICKS, TickDriver, start_eagerly
 
 # -- the tick driver, on a loop we step by hand --------------------------------------------------
 

@@ -19,14 +19,14 @@ import pytest
 import trio
 
 from p2pnode import Agent
-from p2pnode.client import AgentClient
-from p2pnode.envelope import Envelope
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.node.agentsocket import WITHDRAW_TIMEOUT, AgentSocket
-from p2pnode.node.attach import AttachLimits
-from p2pnode.node.attachwire import AGENT_SOCKET_NAME, MAX_LINE
+from p2pnode.cli.process import NodeProcess
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.hosting.client import AgentClient
 from p2pnode.node.node import Node
-from p2pnode.process import NodeProcess
+from p2pnode.services.attach.service import WITHDRAW_TIMEOUT, AgentSocket
+from p2pnode.services.attach.session import AttachLimits
+from p2pnode.services.attach.wire import AGENT_SOCKET_NAME, MAX_LINE
 from tests.sim import FAST_NODE, FAST_SHARED, Inbox, connect_all, open_swarm, wait_until
 from tests.test_agent import EXAMPLES, check_planner, planner
 
@@ -110,7 +110,7 @@ async def test_a_removed_member_of_a_shared_document_leaves_it_cleanly(
 
 
 def _counter() -> Any:
-    from p2pnode.node.docops import op_from_json
+    from p2pnode.services.shared.docops import op_from_json
 
     return op_from_json({"op": "counter.add", "path": ["n"]}, now_ms=1)
 
@@ -326,7 +326,7 @@ AGENT_SCRIPT = """
 import sys
 sys.path.insert(0, {examples!r})
 from p2pnode import Agent
-from p2pnode.client import run_agent
+from p2pnode.hosting.client import run_agent
 from planner import agent
 if sys.argv[2] == "sleeper":
     import anyio

@@ -1,5 +1,6 @@
-"""The agent protocol's sans-IO session core (p2pnode/node/attach.py): lines in, events and
-lines out, bounded queues, and a state machine driven by hypothesis with hostile input."""
+"""The agent protocol's sans-IO session core (p2pnode/services/attach/session.py): lines
+in, events and lines out, bounded queues, and a state machine driven by hypothesis with
+hostile input."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from p2pnode.envelope import Envelope, EnvelopeFactory, MessageType
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.node.attach import (
+from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.services.attach.session import (
     MAX_REPLY_BACKLOG,
     NEED_DATA,
     PAUSED,
@@ -32,7 +33,7 @@ from p2pnode.node.attach import (
     Send,
     SessionState,
 )
-from p2pnode.node.attachwire import MAX_LINE, AttachError, LineBuffer
+from p2pnode.services.attach.wire import MAX_LINE, AttachError, LineBuffer
 
 factory = EnvelopeFactory(lambda: 1_700_000_000_000)
 ATTACH = {"v": 1, "op": "attach", "card": {"id": "bot", "capabilities": [{"id": "add"}]}}
@@ -438,7 +439,7 @@ def test_illegal_transitions_raise_and_leave_the_state() -> None:
 @pytest.mark.slow
 def test_the_core_and_the_client_load_no_trio() -> None:
     code = (
-        "import sys, p2pnode.node.attach, p2pnode.client; "
+        "import sys, p2pnode.services.attach.session, p2pnode.hosting.client; "
         "print(sorted(m for m in ('trio', 'sqlite3') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

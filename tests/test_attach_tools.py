@@ -12,11 +12,11 @@ import pytest
 import trio
 
 from p2pnode import Agent
-from p2pnode.client import AgentClient
-from p2pnode.errors import ErrorCode, P2PError
-from p2pnode.node.agentsocket import AgentSocket
-from p2pnode.node.attachwire import AGENT_SOCKET_NAME
-from p2pnode.tools import Access, Caller
+from p2pnode.agent.tools import Access, Caller
+from p2pnode.core.errors import ErrorCode, P2PError
+from p2pnode.hosting.client import AgentClient
+from p2pnode.services.attach.service import AgentSocket
+from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
 from tests.sim import connect_all, open_swarm, wait_until
 
 

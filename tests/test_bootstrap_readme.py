@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from p2pnode.cli import build_parser, main
-from p2pnode.cli_node import _authority_key, read_bootstrap_file
-from p2pnode.identity import load_identity
-from p2pnode.jsonutil import b64encode
+from p2pnode.cli.main import build_parser, main
+from p2pnode.cli.node import _authority_key, read_bootstrap_file
+from p2pnode.core.identity import load_identity
+from p2pnode.core.jsonutil import b64encode
 from p2pnode.node.config import parse_address
 from p2pnode.node.control import control_call
 

@@ -9,8 +9,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pnode.boundary import FailureBoundary, describe
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.boundary import FailureBoundary, describe
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 
 log = logging.getLogger("test.boundary")
 

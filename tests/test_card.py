@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard, Capability, card_problems, is_address
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import Identity
-from p2pnode.jsonutil import b64encode
-from p2pnode.wire import pack
+from p2pnode.core.card import AgentCard, Capability, card_problems, is_address
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.core.jsonutil import b64encode
+from p2pnode.core.wire import pack
 from tests.strategies import cards, identities
 
 OWNER = Identity(bytes(range(32)))

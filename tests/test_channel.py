@@ -8,7 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnode.channel import (
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.transport.channel import (
     DEFAULT_CONFIG,
     ChannelConfig,
     ChannelState,
@@ -16,9 +18,7 @@ from p2pnode.channel import (
     accept_secure,
     connect_secure,
 )
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import Identity
-from p2pnode.secure import SecureChannelError, SecureIdentity
+from p2pnode.transport.secure import SecureChannelError, SecureIdentity
 
 ALICE = SecureIdentity(Identity(b"\x11" * 32))
 BOB = SecureIdentity(Identity(b"\x22" * 32))

@@ -11,17 +11,17 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.channel import (
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.transport.channel import (
     ChannelConfig,
     ChannelState,
     SecureChannel,
     accept_secure,
     connect_secure,
 )
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.framing import TransportCodec
-from p2pnode.identity import Identity
-from p2pnode.secure import HandshakeStage, SecureHandshake, SecureIdentity
+from p2pnode.transport.framing import TransportCodec
+from p2pnode.transport.secure import HandshakeStage, SecureHandshake, SecureIdentity
 
 VICTIM = SecureIdentity(Identity(b"\x44" * 32))
 ATTACKER = SecureIdentity(Identity(b"\x55" * 32))

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from p2pnode.card import AgentCard
-from p2pnode.cardfile import card_from_template
-from p2pnode.cli import build_parser, main
-from p2pnode.datalock import hold_data_dir
-from p2pnode.identity import load_identity
-from p2pnode.process import NodeProcess
+from p2pnode.cli.datalock import hold_data_dir
+from p2pnode.cli.main import build_parser, main
+from p2pnode.cli.process import NodeProcess
+from p2pnode.core.card import AgentCard
+from p2pnode.core.cardfile import card_from_template
+from p2pnode.core.identity import load_identity
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pnode.cli import main
+from p2pnode.cli.main import main
 
 pytestmark = pytest.mark.slow
 

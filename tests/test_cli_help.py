@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from p2pnode.cli import build_parser, main
+from p2pnode.cli.main import build_parser, main
 
 # The node's dispatch table of document operations: what `doc update` accepts.
-from p2pnode.node.docops import _PARSERS as DOC_OPERATIONS
+from p2pnode.services.shared.docops import _PARSERS as DOC_OPERATIONS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

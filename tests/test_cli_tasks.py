@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.cli_tasks import add_task_commands
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.process import NodeProcess
+from p2pnode.cli.process import NodeProcess
+from p2pnode.cli.tasks import add_task_commands
+from p2pnode.core.errors import ErrorCode, LocalError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

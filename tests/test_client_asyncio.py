@@ -1,6 +1,6 @@
-"""p2pnode.client on asyncio: the asyncio.Protocol link and the eagerly started handler.
+"""p2pnode.hosting.client on asyncio: the asyncio.Protocol link and the eagerly started handler.
 
-The node runs in the same asyncio program (p2pnode.aio, a trio guest run) and serves
+The node runs in the same asyncio program (p2pnode.hosting.aio, a trio guest run) and serves
 agent.sock; the client attaches to it over the real Unix socket. Plain ``def`` tests,
 each on its own loop, asyncio's and uvloop (pytest-trio runs ``async def`` tests in trio).
 """
@@ -18,12 +18,12 @@ import pytest
 import sniffio
 
 from p2pnode import Agent, Identity, Message, NodeConfig, TrioNetwork, aio
-from p2pnode.client import AgentClient
-from p2pnode.clientlink import ProtocolLink
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.node.agentsocket import AgentSocket
-from p2pnode.node.attachwire import AGENT_SOCKET_NAME
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.hosting.client import AgentClient
+from p2pnode.hosting.clientlink import ProtocolLink
+from p2pnode.services.attach.service import AgentSocket
+from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
 from tests.test_aio import LOOPS, LoopFactory
 
 #: Every wait in these tests gives up after this long.

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.channel import connect_secure
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import Identity
 from p2pnode.node.control import ControlServer, control_call
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.limits import DialBudget, HandshakeSlots, ReportGate, TokenBucket
 from p2pnode.node.observability import EventKind
-from p2pnode.secure import SecureIdentity
+from p2pnode.transport.channel import connect_secure
+from p2pnode.transport.secure import SecureIdentity
 from tests.sim import Inbox, swarm, wait_until
 from tests.sim.configs import FAST_NODE
 
@@ -192,8 +192,8 @@ async def test_junk_connection_floods_do_not_grow_the_daemon(tmp_path: Path) -> 
     # pages: +10 MB and more a round, never given back. Handshake reads are now 4 KiB.
     from memory_attacks import junk_round
 
+    from p2pnode.cli.process import NodeProcess
     from p2pnode.node.config import parse_address
-    from p2pnode.process import NodeProcess
 
     async with trio.open_nursery() as nursery:
         node = NodeProcess(tmp_path / "victim")

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.wire import pack
 from p2pnode.crdt.clock import CRDTError, Ordering, VectorClock
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import pack
 
 ids = st.sampled_from(["a", "b", "c", "d"])
 clocks = st.dictionaries(ids, st.integers(min_value=0, max_value=5), max_size=4).map(VectorClock)

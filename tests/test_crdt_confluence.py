@@ -10,14 +10,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import LocalError
+from p2pnode.core.wire import canonical_pack
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.gossip import GossipConfig
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.simulate import GossipSimulation, NetConfig
 from p2pnode.crdt.types import DocState
-from p2pnode.errors import LocalError
-from p2pnode.wire import canonical_pack
 from tests.crdtkeys import replica
 
 paths = st.sampled_from([("t1", "status"), ("t1", "who"), ("t1", "n"), ("t2", "who"), ("t2",)])

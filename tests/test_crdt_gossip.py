@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.wire import pack
 from p2pnode.crdt.clock import MAX_CLOCK_ENTRIES, VectorClock
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.dots import DotContext
@@ -26,8 +28,6 @@ from p2pnode.crdt.gossip import (
 from p2pnode.crdt.ops import CounterAdd, SetAdd
 from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.types import DocState, ORMap
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.wire import pack
 from tests.crdtkeys import identity, replica, rid
 
 A, B = rid("A"), rid("B")

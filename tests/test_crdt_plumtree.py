@@ -9,6 +9,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.wire import pack
 from p2pnode.crdt.frames import (
     MAX_IDS,
     DeltaBatch,
@@ -23,7 +24,6 @@ from p2pnode.crdt.gossip import GossipConfig, GossipMessage, GossipNode
 from p2pnode.crdt.ops import CounterAdd
 from p2pnode.crdt.plumtree import Tree
 from p2pnode.crdt.simulate import GossipSimulation, NetConfig
-from p2pnode.wire import pack
 from tests.crdtkeys import replica, rid
 
 A, B, C, D = rid("A"), rid("B"), rid("C"), rid("D")

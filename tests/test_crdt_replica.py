@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.wire import WireLimits, canonical_pack, pack, unpack_untrusted
 from p2pnode.crdt.clock import MAX_CLOCK_ENTRIES, CRDTError, VectorClock
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.dots import DotContext
@@ -16,8 +18,6 @@ from p2pnode.crdt.ops import CounterAdd, RegisterSet, SetAdd
 from p2pnode.crdt.replica import MAX_CLOUD, Replica
 from p2pnode.crdt.signing import seal
 from p2pnode.crdt.types import DocState, ORMap
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import WireLimits, canonical_pack, pack, unpack_untrusted
 from tests.crdtkeys import identity, replica, rid
 
 A, B = rid("A"), rid("B")

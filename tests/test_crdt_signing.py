@@ -12,6 +12,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import ErrorCode
+from p2pnode.core.identity import Identity
+from p2pnode.core.wire import pack, unpack_untrusted
 from p2pnode.crdt.clock import CRDTError, VectorClock
 from p2pnode.crdt.delta import Delta, Opened
 from p2pnode.crdt.dots import DotContext
@@ -35,9 +38,6 @@ from p2pnode.crdt.types import (
     ORSet,
     PNCounter,
 )
-from p2pnode.errors import ErrorCode
-from p2pnode.identity import Identity
-from p2pnode.wire import pack, unpack_untrusted
 from tests.crdtkeys import identity, replica, rid
 
 A, B, C = rid("A"), rid("B"), rid("C")

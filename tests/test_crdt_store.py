@@ -16,11 +16,11 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.store import AsyncCRDTStore, CRDTStore
-from p2pnode.errors import ErrorCode, LocalError
 from tests.crdtkeys import identity, replica, rid
 
 paths = st.sampled_from([("t1", "s"), ("t1", "n"), ("t2",), ("t3", "x", "y")])

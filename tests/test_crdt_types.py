@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.wire import canonical_pack, pack, unpack_untrusted
 from p2pnode.crdt import dots
 from p2pnode.crdt.clock import CRDTError
 from p2pnode.crdt.dots import Dot, DotContext
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.crdt.types import DocState, Kind, LWWRegister, ORMap
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import canonical_pack, pack, unpack_untrusted
 
 REPLICAS = ["r0", "r1", "r2"]
 paths = st.sampled_from(

@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 import trio
 
-import p2pnode.cli_node
-from p2pnode.cli import main
-from p2pnode.datalock import LOCK_FILE_NAME, hold_data_dir
-from p2pnode.errors import ErrorCode, LocalError
+import p2pnode.cli.node
+from p2pnode.cli.datalock import LOCK_FILE_NAME, hold_data_dir
+from p2pnode.cli.main import main
+from p2pnode.core.errors import ErrorCode, LocalError
 
 # A child that takes the lock, says so, then waits to be killed.
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from p2pnode.datalock import hold_data_dir
+from p2pnode.cli.datalock import hold_data_dir
 with hold_data_dir(Path(sys.argv[1]), Path(sys.argv[1]) / "control.sock"):
     print("locked", flush=True)
     time.sleep(60)
@@ -153,7 +153,7 @@ def test_an_unexpected_exception_is_one_line_with_the_traceback_at_debug(
     monkeypatch: pytest.MonkeyPatch,
     level: str,
 ) -> None:
-    monkeypatch.setattr(p2pnode.cli_node, "open_node", _broken_node)
+    monkeypatch.setattr(p2pnode.cli.node, "open_node", _broken_node)
     code, out, err = _run(capsys, "--data-dir", str(tmp_path), "run", "--log-level", level)
     assert code == 1
     assert out == ""

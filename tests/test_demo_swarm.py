@@ -1,4 +1,4 @@
-"""The demo's swarm check (p2pnode.demo_swarm) in real processes: three workers, one
+"""The demo's swarm check (p2pnode.cli.demo_swarm) in real processes: three workers, one
 killed mid-run, and the swarm still completes."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from p2pnode.demo import Demo
-from p2pnode.demo_swarm import SUBTASKS
+from p2pnode.cli.demo import Demo
+from p2pnode.cli.demo_swarm import SUBTASKS
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.envelope import (
+from p2pnode.core.envelope import (
     ENVELOPE_OVERHEAD,
     SCHEMA_VERSION,
     Envelope,
@@ -23,9 +23,9 @@ from p2pnode.envelope import (
     envelope_problems,
     payload_envelope_size,
 )
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.threadstore import ThreadStore
-from p2pnode.wire import pack
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.threadstore import ThreadStore
+from p2pnode.core.wire import pack
 from tests.strategies import envelopes, ident_text, json_values
 
 ALL_TYPES = [

@@ -12,10 +12,10 @@ import tracemalloc
 
 import pytest
 
-from p2pnode.errors import ErrorCode
-from p2pnode.framing import DEFAULT_MAX_MESSAGE_SIZE, CodecState, TransportCodec
-from p2pnode.noise import NN, CipherState, HandshakeState, NoiseTransport
-from p2pnode.secure import SecureChannelError
+from p2pnode.core.errors import ErrorCode
+from p2pnode.transport.framing import DEFAULT_MAX_MESSAGE_SIZE, CodecState, TransportCodec
+from p2pnode.transport.noise import NN, CipherState, HandshakeState, NoiseTransport
+from p2pnode.transport.secure import SecureChannelError
 
 ANNOUNCED = DEFAULT_MAX_MESSAGE_SIZE  # 4 MiB
 PEERS = 200

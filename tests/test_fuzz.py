@@ -49,9 +49,9 @@ from fuzz_seeds import (
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from p2pnode.boundary import FailureBoundary
+from p2pnode.core.boundary import FailureBoundary
+from p2pnode.core.errors import ErrorCode, RemoteError
 from p2pnode.dht.rpcwire import HEADER_BYTES
-from p2pnode.errors import ErrorCode, RemoteError
 from tests.strategies import json_wrong_values, one_field_replaced, wrong_values
 
 COUNT = 300

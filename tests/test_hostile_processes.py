@@ -22,8 +22,13 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.card import CARD_SIGNING_DOMAIN, AgentCard, Capability
-from p2pnode.channel import SecureChannel, connect_secure
+from p2pnode.cli.process import NodeProcess
+from p2pnode.core.card import CARD_SIGNING_DOMAIN, AgentCard, Capability
+from p2pnode.core.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
+from p2pnode.core.errors import P2PError
+from p2pnode.core.identity import Identity, PeerId
+from p2pnode.core.jsonutil import b64encode
+from p2pnode.core.wire import canonical_pack, pack
 from p2pnode.dht import rpcwire
 from p2pnode.dht.records import (
     ProviderInfo,
@@ -33,10 +38,6 @@ from p2pnode.dht.records import (
     card_key,
     encode_value,
 )
-from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
-from p2pnode.errors import P2PError
-from p2pnode.identity import Identity, PeerId
-from p2pnode.jsonutil import b64encode
 from p2pnode.node.config import parse_address
 from p2pnode.node.frames import (
     FrameKind,
@@ -45,9 +46,8 @@ from p2pnode.node.frames import (
     encode_envelope,
     encode_hello,
 )
-from p2pnode.process import NodeProcess
-from p2pnode.secure import SecureIdentity
-from p2pnode.wire import canonical_pack, pack
+from p2pnode.transport.channel import SecureChannel, connect_secure
+from p2pnode.transport.secure import SecureIdentity
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import (
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import (
     Identity,
     PeerId,
     load_identity,

@@ -11,11 +11,11 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent
-from p2pnode.card import AgentCard
-from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
+from p2pnode.agent.definition import Agent
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import EnvelopeFactory, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import Identity
 from p2pnode.node.callcancel import CANCELLED, cancelled_request_untrusted
 from p2pnode.node.inbox import InboxBudget, LocalAgent, Queued, RunningCall
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from p2pnode.lifetime import TaskOwner
+from p2pnode.core.lifetime import TaskOwner
 from p2pnode.node.inlinewrite import InlineWatch
 
 WAIT = 0.25

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from p2pnode.demo import Demo
-from p2pnode.errors import ErrorCode, P2PError
+from p2pnode.cli.demo import Demo
+from p2pnode.core.errors import ErrorCode, P2PError
 
 pytestmark = pytest.mark.slow
 

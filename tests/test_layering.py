@@ -39,12 +39,12 @@ CORES = [
     "p2pnode.crdt.signing",
     "p2pnode.crdt.simulate",
     "p2pnode.crdt.types",
-    "p2pnode.task",
-    "p2pnode.taskwork",
-    "p2pnode.node.negotiation",
-    "p2pnode.node.swarmplan",
-    "p2pnode.node.swarmdoc",
-    "p2pnode.node.swarmcore",
+    "p2pnode.agent.task",
+    "p2pnode.agent.taskwork",
+    "p2pnode.services.tasks.negotiation",
+    "p2pnode.services.swarms.plan",
+    "p2pnode.services.swarms.document",
+    "p2pnode.services.swarms.coordinator",
 ]
 #: Modules a core must not import: the I/O layers and the clock.
 FORBIDDEN = {"trio", "socket", "sqlite3", "time"}

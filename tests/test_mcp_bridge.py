@@ -24,14 +24,14 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.memory import create_client_server_memory_streams
 
 from p2pnode import Agent
-from p2pnode.cli_mcp import access_rule, parse_server_option
-from p2pnode.errors import ErrorCode, LocalError, P2PError
-from p2pnode.mcpbridge import MISSING_SDK, require_sdk
-from p2pnode.mcpbridge.mirror import mirror_agent
-from p2pnode.mcpbridge.names import NameMap, error_info, mcp_name, swarm_name
-from p2pnode.mcpbridge.serve import SwarmServer
+from p2pnode.agent.tools import Access, Caller
+from p2pnode.bridges.mcp import MISSING_SDK, require_sdk
+from p2pnode.bridges.mcp.mirror import mirror_agent
+from p2pnode.bridges.mcp.names import NameMap, error_info, mcp_name, swarm_name
+from p2pnode.bridges.mcp.serve import SwarmServer
+from p2pnode.cli.mcp import access_rule, parse_server_option
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.node.node import Node
-from p2pnode.tools import Access, Caller
 from tests.sim import connect_all, open_swarm, wait_until
 
 

@@ -26,10 +26,11 @@ import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from p2pnode import Agent, cli
-from p2pnode.client import AgentClient
-from p2pnode.mcpbridge import MISSING_SDK
-from p2pnode.process import NodeProcess
+from p2pnode import Agent
+from p2pnode.bridges.mcp import MISSING_SDK
+from p2pnode.cli import main as cli
+from p2pnode.cli.process import NodeProcess
+from p2pnode.hosting.client import AgentClient
 from tests.sim import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,9 +13,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.envelope import EnvelopeFactory, MessageType, envelope_size
-from p2pnode.errors import ErrorCode
-from p2pnode.identity import Identity, PeerId
+from p2pnode.core.envelope import EnvelopeFactory, MessageType, envelope_size
+from p2pnode.core.errors import ErrorCode
+from p2pnode.core.identity import Identity, PeerId
+from p2pnode.core.threadstore import ENTRY_OVERHEAD, ThreadStore
 from p2pnode.node.channels import HISTORY_SIZE, ChannelState, ChannelStateMachine
 from p2pnode.node.heaptrace import HEAP_TRACE_ENV, HeapTrace, start_from_env
 from p2pnode.node.links import _bound
@@ -26,7 +27,6 @@ from p2pnode.node.observability import (
     EventKind,
     Observability,
 )
-from p2pnode.threadstore import ENTRY_OVERHEAD, ThreadStore
 from tests.sim import FAST_NODE, open_swarm
 
 # -- observability --------------------------------------------------------------------------

@@ -13,16 +13,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from p2pnode.agent import Agent
+from p2pnode.agent.definition import Agent
+from p2pnode.core.envelope import MessageType
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.crdt.gossip import DeltaPush
 from p2pnode.crdt.ops import CounterAdd, SetAdd
 from p2pnode.crdt.replica import Replica
-from p2pnode.envelope import MessageType
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.node.docops import gossip_payload
 from p2pnode.node.frames import encode_envelope
-from p2pnode.node.metrics import MetricsExporter, NodeCollector, Scrape, take_scrape
 from p2pnode.node.observability import LATENCY_BUCKETS_MS
+from p2pnode.services.metrics import MetricsExporter, NodeCollector, Scrape, take_scrape
+from p2pnode.services.shared.docops import gossip_payload
 from tests.sim import FAST_SHARED, converged, knows, open_swarm, wait_until
 
 DOC = "ledger"

@@ -15,10 +15,10 @@ from typing import cast
 import pytest
 import trio
 
-from p2pnode import cli
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.node.metrics import MISSING_EXTRA, check_metrics_extra
-from p2pnode.process import NodeProcess
+from p2pnode.cli import main as cli
+from p2pnode.cli.process import NodeProcess
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.services.metrics import MISSING_EXTRA, check_metrics_extra
 from tests.test_metrics import histogram_is_sound, parse, value
 
 DOC = "ledger"

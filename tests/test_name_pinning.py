@@ -14,16 +14,16 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard, Capability
-from p2pnode.envelope import Envelope, EnvelopeFactory, MessageType
-from p2pnode.errors import ErrorCode
-from p2pnode.identity import Identity
+from p2pnode.core.card import AgentCard, Capability
+from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType
+from p2pnode.core.errors import ErrorCode
+from p2pnode.core.identity import Identity
+from p2pnode.core.registry import Registry
 from p2pnode.node.cardintake import CardIntake
 from p2pnode.node.channels import ChannelState, PeerLink
 from p2pnode.node.observability import EventKind, Observability
 from p2pnode.node.policy import Policy, PolicyConfig
 from p2pnode.node.router import AmbiguousAgentError, BoundedSet, Router, pinned_address
-from p2pnode.registry import Registry
 from tests.sim import Inbox, open_swarm, wait_until
 
 NOW = 1_000_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from p2pnode.net import TrioNetwork
+from p2pnode.transport.net import TrioNetwork
 
 pytestmark = pytest.mark.slow  # real sockets on 127.0.0.1
 

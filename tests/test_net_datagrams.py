@@ -9,7 +9,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.net import DatagramEndpoint, TrioNetwork
+from p2pnode.transport.net import DatagramEndpoint, TrioNetwork
 
 pytestmark = pytest.mark.slow  # real sockets on 127.0.0.1
 

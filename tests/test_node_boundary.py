@@ -15,6 +15,10 @@ import pytest
 import trio
 import trio.testing
 
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import Identity
+from p2pnode.core.wire import pack
 from p2pnode.dht.records import (
     ProviderInfo,
     RecordKind,
@@ -22,14 +26,10 @@ from p2pnode.dht.records import (
     capability_key,
     card_key,
 )
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
-from p2pnode.net import Address, StreamListener
 from p2pnode.node.control import ControlServer, control_call
 from p2pnode.node.frames import FrameKind, encode_hello
 from p2pnode.node.observability import EventKind
-from p2pnode.wire import pack
+from p2pnode.transport.net import Address, StreamListener
 from tests.sim import (
     Inbox,
     dht_swarm,

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.card import Capability
+from p2pnode.core.card import Capability
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import Identity
 from p2pnode.dht.node import DhtNode
-from p2pnode.envelope import Envelope
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
 from p2pnode.node.discovery import DhtDiscovery
 from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind

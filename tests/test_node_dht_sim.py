@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from p2pnode.card import Capability
-from p2pnode.envelope import Envelope
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.core.card import Capability
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.config import NodeConfig
 from tests.sim import met, open_swarm, wait_until
 

@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard
-from p2pnode.envelope import Envelope, EnvelopeFactory, MessageType
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.identity import Identity
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.core.wire import array_header, pack
 from p2pnode.node.channels import frame_cost
 from p2pnode.node.frames import (
     EnvelopeBatch,
@@ -21,7 +22,6 @@ from p2pnode.node.frames import (
     encode_hello,
     merge_envelope_frames,
 )
-from p2pnode.wire import array_header, pack
 from tests.strategies import addresses, cards, envelopes
 
 OWNER = Identity(bytes(range(32)))

@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.card import AgentCard
-from p2pnode.envelope import Envelope, MessageType, envelope_size, wall_clock_ms
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import Identity
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import Envelope, MessageType, envelope_size, wall_clock_ms
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.core.registry import DEFAULT_MAX_CARDS_PER_PEER, Registry
+from p2pnode.core.threadstore import ThreadStore
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.inbox import DEFAULT_INBOX_BYTES_PER_PEER
 from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
 from p2pnode.node.router import pinned_address, split_address
-from p2pnode.registry import DEFAULT_MAX_CARDS_PER_PEER, Registry
-from p2pnode.threadstore import ThreadStore
 from tests.sim import FAST_NODE, Inbox, connect_all, make_card, open_swarm, wait_until
 
 

@@ -15,11 +15,11 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.card import Capability
-from p2pnode.channel import ChannelConfig
-from p2pnode.envelope import Envelope, MessageType, Metadata
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import Identity
+from p2pnode.core.card import Capability
+from p2pnode.core.envelope import Envelope, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.core.wire import pack
 from p2pnode.node.channels import (
     TRANSITIONS,
     ChannelState,
@@ -33,7 +33,7 @@ from p2pnode.node.observability import EventKind, Outcome
 from p2pnode.node.policy import PolicyConfig, TierRule
 from p2pnode.node.router import BoundedSet
 from p2pnode.simnet import SimNetwork
-from p2pnode.wire import pack
+from p2pnode.transport.channel import ChannelConfig
 from tests.sim import (
     FAST_NODE,
     Inbox,
@@ -309,9 +309,9 @@ async def test_a_quiet_channel_is_kept_open_by_keepalives(autojump_clock: Any) -
 async def test_a_peer_that_goes_silent_is_dropped_after_the_idle_timeout(
     autojump_clock: Any,
 ) -> None:
-    from p2pnode.channel import SecureChannel, accept_secure, connect_secure
     from p2pnode.node.channels import PeerLink
-    from p2pnode.secure import SecureIdentity
+    from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
+    from p2pnode.transport.secure import SecureIdentity
 
     client, server = SecureIdentity(Identity.generate()), SecureIdentity(Identity.generate())
     states: list[tuple[float, ChannelState]] = []
@@ -542,9 +542,9 @@ def test_remote_error_type_of_policy_denials() -> None:
 
 
 async def test_a_peer_that_stops_reading_cannot_hold_senders(autojump_clock: Any) -> None:
-    from p2pnode.channel import SecureChannel, accept_secure, connect_secure
     from p2pnode.node.channels import PeerLink
-    from p2pnode.secure import SecureIdentity
+    from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
+    from p2pnode.transport.secure import SecureIdentity
 
     client, server = SecureIdentity(Identity.generate()), SecureIdentity(Identity.generate())
     states: list[ChannelState] = []

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.noise import (
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.transport.noise import (
     IK,
     NN,
     XX,

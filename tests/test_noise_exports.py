@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from p2pnode import aead, channel, framing, noise, secure
+from p2pnode.transport import aead, channel, framing, noise, secure
 
 
 @pytest.mark.parametrize("module", [noise, secure, framing, channel, aead])

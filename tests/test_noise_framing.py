@@ -6,11 +6,17 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from p2pnode import aead
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.framing import CodecState, TransportCodec
-from p2pnode.noise import MAX_PLAINTEXT_LEN, NN, CipherState, HandshakeState, NoiseTransport
-from p2pnode.secure import SecureChannelError
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.transport import aead
+from p2pnode.transport.framing import CodecState, TransportCodec
+from p2pnode.transport.noise import (
+    MAX_PLAINTEXT_LEN,
+    NN,
+    CipherState,
+    HandshakeState,
+    NoiseTransport,
+)
+from p2pnode.transport.secure import SecureChannelError
 
 
 def transports() -> tuple[NoiseTransport, NoiseTransport]:

@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import Identity, verify_signature
-from p2pnode.noise import KeyPair
-from p2pnode.secure import (
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import Identity, verify_signature
+from p2pnode.core.wire import canonical_pack, unpack_untrusted
+from p2pnode.transport.noise import KeyPair
+from p2pnode.transport.secure import (
     BINDING_CONTEXT,
     MAX_HANDSHAKE_FRAME,
     PROLOGUE,
@@ -20,7 +21,6 @@ from p2pnode.secure import (
     binding_message,
     derive_static_keypair,
 )
-from p2pnode.wire import canonical_pack, unpack_untrusted
 
 ALICE = SecureIdentity(Identity(b"\x01" * 32))
 BOB = SecureIdentity(Identity(b"\x02" * 32))
@@ -337,7 +337,7 @@ def test_documented_wire_sizes(ik: bool, sizes: list[int]) -> None:
 
 def test_replayed_ik_first_message_never_yields_a_usable_channel() -> None:
     """docs §4.2: a replayed IK message 1 completes the responder but nothing decrypts."""
-    from p2pnode.framing import TransportCodec
+    from p2pnode.transport.framing import TransportCodec
 
     client, _ = pair(ik=True)
     recorded = client.data_to_send()

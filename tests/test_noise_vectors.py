@@ -14,8 +14,14 @@ from typing import Any
 
 import pytest
 
-from p2pnode import aead
-from p2pnode.noise import PATTERNS, HandshakeState, HandshakeStatus, KeyPair, NoiseTransport
+from p2pnode.transport import aead
+from p2pnode.transport.noise import (
+    PATTERNS,
+    HandshakeState,
+    HandshakeStatus,
+    KeyPair,
+    NoiseTransport,
+)
 
 VECTOR_DIR = Path(__file__).parent / "vectors" / "noise"
 SUPPORTED = {f"Noise_{name}_25519_ChaChaPoly_BLAKE2b" for name in ("XX", "IK", "NN")}

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.logs import JsonLinesFormatter, configure_logging
 from p2pnode.node.observability import (
     Event,

@@ -14,14 +14,14 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnode.channel import connect_secure
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import Identity
+from p2pnode.core.wire import pack
 from p2pnode.node.channels import HELLO_COST, LinkLimits, PeerLink, RetryPolicy, frame_cost
 from p2pnode.node.frames import FrameKind, encode_hello
 from p2pnode.node.observability import EventKind
-from p2pnode.secure import SecureIdentity
-from p2pnode.wire import pack
+from p2pnode.transport.channel import connect_secure
+from p2pnode.transport.secure import SecureIdentity
 from tests.sim import Inbox, swarm
 from tests.sim.configs import FAST_NODE
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard, Endorsement
-from p2pnode.envelope import Envelope, MessageType, Metadata
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import Identity, PeerId
+from p2pnode.core.card import AgentCard, Endorsement
+from p2pnode.core.envelope import Envelope, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import Identity, PeerId
 from p2pnode.node.policy import (
     DEFAULT_TIER_ASSIGNMENTS,
     DEFAULT_TIER_RULES,

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from p2pnode.card import Capability
-from p2pnode.cli_node import _doc_ops, _node_ops
-from p2pnode.envelope import Envelope
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.cli.node import _doc_ops, _node_ops
+from p2pnode.core.card import Capability
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.router import capability_refusal
 from tests.sim import FAST_SHARED, connect_all, open_swarm, swarm, wait_until
 from tests.test_router import agent_specs, world

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.card import AgentCard
-from p2pnode.envelope import MessageType, Metadata
-from p2pnode.errors import ErrorCode, RemoteError
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, RemoteError
 from p2pnode.node.frames import encode_envelope
 from p2pnode.node.observability import EventKind
 from p2pnode.node.routing import PendingRequest

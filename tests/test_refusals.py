@@ -15,8 +15,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent
-from p2pnode.envelope import (
+from p2pnode.agent.definition import Agent
+from p2pnode.core.envelope import (
     MAX_PAYLOAD_DEPTH,
     Envelope,
     EnvelopeFactory,
@@ -25,7 +25,8 @@ from p2pnode.envelope import (
     envelope_header_untrusted,
     payload_limit_error,
 )
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.wire import DEFAULT_LIMITS, pack
 from p2pnode.node.events import EventKind
 from p2pnode.node.frames import (
     EnvelopeBatch,
@@ -36,7 +37,6 @@ from p2pnode.node.frames import (
 )
 from p2pnode.node.node import Node
 from p2pnode.node.routes import PendingRequest
-from p2pnode.wire import DEFAULT_LIMITS, pack
 from tests.sim import FAST_NODE, Inbox, met, open_swarm, wait_until
 from tests.strategies import envelopes
 

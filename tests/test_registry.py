@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard, Capability, Origin
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import Identity
-from p2pnode.registry import Registry
+from p2pnode.core.card import AgentCard, Capability, Origin
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.core.registry import Registry
 from tests.strategies import cards
 
 NOW = 10_000

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode import Agent
-from p2pnode.envelope import EnvelopeFactory, MessageType
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.envelope import EnvelopeFactory, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.wire import pack
 from p2pnode.node.replystream import (
     CHUNK_BYTES,
     INLINE_LIMIT,
@@ -21,7 +22,6 @@ from p2pnode.node.replystream import (
     stream_parts,
     surely_inline,
 )
-from p2pnode.wire import pack
 from tests.sim import connect_all, open_swarm, wait_until
 
 factory = EnvelopeFactory(lambda: 1_700_000_000_000)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.envelope import Envelope, EnvelopeFactory, MessageType
+from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType
+from p2pnode.core.threadstore import ENTRY_OVERHEAD, FINAL_TYPES, ThreadStore
 from p2pnode.node.router import BoundedSet
-from p2pnode.threadstore import ENTRY_OVERHEAD, FINAL_TYPES, ThreadStore
 
 
 class Clock:

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.card import AgentCard, Capability, Origin
-from p2pnode.envelope import BROADCAST, EnvelopeFactory, MessageType, Metadata
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
+from p2pnode.core.card import AgentCard, Capability, Origin
+from p2pnode.core.envelope import BROADCAST, EnvelopeFactory, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import Identity
+from p2pnode.core.registry import Registry
 from p2pnode.node.policy import Policy, PolicyConfig
 from p2pnode.node.router import (
     REPLY_STREAM_TYPES,
@@ -21,7 +22,6 @@ from p2pnode.node.router import (
     Refusal,
     Router,
 )
-from p2pnode.registry import Registry
 
 NOW = 1_700_000_000_000
 LOCAL = Identity(b"\x01" * 32)

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.card import AgentCard
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.service import ServiceHost
 from tests.sim import Inbox, swarm, wait_until
 

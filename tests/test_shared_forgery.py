@@ -12,6 +12,9 @@ from typing import Any
 
 import trio
 
+from p2pnode.core.envelope import MessageType
+from p2pnode.core.errors import ErrorCode
+from p2pnode.core.wire import pack, unpack_untrusted
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.dots import DotContext
@@ -19,12 +22,9 @@ from p2pnode.crdt.gossip import DeltaBatch, DeltaPush
 from p2pnode.crdt.ops import CounterAdd, SetAdd
 from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.types import DocState, GCounter, MapEntry, ORMap
-from p2pnode.envelope import MessageType
-from p2pnode.errors import ErrorCode
-from p2pnode.node.docops import gossip_payload
 from p2pnode.node.frames import encode_envelope
 from p2pnode.node.observability import EventKind
-from p2pnode.wire import pack, unpack_untrusted
+from p2pnode.services.shared.docops import gossip_payload
 from tests.sim import FAST_SHARED, Member, Swarm, converged, knows, open_swarm, wait_until
 
 DOC = "ledger"

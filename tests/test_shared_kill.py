@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from p2pnode.process import NodeProcess
+from p2pnode.cli.process import NodeProcess
 
 pytestmark = pytest.mark.slow  # OS processes
 

@@ -19,23 +19,23 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import Identity
+from p2pnode.core.wire import pack
 from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, GossipError
 from p2pnode.crdt.ops import CounterAdd, RegisterSet, SetAdd
 from p2pnode.crdt.replica import Replica
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import Identity
-from p2pnode.node.docops import (
+from p2pnode.node.frames import encode_envelope
+from p2pnode.node.node import Node
+from p2pnode.node.observability import EventKind
+from p2pnode.services.shared.docops import (
     decode_gossip_payload_untrusted,
     gossip_payload,
     op_from_json,
     value_to_json,
 )
-from p2pnode.node.frames import encode_envelope
-from p2pnode.node.node import Node
-from p2pnode.node.observability import EventKind
-from p2pnode.node.shared import STORE_FILE_NAME, SharedConfig, SharedState
-from p2pnode.wire import pack
+from p2pnode.services.shared.service import STORE_FILE_NAME, SharedConfig, SharedState
 from tests.sim import (
     FAST_NODE,
     FAST_SHARED,

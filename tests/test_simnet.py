@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnode.net import Address
 from p2pnode.simnet import LinkConditions, SimNetwork
+from p2pnode.transport.net import Address
 
 
 def _net(seed: int = 1, **kw: float) -> SimNetwork:

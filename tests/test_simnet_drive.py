@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnode.net import Address, DatagramEndpoint
 from p2pnode.simnet import LinkConditions, SimNetwork
+from p2pnode.transport.net import Address, DatagramEndpoint
 
 Arrival = tuple[float, bytes, Address]
 

@@ -1,5 +1,5 @@
 """Swarms without a node: the plan and journal in the document, the fold, the
-coordinator's decisions, the takeover order (p2pnode.node.swarmdoc, swarmcore;
+coordinator's decisions, the takeover order (p2pnode.services.swarms.document, swarmcore;
 Properties 25-26, R8.2-R8.6)."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import PeerId
-from p2pnode.jsonutil import dumps
-from p2pnode.node.swarmcore import (
+from p2pnode.agent.task import Task
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import PeerId
+from p2pnode.core.jsonutil import dumps
+from p2pnode.services.swarms.coordinator import (
     Coordinator,
     Participation,
     SwarmConfig,
@@ -23,7 +24,7 @@ from p2pnode.node.swarmcore import (
     invitees,
     successors,
 )
-from p2pnode.node.swarmdoc import (
+from p2pnode.services.swarms.document import (
     ASSIGNED,
     COMPLETED,
     DONE,
@@ -41,7 +42,6 @@ from p2pnode.node.swarmdoc import (
     member_address,
     peer_of,
 )
-from p2pnode.task import Task
 
 CAPS = ["a", "b", "c"]
 capsets = st.frozensets(st.sampled_from(CAPS), max_size=3)

@@ -9,10 +9,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.identity import PeerId
-from p2pnode.jsonutil import dumps
-from p2pnode.node.swarmcore import Coordinator, Verdict
-from p2pnode.node.swarmdoc import (
+from p2pnode.agent.task import Task
+from p2pnode.core.identity import PeerId
+from p2pnode.core.jsonutil import dumps
+from p2pnode.services.swarms.coordinator import Coordinator, Verdict
+from p2pnode.services.swarms.document import (
     COMPLETED,
     Authored,
     CoordLease,
@@ -22,7 +23,6 @@ from p2pnode.node.swarmdoc import (
     log_key,
     member_address,
 )
-from p2pnode.task import Task
 
 
 def peer(n: int) -> str:

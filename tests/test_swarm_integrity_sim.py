@@ -11,12 +11,18 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.agent import Agent
-from p2pnode.card import Capability
+from p2pnode.agent.definition import Agent
+from p2pnode.core.card import Capability
+from p2pnode.core.jsonutil import dumps
 from p2pnode.crdt.ops import RegisterSet
-from p2pnode.jsonutil import dumps
-from p2pnode.node.swarmdoc import COMPLETED, CoordLease, lease_stamp, log_key, member_address
-from p2pnode.node.swarms import SwarmHandle, SwarmService
+from p2pnode.services.swarms.document import (
+    COMPLETED,
+    CoordLease,
+    lease_stamp,
+    log_key,
+    member_address,
+)
+from p2pnode.services.swarms.service import SwarmHandle, SwarmService
 from tests.sim import wait_until
 from tests.test_swarms_sim import World, plan_of, settled, world
 

@@ -19,15 +19,22 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.agent import Agent
-from p2pnode.card import Capability
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.node.negotiation import TaskConfig
-from p2pnode.node.swarmcore import SwarmConfig
-from p2pnode.node.swarmdoc import CANCELED, COMPLETED, INPUT_REQUIRED, Plan, SubTask, SwarmView
-from p2pnode.node.swarms import SwarmService, open_swarms
-from p2pnode.task import Proposal, Reject, Task
-from p2pnode.taskwork import Work
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.task import Proposal, Reject, Task
+from p2pnode.agent.taskwork import Work
+from p2pnode.core.card import Capability
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.services.swarms.coordinator import SwarmConfig
+from p2pnode.services.swarms.document import (
+    CANCELED,
+    COMPLETED,
+    INPUT_REQUIRED,
+    Plan,
+    SubTask,
+    SwarmView,
+)
+from p2pnode.services.swarms.service import SwarmService, open_swarms
+from p2pnode.services.tasks.negotiation import TaskConfig
 from tests.sim import FAST_NODE, FAST_SHARED, Swarm, open_swarm, wait_until
 
 NODE = dataclasses.replace(

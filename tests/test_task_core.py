@@ -1,5 +1,5 @@
 """Task negotiation without a node: the payloads (Property 23) and the two sides' state
-machines (p2pnode.task, p2pnode.node.negotiation)."""
+machines (p2pnode.agent.task, p2pnode.services.tasks.negotiation)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.node.negotiation import (
-    ExecState,
-    ExecTimer,
-    ExecutorThread,
-    ProposerThread,
-    TaskConfig,
-)
-from p2pnode.task import (
+from p2pnode.agent.task import (
     TERMINAL_STATES,
     Accepted,
     Control,
@@ -34,6 +26,14 @@ from p2pnode.task import (
     parse_proposal_untrusted,
     parse_thread_untrusted,
     proposal_payload,
+)
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.services.tasks.negotiation import (
+    ExecState,
+    ExecTimer,
+    ExecutorThread,
+    ProposerThread,
+    TaskConfig,
 )
 
 ids = st.from_regex(r"[a-z][a-z0-9.-]{0,15}", fullmatch=True)

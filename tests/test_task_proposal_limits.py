@@ -18,12 +18,12 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.task import Accepted, Rejected, RejectReason, Task, proposal_payload
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.node.limits import PeerQuota
-from p2pnode.node.negotiation import ProposerThread, TaskConfig
-from p2pnode.task import Accepted, Rejected, RejectReason, Task, proposal_payload
+from p2pnode.services.tasks.negotiation import ProposerThread, TaskConfig
 from tests.sim import connect_all, swarm, wait_until
 from tests.test_tasks_sim import FAST_TASKS, SUM, summer
 

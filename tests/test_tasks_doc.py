@@ -7,8 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from p2pnode.node.swarmdoc import Plan
-from p2pnode.task import (
+from p2pnode.agent.task import (
     Accepted,
     Instruction,
     Rejected,
@@ -17,6 +16,7 @@ from p2pnode.task import (
     parse_proposal_untrusted,
     parse_thread_untrusted,
 )
+from p2pnode.services.swarms.document import Plan
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol" / "tasks.md"
 

@@ -17,15 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from p2pnode.agent import Agent
-from p2pnode.card import Capability
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.node.negotiation import TaskConfig
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.task import Accept, Proposal, Reject, RejectReason, Selection, Task, TaskState
+from p2pnode.agent.taskwork import Work
+from p2pnode.core.card import Capability
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.node.node import Node
-from p2pnode.node.tasks import TaskHandle
-from p2pnode.task import Accept, Proposal, Reject, RejectReason, Selection, Task, TaskState
-from p2pnode.taskwork import Work
+from p2pnode.services.tasks.negotiation import TaskConfig
+from p2pnode.services.tasks.service import TaskHandle
 from tests.sim import FAST_NODE, Inbox, connect_all, swarm, wait_until
 
 FAST_TASKS = dataclasses.replace(

@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnode.net import TrioNetwork
-from p2pnode.tcpstream import EAGER_RECEIVES, TcpStream
+from p2pnode.transport.net import TrioNetwork
+from p2pnode.transport.tcpstream import EAGER_RECEIVES, TcpStream
 
 pytestmark = pytest.mark.slow  # real sockets
 

@@ -12,12 +12,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent
-from p2pnode.card import AgentCard
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import Identity
-from p2pnode.node.policy import PolicyConfig
-from p2pnode.tools import (
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.tools import (
     PROMPTS_GET,
     PROMPTS_LIST,
     RESOURCES_LIST,
@@ -28,6 +24,10 @@ from p2pnode.tools import (
     Caller,
     Catalog,
 )
+from p2pnode.core.card import AgentCard
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.node.policy import PolicyConfig
 from tests.sim import FAST_NODE, open_swarm
 from tests.test_tools import caller, failure, mesh, returns, serve
 

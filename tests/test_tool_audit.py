@@ -11,14 +11,19 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent
-from p2pnode.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.tools import PROMPTS_GET, RESOURCES_READ, TOOLS_CALL
+from p2pnode.core.envelope import EnvelopeFactory, MessageType, Metadata, wall_clock_ms
+from p2pnode.core.registry import Registry
+from p2pnode.core.wire import pack
 from p2pnode.node.events import EventKind
 from p2pnode.node.observability import Observability
-from p2pnode.node.toolaudit import RECORDED_VALUE_BYTES, ToolAudit, arguments_digest, used_name
-from p2pnode.registry import Registry
-from p2pnode.tools import PROMPTS_GET, RESOURCES_READ, TOOLS_CALL
-from p2pnode.wire import pack
+from p2pnode.services.tools.audit import (
+    RECORDED_VALUE_BYTES,
+    ToolAudit,
+    arguments_digest,
+    used_name,
+)
 
 
 def echo_tool_agent() -> Agent:

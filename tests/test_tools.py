@@ -18,10 +18,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.node.node import Node
-from p2pnode.tools import (
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.tools import (
     PROMPTS_GET,
     PROMPTS_LIST,
     RESOURCES_LIST,
@@ -33,6 +31,8 @@ from p2pnode.tools import (
     PromptArgument,
     template_fields,
 )
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.node.node import Node
 from tests.sim import met, open_swarm, wait_until
 from tests.strategies import json_values
 

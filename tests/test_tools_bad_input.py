@@ -15,26 +15,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent
-from p2pnode.card import (
-    CARD_SIGNING_DOMAIN,
-    MAX_PROMPTS,
-    MAX_RESOURCES,
-    MAX_TOOLS,
-    AgentCard,
-    card_problems,
-)
-from p2pnode.dht.records import ProviderInfo, RecordKind, SignedRecord, capability_key, card_key
-from p2pnode.envelope import Metadata
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import Identity
-from p2pnode.jsonutil import b64encode, is_flat_json_map, is_json_value
-from p2pnode.node.discovery import DhtDiscovery
-from p2pnode.node.events import EventKind
-from p2pnode.node.frames import FrameKind
-from p2pnode.node.node import Node
-from p2pnode.node.toolclient import MAX_LISTED, _past_frame_limits
-from p2pnode.tools import (
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.tools import (
     PROMPTS_GET,
     PROMPTS_LIST,
     RESOURCES_LIST,
@@ -44,7 +26,25 @@ from p2pnode.tools import (
     Caller,
     Catalog,
 )
-from p2pnode.wire import canonical_pack, pack
+from p2pnode.core.card import (
+    CARD_SIGNING_DOMAIN,
+    MAX_PROMPTS,
+    MAX_RESOURCES,
+    MAX_TOOLS,
+    AgentCard,
+    card_problems,
+)
+from p2pnode.core.envelope import Metadata
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.core.jsonutil import b64encode, is_flat_json_map, is_json_value
+from p2pnode.core.wire import canonical_pack, pack
+from p2pnode.dht.records import ProviderInfo, RecordKind, SignedRecord, capability_key, card_key
+from p2pnode.node.discovery import DhtDiscovery
+from p2pnode.node.events import EventKind
+from p2pnode.node.frames import FrameKind
+from p2pnode.node.node import Node
+from p2pnode.services.tools.client import MAX_LISTED, _past_frame_limits
 from tests.sim import FAST_NODE, met, open_swarm, wait_until
 from tests.strategies import one_field_replaced
 
@@ -306,7 +306,7 @@ async def test_a_card_whose_schema_refers_to_itself_is_carried_and_checked_bound
 
 # -- cards listing more than a card may ------------------------------------------------------------
 
-#: Fields the owner's signature does not cover (p2pnode.card).
+#: Fields the owner's signature does not cover (p2pnode.core.card).
 UNSIGNED = ("signature", "origin", "lastSeenAt", "endorsement")
 
 

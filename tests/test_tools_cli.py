@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import trio
 
-from p2pnode.agent import Agent
-from p2pnode.cli_tools import add_tool_commands
-from p2pnode.client import AgentClient
-from p2pnode.errors import ErrorCode
-from p2pnode.identity import Identity, save_identity
-from p2pnode.jsonutil import b64encode
-from p2pnode.process import NodeProcess
+from p2pnode.agent.definition import Agent
+from p2pnode.cli.process import NodeProcess
+from p2pnode.cli.tools import add_tool_commands
+from p2pnode.core.errors import ErrorCode
+from p2pnode.core.identity import Identity, save_identity
+from p2pnode.core.jsonutil import b64encode
+from p2pnode.hosting.client import AgentClient
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

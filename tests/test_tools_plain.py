@@ -11,15 +11,15 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.agent import Agent
-from p2pnode.envelope import Envelope, EnvelopeFactory, MessageType, Metadata, wall_clock_ms
-from p2pnode.errors import P2PError
-from p2pnode.jsonutil import is_json_value
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.tools import PLAIN_RESULT, TOOLS_CALL, Catalog
+from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType, Metadata, wall_clock_ms
+from p2pnode.core.errors import P2PError
+from p2pnode.core.jsonutil import is_json_value
+from p2pnode.core.registry import Registry
 from p2pnode.node.observability import Observability
-from p2pnode.node.toolaudit import ToolAudit, used_name
-from p2pnode.node.toolclient import ToolClient
-from p2pnode.registry import Registry
-from p2pnode.tools import PLAIN_RESULT, TOOLS_CALL, Catalog
+from p2pnode.services.tools.audit import ToolAudit, used_name
+from p2pnode.services.tools.client import ToolClient
 from tests.test_tools import returns, serve
 
 _scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)

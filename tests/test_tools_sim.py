@@ -13,15 +13,15 @@ from typing import Any, NamedTuple
 import pytest
 import trio
 
-from p2pnode.agent import Agent
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import Identity
+from p2pnode.agent.definition import Agent
+from p2pnode.agent.tools import Access, Caller
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import Identity
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.events import EventKind
 from p2pnode.node.node import Node
 from p2pnode.node.policy import PolicyConfig
-from p2pnode.node.toolaudit import arguments_digest
-from p2pnode.tools import Access, Caller
+from p2pnode.services.tools.audit import arguments_digest
 from tests.sim import FAST_NODE, Member, Swarm, met, open_swarm, wait_until
 
 #: Members of a swarm have the identity ``bytes([index + 1]) * 32`` (tests.sim.nodes):

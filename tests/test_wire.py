@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import WireError, WireLimits, canonical_pack, pack, unpack_untrusted
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.wire import WireError, WireLimits, canonical_pack, pack, unpack_untrusted
 
 json_like = st.recursive(
     st.none()

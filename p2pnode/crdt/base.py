@@ -10,9 +10,9 @@ import enum
 import math
 from typing import Any, ClassVar
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.crdt.clock import CRDTError
 from p2pnode.crdt.dots import Dot, DotContext
-from p2pnode.errors import ErrorCode, LocalError
 
 #: Deepest nesting of ORMaps a decoded state may have.
 MAX_MAP_DEPTH = 8

@@ -9,7 +9,7 @@ and canonical: zero entries are never stored, so equal clocks compare and hash
 equal and encode to the same bytes.
 
 Wire form: a msgpack map ``{replica_id (str): counter (uint)}``. Decoding peer
-bytes goes through :func:`p2pnode.wire.unpack_untrusted` and then
+bytes goes through :func:`p2pnode.core.wire.unpack_untrusted` and then
 :meth:`VectorClock.from_wire_untrusted`, which bounds the number of entries, the
 id length and the counter range and raises only :class:`CRDTError`.
 """
@@ -20,8 +20,8 @@ import enum
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.wire import WireError, WireLimits, pack, unpack_untrusted
 
 #: Most entries a decoded clock may hold (one per replica that ever wrote a document).
 MAX_CLOCK_ENTRIES = 4096

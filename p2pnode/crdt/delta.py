@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.wire import WireError, WireLimits, pack, unpack_untrusted
 from p2pnode.crdt.clock import (
     CRDTError,
     VectorClock,
@@ -32,8 +34,6 @@ from p2pnode.crdt.clock import (
 )
 from p2pnode.crdt.signing import Sealed, Signer, check_authorship, seal
 from p2pnode.crdt.types import MAX_KEY_LEN, DocState
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
 #: Limits for one encoded delta body.
 DELTA_LIMITS = WireLimits(max_size=1024 * 1024, max_depth=32)

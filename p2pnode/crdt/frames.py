@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.wire import WireError, WireLimits, pack, unpack_untrusted
 from p2pnode.crdt.clock import CRDTError, VectorClock
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.types import MAX_KEY_LEN
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
 #: Protocol version carried in every frame (2: deltas sealed by their origin;
 #: 3: the broadcast tree's IHave, Graft and Prune frames).

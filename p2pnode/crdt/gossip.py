@@ -53,6 +53,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.crdt.clock import CRDTError, VectorClock
 from p2pnode.crdt.delta import Delta, Opened
 from p2pnode.crdt.frames import (
@@ -77,7 +78,6 @@ from p2pnode.crdt.ops import Op
 from p2pnode.crdt.plumtree import Tree
 from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.signing import ForgedDeltaError
-from p2pnode.errors import ErrorCode, LocalError
 
 
 class GossipNode:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.crdt.clock import CRDTError
 from p2pnode.crdt.frames import MAX_BATCH
-from p2pnode.errors import ErrorCode, LocalError
 
 
 @dataclass(frozen=True, slots=True)

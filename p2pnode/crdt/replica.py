@@ -54,13 +54,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.crdt.clock import MAX_CLOCK_ENTRIES, CRDTError, VectorClock, check_replica_id
 from p2pnode.crdt.delta import DELTA_LIMITS, Delta, Opened
 from p2pnode.crdt.dots import Dot, DotContext
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.signing import Signer, replica_id_of
 from p2pnode.crdt.types import MAX_KEY_LEN, DocState
-from p2pnode.errors import ErrorCode, LocalError
 
 logger = logging.getLogger("p2pnode.crdt")
 

@@ -10,7 +10,7 @@ signature (RFC 8032, pure Ed25519) over a context string followed by the
 body. A receiver accepts a delta only when
 
 1. the key is the origin's: the origin's replica id is the peer id text of
-   the key (BLAKE2b-160, :class:`p2pnode.identity.PeerId`), so a replica id
+   the key (BLAKE2b-160, :class:`p2pnode.core.identity.PeerId`), so a replica id
    cannot be claimed without the private key that it names;
 2. the signature verifies over exactly the body bytes received (no
    re-encoding, so forwarders pass the bytes on unchanged); and
@@ -36,11 +36,11 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, PeerId, verify_signature
+from p2pnode.core.wire import WireError, WireLimits, pack, unpack_untrusted
 from p2pnode.crdt.clock import CRDTError
 from p2pnode.crdt.types import CRDT, DocState, GCounter, LWWRegister, ORMap, ORSet, PNCounter
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, PeerId, verify_signature
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
 #: Prefix of every signed message: a delta signature cannot be replayed as any other
 #: signature of the same key (cards, handshakes), nor the other way round.
@@ -51,7 +51,7 @@ _SEALED_KEYS = frozenset({"b", "k", "g"})
 
 
 class Signer(Protocol):
-    """What signs a replica's deltas (:class:`p2pnode.identity.Identity` is one)."""
+    """What signs a replica's deltas (:class:`p2pnode.core.identity.Identity` is one)."""
 
     @property
     def public_key(self) -> bytes:

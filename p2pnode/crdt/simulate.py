@@ -20,11 +20,11 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from p2pnode.core.identity import Identity
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.gossip import DeltaPush, GossipConfig, GossipNode, decode_untrusted
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Replica
-from p2pnode.identity import Identity
 
 _DELIVER = 0
 _TIMER = 1

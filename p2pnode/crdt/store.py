@@ -52,14 +52,14 @@ from typing import Any
 
 import trio
 
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.wire import WireError, WireLimits, pack, unpack_untrusted
 from p2pnode.crdt.clock import CRDTError, valid_counter_untrusted, valid_replica_id_untrusted
 from p2pnode.crdt.delta import Delta, Opened
 from p2pnode.crdt.dots import DotContext
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Document, Replica
 from p2pnode.crdt.types import DocState
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
 SCHEMA_VERSION = 2
 _SNAPSHOT_LIMITS = WireLimits(max_size=256 * 1024 * 1024, max_depth=32)

@@ -48,6 +48,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.wire import canonical_pack
 from p2pnode.crdt.base import (
     CRDT,
     MAX_KEY_LEN,
@@ -70,8 +72,6 @@ from p2pnode.crdt.clock import (
 )
 from p2pnode.crdt.dots import Dot, DotContext, dots_from_wire_untrusted, dots_to_wire
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import canonical_pack
 
 
 @dataclass(slots=True, eq=True)

@@ -64,9 +64,9 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht.routing import RoutingTable, host_key
 from p2pnode.dht.rpc import Address
-from p2pnode.errors import ErrorCode, LocalError
 
 
 class Verdict(enum.Enum):

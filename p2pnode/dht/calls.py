@@ -36,10 +36,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht.config import DhtStatistics
 from p2pnode.dht.rpc import Address, CallTimedOut, ReplyReceived, RpcCore
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.net import DatagramEndpoint
+from p2pnode.transport.net import DatagramEndpoint
 
 
 class _NoReply(enum.Enum):

@@ -17,7 +17,7 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 
-from p2pnode.wire import pack
+from p2pnode.core.wire import pack
 
 ID_BYTES = 20
 ID_BITS = 160

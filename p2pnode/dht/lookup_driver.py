@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import trio
 
-from p2pnode.boundary import FailureBoundary
+from p2pnode.core.boundary import FailureBoundary
 from p2pnode.dht import rpcwire
 from p2pnode.dht.calls import NO_REPLY, Calls, MoveOnAt, Wake
 from p2pnode.dht.config import DhtConfig, DhtStatistics

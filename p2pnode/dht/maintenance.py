@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht.publish import Publisher
 from p2pnode.dht.records import RecordStore
 from p2pnode.dht.routing import RoutingTable, random_id_in_range
-from p2pnode.errors import ErrorCode, LocalError
 
 
 class MaintenanceState(enum.Enum):

@@ -18,7 +18,9 @@ import logging
 
 import trio
 
-from p2pnode.card import AgentCard
+from p2pnode.core.card import AgentCard
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import PeerId
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.peer import DhtPeer
 from p2pnode.dht.publish import card_makers
@@ -31,8 +33,6 @@ from p2pnode.dht.records import (
     capability_key,
     card_key,
 )
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import PeerId
 
 log = logging.getLogger("p2pnode.dht")
 

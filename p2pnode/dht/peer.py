@@ -1,7 +1,7 @@
 """The trio DHT peer: a thin driver of the sans-IO RPC core over one datagram endpoint.
 
 Theory of operation: a :class:`DhtPeer` binds one datagram endpoint from a
-:class:`p2pnode.net.Network` (real sockets or the simulator) and runs one
+:class:`p2pnode.transport.net.Network` (real sockets or the simulator) and runs one
 long-lived loop in a nursery it owns: the receive loop (in the task that calls
 :meth:`DhtPeer.serve`, or in one that ``async with`` starts).
 Everything protocol-shaped happens in sans-IO objects it drives:
@@ -63,7 +63,9 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 import trio
 
-from p2pnode.boundary import FailureBoundary, describe
+from p2pnode.core.boundary import FailureBoundary, describe
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.identity import Identity
 from p2pnode.dht import rpcwire
 from p2pnode.dht.calls import NO_REPLY, Calls, MoveOnAt, Timing, count_answers, trio_move_on_at
 from p2pnode.dht.config import DhtConfig, DhtStatistics
@@ -92,9 +94,7 @@ from p2pnode.dht.rpc import (
 )
 from p2pnode.dht.snapshot import parse_snapshot, snapshot_contacts
 from p2pnode.dht.summary import LogSummary
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.identity import Identity
-from p2pnode.net import Address, DatagramEndpoint, Network
+from p2pnode.transport.net import Address, DatagramEndpoint, Network
 
 log = logging.getLogger("p2pnode.dht")
 
@@ -191,7 +191,7 @@ class DhtPeer:
             initial=config.rto_initial, floor=config.rto_floor, ceiling=config.rto_ceiling
         )
         self.stats = DhtStatistics()
-        #: Contains whatever one datagram or one looked-up value raises (p2pnode.boundary).
+        #: Contains whatever one datagram or one looked-up value raises (p2pnode.core.boundary).
         self.boundary = FailureBoundary(log, self._input_failed)
         self.rpc = RpcCore(
             rng=self._rng,

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 
-from p2pnode.card import AgentCard
+from p2pnode.core.card import AgentCard
+from p2pnode.core.identity import Identity
 from p2pnode.dht.lookup import merge_records
 from p2pnode.dht.records import (
     MAX_TTL_MS,
@@ -43,7 +44,6 @@ from p2pnode.dht.records import (
     encode_value,
 )
 from p2pnode.dht.routing import Contact
-from p2pnode.identity import Identity
 
 #: Signs one record afresh each time it is called.
 Maker = Callable[[], SignedRecord]

@@ -35,9 +35,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, PeerId, verify_signature
-from p2pnode.wire import WireError, WireLimits, canonical_pack, pack, unpack_untrusted
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.identity import (
+    PUBLIC_KEY_BYTES,
+    SIGNATURE_BYTES,
+    Identity,
+    PeerId,
+    verify_signature,
+)
+from p2pnode.core.wire import WireError, WireLimits, canonical_pack, pack, unpack_untrusted
 
 RECORD_FORMAT = 1
 SIGNING_CONTEXT = "p2pnode-dht-record-v1"

@@ -29,8 +29,8 @@ import enum
 import random
 from collections.abc import Iterable
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht.rpc import Address
-from p2pnode.errors import ErrorCode, LocalError
 
 #: Addresses kept to join again from, bootstrap addresses first.
 MAX_SEEDS = 32

@@ -48,8 +48,8 @@ import ipaddress
 import random
 from collections.abc import Iterable
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht.contacts import ID_BITS, ID_BYTES, Contact, make_contact, shared
-from p2pnode.errors import ErrorCode, LocalError
 
 _SPACE = 1 << ID_BITS
 _SPLIT_B = 5

@@ -43,11 +43,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht import rpcwire
-from p2pnode.errors import ErrorCode, LocalError
 
 Address = tuple[str, int]
-"""A UDP address, ``(host, port)`` (the same shape as :data:`p2pnode.net.Address`)."""
+"""A UDP address, ``(host, port)`` (the same shape as :data:`p2pnode.transport.net.Address`)."""
 
 #: Tries at drawing a message id that is not in use before giving up (a fair RNG
 #: collides with probability 2**-160; a broken one must not loop for ever).

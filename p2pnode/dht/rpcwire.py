@@ -3,7 +3,7 @@
 Theory of operation (docs/protocol/dht.md §2): a datagram is one type byte
 (``0x00`` request, ``0x01`` response), a 20-byte message id and a msgpack
 body. A request body is ``[name, [args...]]``; a response body is the bare
-return value. Every body is decoded with :func:`p2pnode.wire.unpack_untrusted`
+return value. Every body is decoded with :func:`p2pnode.core.wire.unpack_untrusted`
 under :data:`RPC_LIMITS`, and every argument and reply is type- and
 length-checked here, so the node only ever sees well-formed values. Anything
 wrong raises :class:`RpcError` (a RemoteError); the node drops the datagram
@@ -19,9 +19,9 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.wire import WireError, WireLimits, array_header, pack, unpack_untrusted
 from p2pnode.dht.contacts import ID_BYTES, Contact, make_contact
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.wire import WireError, WireLimits, array_header, pack, unpack_untrusted
 
 REQUEST = 0x00
 RESPONSE = 0x01

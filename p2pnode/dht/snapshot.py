@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.wire import WireError, WireLimits, pack, unpack_untrusted
 from p2pnode.dht import rpcwire
 from p2pnode.dht.routing import Contact
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.wire import WireError, WireLimits, pack, unpack_untrusted
 
 _SNAPSHOT_LIMITS = WireLimits(max_size=1 << 20, max_array_len=8192, max_depth=3)
 

@@ -57,12 +57,14 @@ from typing import Any, TypeVar
 
 import trio
 
-from p2pnode.agent import Agent, Message, agent_for_handler
-from p2pnode.card import AgentCard, Capability, Endpoint
-from p2pnode.envelope import Envelope, MessageType, payload_envelope_size
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import Identity
-from p2pnode.lifetime import TaskOwner
+from p2pnode.agent.definition import Agent, Message, agent_for_handler
+from p2pnode.agent.tools import MCP_METHODS
+from p2pnode.core.card import AgentCard, Capability, Endpoint
+from p2pnode.core.envelope import Envelope, MessageType, payload_envelope_size
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import Identity
+from p2pnode.core.lifetime import TaskOwner
+from p2pnode.core.registry import Registry
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.frames import encode_hello
@@ -73,10 +75,8 @@ from p2pnode.node.observability import Observability
 from p2pnode.node.replies import ReplyLimits, ReplyQueues
 from p2pnode.node.replystream import reply_streamed, surely_inline
 from p2pnode.node.routing import Handler, LocalAgent, Routing
-from p2pnode.node.toolaudit import ToolAudit
-from p2pnode.registry import Registry
-from p2pnode.secure import SecureIdentity
-from p2pnode.tools import MCP_METHODS
+from p2pnode.services.tools.audit import ToolAudit
+from p2pnode.transport.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from p2pnode.envelope import Envelope, MessageType
+from p2pnode.core.envelope import Envelope, MessageType
 
 #: ``metadata.capability`` of the cancel notification (MCP's method name).
 CANCELLED = "notifications/cancelled"

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from p2pnode.card import AgentCard
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.identity import PeerId
+from p2pnode.core.card import AgentCard
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.identity import PeerId
+from p2pnode.core.registry import Registry
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Policy
 from p2pnode.node.router import BoundedSet
-from p2pnode.registry import Registry
 
 logger = logging.getLogger("p2pnode.node")
 

@@ -7,7 +7,7 @@ Theory of operation (seed R3, Properties 10-12):
   the first dial fails, ``OPEN -> CLOSED`` on close). Any other transition
   raises and leaves the state unchanged.
 * :class:`PeerLink` is the trio driver for one remote peer. It owns at most
-  one *send* channel (a :class:`~p2pnode.channel.SecureChannel`) and a reader
+  one *send* channel (a :class:`~p2pnode.transport.channel.SecureChannel`) and a reader
   task per channel it holds. Senders share the channel: the secure channel
   serializes and coalesces concurrent writes, so per-link order is the order
   in which ``send`` calls start writing.
@@ -59,11 +59,11 @@ from dataclasses import dataclass, field
 
 import trio
 
-from p2pnode.channel import SecureChannel
-from p2pnode.errors import ErrorCode, LocalError, P2PError
-from p2pnode.identity import PeerId
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError
+from p2pnode.core.identity import PeerId
 from p2pnode.node.frames import merge_envelope_frames
 from p2pnode.node.limits import TokenBucket
+from p2pnode.transport.channel import SecureChannel
 
 logger = logging.getLogger("p2pnode.channels")
 

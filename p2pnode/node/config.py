@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from p2pnode.channel import ChannelConfig
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.net import Address
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.channels import RetryPolicy
-from p2pnode.node.negotiation import TaskConfig
 from p2pnode.node.policy import PolicyConfig
+from p2pnode.services.tasks.negotiation import TaskConfig
+from p2pnode.transport.channel import ChannelConfig
+from p2pnode.transport.net import Address
 
 #: The longest deadline a call may have (a tool's own included): one day, in seconds.
 MAX_DEADLINE = 86_400.0
@@ -46,7 +46,7 @@ class NodeConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     channel: ChannelConfig = field(default_factory=ChannelConfig)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    #: Task negotiation timers and bounds (p2pnode.node.tasks).
+    #: Task negotiation timers and bounds (p2pnode.services.tasks.service).
     tasks: TaskConfig = field(default_factory=TaskConfig)
     request_timeout: float = 10.0
     card_ttl_seconds: int = 3600

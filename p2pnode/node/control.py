@@ -25,10 +25,10 @@ from typing import Any
 
 import trio
 
-from p2pnode.boundary import FailureBoundary, describe
-from p2pnode.envelope import MessageType
-from p2pnode.errors import ErrorCode, LocalError, P2PError
-from p2pnode.jsonutil import is_json_value, loads_untrusted
+from p2pnode.core.boundary import FailureBoundary, describe
+from p2pnode.core.envelope import MessageType
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError
+from p2pnode.core.jsonutil import is_json_value, loads_untrusted
 
 logger = logging.getLogger("p2pnode.control")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from p2pnode.card import AgentCard
+from p2pnode.core.card import AgentCard
 from p2pnode.dht.node import DhtNode
-from p2pnode.net import Address
+from p2pnode.transport.net import Address
 
 
 class Discovery(Protocol):

@@ -10,8 +10,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from p2pnode.envelope import MessageType
-from p2pnode.errors import ErrorCode
+from p2pnode.core.envelope import MessageType
+from p2pnode.core.errors import ErrorCode
 
 
 class EventKind(enum.StrEnum):

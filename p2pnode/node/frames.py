@@ -35,10 +35,17 @@ from typing import Any
 
 import msgpack
 
-from p2pnode.card import AgentCard, is_address
-from p2pnode.envelope import Envelope, EnvelopeError, envelope_header_untrusted
-from p2pnode.errors import ErrorCode, RemoteError
-from p2pnode.wire import LIMIT_CODES, WireError, WireLimits, array_header, pack, unpack_untrusted
+from p2pnode.core.card import AgentCard, is_address
+from p2pnode.core.envelope import Envelope, EnvelopeError, envelope_header_untrusted
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.wire import (
+    LIMIT_CODES,
+    WireError,
+    WireLimits,
+    array_header,
+    pack,
+    unpack_untrusted,
+)
 
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_HELLO_CARDS = 64

@@ -4,7 +4,7 @@ Each hosted agent (:class:`LocalAgent`) has a bounded memory channel that its
 own task reads (p2pnode.node.agents). The count bound (``inbox_size``) gives
 back-pressure; it does not bound memory, since an envelope may hold up to
 4 MiB. So every envelope queued is also charged, at its approximate size
-(:func:`p2pnode.envelope.envelope_size`), to the peer that sent it and to the
+(:func:`p2pnode.core.envelope.envelope_size`), to the peer that sent it and to the
 node's total in one :class:`InboxBudget` shared by the node's agents; the
 charge is released when the agent's task takes the envelope. An envelope that
 would take its peer's or the total past the budget is refused with ``BUSY``
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import trio
 
-from p2pnode.agent import Agent
-from p2pnode.card import AgentCard
-from p2pnode.envelope import Envelope, MessageType, Metadata, envelope_size
-from p2pnode.errors import ErrorCode, LocalError
-from p2pnode.identity import PeerId
+from p2pnode.agent.definition import Agent
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import Envelope, MessageType, Metadata, envelope_size
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import PeerId
 from p2pnode.node.callcancel import CANCELLED, cancelled_request_untrusted
 
 #: Bytes of envelopes from one peer queued in the node's inboxes at most.
@@ -169,7 +169,7 @@ class LocalAgent:
     ) -> None:
         """Queue ``envelope`` (from ``peer``, whose id is ``peer_id``; None: a local agent)
         for the agent's handler; waits while the inbox is full by count (back-pressure).
-        ``size`` is its :func:`~p2pnode.envelope.envelope_size` when the caller has it.
+        ``size`` is its :func:`~p2pnode.core.envelope.envelope_size` when the caller has it.
 
         Raises LocalError(BUSY) when its bytes would exceed the peer's or the node's
         inbox budget, or for a request when the inbox is full while :attr:`max_calls`

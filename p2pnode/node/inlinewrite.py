@@ -10,7 +10,7 @@ and numbers each write it starts; one watcher task per node looks at the
 writers every ``wait / 2`` seconds while writes are happening, and cancels a
 writer found in the same write at two looks in a row: that write has been
 stuck for between ``wait / 2`` and ``wait`` seconds. Cancelling a write cuts
-the channel (its stream state is unknown: p2pnode.channel) and loses the
+the channel (its stream state is unknown: p2pnode.transport.channel) and loses the
 reply; the agent's task then opens a new scope and goes on with its inbox.
 
 The watcher sleeps on an event while no write happens (a node at rest, or a
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import trio
 
-from p2pnode.lifetime import TaskOwner
+from p2pnode.core.lifetime import TaskOwner
 
 
 @dataclass(slots=True)

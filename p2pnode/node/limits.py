@@ -24,7 +24,7 @@ log line a minute, not one per input.
 * :class:`TokenBucket`: a peer's envelope rate after the handshake,
   ``rate`` per second with bursts of ``burst``.
 * :class:`PeerQuota`: work held for a peer (task proposals its agents made to
-  this node's agents, p2pnode.node.taskexec): a rate, a count and bytes per
+  this node's agents, p2pnode.services.tasks.executor): a rate, a count and bytes per
   peer; a refusal says when to retry.
 """
 
@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht.routing import host_key
-from p2pnode.errors import ErrorCode, LocalError
 
 __all__ = [
     "REPORT_INTERVAL",

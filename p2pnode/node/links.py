@@ -36,11 +36,10 @@ from typing import Any
 
 import trio
 
-from p2pnode.channel import SecureChannel, accept_secure, connect_secure
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import PeerId
-from p2pnode.lifetime import TaskOwner
-from p2pnode.net import Address, Network, StreamListener
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import PeerId
+from p2pnode.core.lifetime import TaskOwner
+from p2pnode.core.registry import Registry
 from p2pnode.node.channels import (
     ChannelState,
     FrameHandler,
@@ -51,8 +50,9 @@ from p2pnode.node.channels import (
 from p2pnode.node.config import NodeConfig, parse_address
 from p2pnode.node.limits import DialBudget, HandshakeSlots, ReportGate
 from p2pnode.node.observability import Observability
-from p2pnode.registry import Registry
-from p2pnode.secure import SecureIdentity
+from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
+from p2pnode.transport.net import Address, Network, StreamListener
+from p2pnode.transport.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
 

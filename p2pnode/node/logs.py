@@ -13,7 +13,7 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.heaptrace import start_from_env
 
 

@@ -29,7 +29,7 @@ Theory of operation:
   interceptor for a payload marker (:meth:`Node.intercept_stream`): a
   matching envelope goes to it *after* sender authentication and ingress
   policy, instead of to the agent's handler. :meth:`Node.open_shared` starts
-  the node's shared-state service (:mod:`p2pnode.node.shared`).
+  the node's shared-state service (:mod:`p2pnode.services.shared.service`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from typing import Any
 
 import trio
 
-from p2pnode.agent import Agent, as_agent
-from p2pnode.boundary import FailureBoundary, describe
-from p2pnode.card import AgentCard, Capability, Origin
-from p2pnode.envelope import (
+from p2pnode.agent.definition import Agent, as_agent
+from p2pnode.core.boundary import FailureBoundary, describe
+from p2pnode.core.card import AgentCard, Capability, Origin
+from p2pnode.core.envelope import (
     ROUTING_HINT_CAPABILITY,
     Envelope,
     EnvelopeFactory,
@@ -54,11 +54,12 @@ from p2pnode.envelope import (
     Metadata,
     wall_clock_ms,
 )
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import Identity, PeerId
-from p2pnode.jsonutil import is_json_value
-from p2pnode.lifetime import TaskOwner
-from p2pnode.net import Address, Network, StreamListener
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import Identity, PeerId
+from p2pnode.core.jsonutil import is_json_value
+from p2pnode.core.lifetime import TaskOwner
+from p2pnode.core.registry import Registry
+from p2pnode.core.threadstore import ThreadStore
 from p2pnode.node.agents import AgentHost
 from p2pnode.node.callcancel import CANCELLED, cancel_payload
 from p2pnode.node.config import NodeConfig, format_address, parse_address
@@ -69,13 +70,12 @@ from p2pnode.node.policy import Policy
 from p2pnode.node.router import BoundedSet, Interceptor, Router, RoutingResult
 from p2pnode.node.routing import Handler, LocalAgent, PendingRequest, Routing
 from p2pnode.node.service import Service
-from p2pnode.node.shared import SharedConfig, SharedState
-from p2pnode.node.tasks import TaskService
-from p2pnode.node.toolaudit import ToolAudit
-from p2pnode.node.toolclient import ToolClient
-from p2pnode.registry import Registry
-from p2pnode.secure import SecureIdentity
-from p2pnode.threadstore import ThreadStore
+from p2pnode.services.shared.service import SharedConfig, SharedState
+from p2pnode.services.tasks.service import TaskService
+from p2pnode.services.tools.audit import ToolAudit
+from p2pnode.services.tools.client import ToolClient
+from p2pnode.transport.net import Address, Network, StreamListener
+from p2pnode.transport.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
 
@@ -99,7 +99,7 @@ class Node(TaskOwner):
         self.registry = Registry(identity)
         self.policy = Policy(self.config.policy)
         self.events = Observability(clock_ms)
-        #: Contains whatever one peer's frame raises (see :mod:`p2pnode.boundary`).
+        #: Contains whatever one peer's frame raises (see :mod:`p2pnode.core.boundary`).
         self.boundary = FailureBoundary(logger, self.report_input_failure)
         self._clock_ms = clock_ms
         self._factory = EnvelopeFactory(clock_ms)
@@ -139,7 +139,7 @@ class Node(TaskOwner):
         )
         #: The swarm's tools, resources and prompts, used as a local agent.
         self.tools = ToolClient(self, self.default_agent)
-        #: Task negotiation between agents (p2pnode.node.tasks), run with the node.
+        #: Task negotiation between agents (p2pnode.services.tasks.service), run with the node.
         self.tasks = TaskService(self, self.config.tasks)
         self._shared: SharedState | None = None
         self._listen_address: Address | None = None
@@ -267,7 +267,7 @@ class Node(TaskOwner):
     ) -> AgentCard:
         """Host an agent on this node, publish its signed card, return the card.
 
-        ``agent`` is an :class:`~p2pnode.agent.Agent` definition (its id, tier,
+        ``agent`` is an :class:`~p2pnode.agent.definition.Agent` definition (its id, tier,
         sandbox, capabilities and handlers; the keyword arguments other than
         ``authority`` are then not used), or an agent id with one ``handler``
         for every envelope (a request's answer is what it returns).

@@ -45,8 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from p2pnode.envelope import Envelope
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.events import Event, EventKind, Outcome, RoutingPath
 
 DEFAULT_RECENT_SIZE = 1000

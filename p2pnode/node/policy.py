@@ -7,7 +7,7 @@ A node never trusts another node to have filtered for it.
 Theory of operation:
 
 * **Decisions use authenticated cards.** ``source`` and ``target`` are the
-  signed :class:`~p2pnode.card.AgentCard` objects of the agents involved: on
+  signed :class:`~p2pnode.core.card.AgentCard` objects of the agents involved: on
   ingress, the card of the peer proven by the Noise handshake. Tier and
   sandbox *claims* in envelope metadata are never consulted; only the
   escalation justification, which is content rather than a claim, is read.
@@ -68,9 +68,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from p2pnode.card import AgentCard, Tier
-from p2pnode.envelope import BROADCAST, Envelope, MessageType, Metadata
-from p2pnode.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.card import AgentCard, Tier
+from p2pnode.core.envelope import BROADCAST, Envelope, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 
 ALL_TIERS: frozenset[int] = frozenset(Tier)
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import trio
 
-from p2pnode.errors import ErrorCode
-from p2pnode.lifetime import TaskOwner
+from p2pnode.core.errors import ErrorCode
+from p2pnode.core.lifetime import TaskOwner
 
 logger = logging.getLogger("p2pnode.node")
 

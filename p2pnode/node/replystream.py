@@ -26,11 +26,11 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from p2pnode.envelope import Envelope, MessageType
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.jsonutil import b64decode, b64encode, is_flat_json_map, is_json_value
+from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.jsonutil import b64decode, b64encode, is_flat_json_map, is_json_value
+from p2pnode.core.wire import WireLimits, pack, unpack_untrusted
 from p2pnode.node.router import REPLY_STREAM_TYPES
-from p2pnode.wire import WireLimits, pack, unpack_untrusted
 
 #: An answer whose msgpack is larger than this is streamed (the largest string a
 #: peer decodes in one frame).

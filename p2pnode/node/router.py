@@ -15,7 +15,7 @@ Egress (docs/protocol/node.md "Routing"):
   agents are registered too); None means "ask discovery". Egress questions
   take ``now_ms``: a card past its expiry is never a target. A bare agent id
   that several owners claim goes to one of them by the registry's rule
-  (:meth:`p2pnode.registry.Registry.resolve`): the local agent, the owner the
+  (:meth:`p2pnode.core.registry.Registry.resolve`): the local agent, the owner the
   swarm authority endorsed, the owner this node's agents named before
   (:meth:`Router.pin`), the first owner this node met while it is live, the
   only live one; else :class:`AmbiguousAgentError` names every live owner
@@ -47,10 +47,10 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
-from p2pnode.card import AgentCard, Origin
-from p2pnode.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType, Metadata
-from p2pnode.errors import ErrorCode, LocalError, P2PError
-from p2pnode.identity import PeerId
+from p2pnode.core.card import AgentCard, Origin
+from p2pnode.core.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError
+from p2pnode.core.identity import PeerId
 from p2pnode.node.policy import Policy, Verdict
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import trio
 
-from p2pnode.card import AgentCard
-from p2pnode.envelope import Envelope
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import Envelope
 from p2pnode.node.frames import MAX_FRAME_BYTES, encode_envelope, encode_envelopes
 from p2pnode.node.replystream import ReplyStream
 from p2pnode.node.router import RoutingResult

@@ -21,9 +21,9 @@ from typing import Any
 
 import trio
 
-from p2pnode.boundary import FailureBoundary
-from p2pnode.card import AgentCard, Origin
-from p2pnode.envelope import (
+from p2pnode.core.boundary import FailureBoundary
+from p2pnode.core.card import AgentCard, Origin
+from p2pnode.core.envelope import (
     ROUTING_HINT_CAPABILITY,
     Envelope,
     EnvelopeFactory,
@@ -31,8 +31,10 @@ from p2pnode.envelope import (
     envelope_size,
     payload_limit_error,
 )
-from p2pnode.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.identity import PeerId
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import PeerId
+from p2pnode.core.registry import Registry
+from p2pnode.core.threadstore import ThreadStore
 from p2pnode.node.cardintake import CardIntake
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import parse_address
@@ -66,8 +68,6 @@ from p2pnode.node.router import (
 from p2pnode.node.routes import PendingRequest as PendingRequest  # re-exported
 from p2pnode.node.routes import Route, frames_of
 from p2pnode.node.targets import find_agent, find_provider
-from p2pnode.registry import Registry
-from p2pnode.threadstore import ThreadStore
 
 logger = logging.getLogger("p2pnode.node")
 
@@ -428,7 +428,7 @@ class Routing:
 
     async def on_frame(self, peer_id: PeerId, data: bytes) -> None:
         """Ingress of one frame: its failure boundary. Whatever processing it raises ends
-        here, as a security event naming the peer (module :mod:`p2pnode.boundary`)."""
+        here, as a security event naming the peer (module :mod:`p2pnode.core.boundary`)."""
         peer = str(peer_id)
         try:
             frame = decode_frame_untrusted(data)

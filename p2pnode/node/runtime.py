@@ -13,13 +13,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from p2pnode.core.errors import LocalError
+from p2pnode.core.identity import Identity, write_private_file
 from p2pnode.dht.node import DhtNode
-from p2pnode.errors import LocalError
-from p2pnode.identity import Identity, write_private_file
-from p2pnode.net import Network
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.discovery import DhtDiscovery
 from p2pnode.node.node import Node
+from p2pnode.transport.net import Network
 
 SNAPSHOT_FILE = "routing.snapshot"
 logger = logging.getLogger("p2pnode.node")

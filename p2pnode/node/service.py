@@ -32,11 +32,11 @@ from typing import Any, Protocol
 
 import trio
 
-from p2pnode.agent import Agent
-from p2pnode.boundary import FailureBoundary
-from p2pnode.card import AgentCard, Capability
-from p2pnode.envelope import Envelope, MessageType, Metadata
-from p2pnode.identity import Identity, PeerId
+from p2pnode.agent.definition import Agent
+from p2pnode.core.boundary import FailureBoundary
+from p2pnode.core.card import AgentCard, Capability
+from p2pnode.core.envelope import Envelope, MessageType, Metadata
+from p2pnode.core.identity import Identity, PeerId
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Verdict
 from p2pnode.node.router import Interceptor, RoutingResult

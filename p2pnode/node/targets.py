@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from p2pnode.card import AgentCard
-from p2pnode.errors import ErrorCode, LocalError
+from p2pnode.core.card import AgentCard
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.cardintake import CardIntake
 from p2pnode.node.discovery import Discovery
 from p2pnode.node.router import Router, capability_refusal, split_address

@@ -3,7 +3,7 @@
 Theory of operation: a :class:`SimNetwork` owns a table of hosts (labels like
 ``"10.0.3.7"``; never real traffic), the bound datagram endpoints and stream
 listeners, per-link conditions and a seeded :class:`random.Random`. Each host
-is a :class:`SimHost`, which implements :class:`p2pnode.net.Network`, so node
+is a :class:`SimHost`, which implements :class:`p2pnode.transport.net.Network`, so node
 code cannot tell it from real sockets.
 
 Time is trio's clock, so under ``trio.testing.MockClock(autojump_threshold=0)``
@@ -63,9 +63,9 @@ from dataclasses import dataclass
 import trio
 import trio.testing
 
-from p2pnode.net import Address, DatagramEndpoint, Network, StreamListener
 from p2pnode.simnet.streams import Pipe, SimListener, SimStream
 from p2pnode.simnet.timers import BucketQueue, SimTimer, TimerWheel
+from p2pnode.transport.net import Address, DatagramEndpoint, Network, StreamListener
 
 _MAX_QUEUE = 512  # datagrams buffered per endpoint, like a socket receive buffer
 
@@ -338,7 +338,7 @@ class SimNetwork:
 
 
 class SimHost(Network):
-    """One host of a :class:`SimNetwork`; implements :class:`p2pnode.net.Network`."""
+    """One host of a :class:`SimNetwork`; implements :class:`p2pnode.transport.net.Network`."""
 
     __slots__ = ("host", "sim")
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from p2pnode.net import Address, StreamListener
+from p2pnode.transport.net import Address, StreamListener
 
 if TYPE_CHECKING:
     from p2pnode.simnet.network import SimNetwork

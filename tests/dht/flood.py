@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import trio
 
+from p2pnode.core.wire import pack
 from p2pnode.dht import rpcwire
-from p2pnode.net import Address, DatagramEndpoint
-from p2pnode.wire import pack
+from p2pnode.transport.net import Address, DatagramEndpoint
 
 
 @dataclass

@@ -8,10 +8,10 @@ import pytest
 import trio
 import trio.testing
 
+from p2pnode.core.errors import LocalError
+from p2pnode.core.wire import pack
 from p2pnode.dht.node import DhtNode
 from p2pnode.dht.records import capability_key
-from p2pnode.errors import LocalError
-from p2pnode.wire import pack
 from tests.sim import dht_swarm, make_card, virtual_ms
 
 

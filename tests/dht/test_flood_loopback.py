@@ -13,10 +13,10 @@ from functools import partial
 import pytest
 import trio
 
+from p2pnode.core.identity import Identity
 from p2pnode.dht.config import DhtConfig
 from p2pnode.dht.node import DhtNode
-from p2pnode.identity import Identity
-from p2pnode.net import TrioNetwork
+from p2pnode.transport.net import TrioNetwork
 from tests.dht.flood import Flood, ask_find_node, junk_in
 from tests.sim import wait_until
 

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.wire import unpack_untrusted
 from p2pnode.dht.config import DhtStatistics
 from p2pnode.dht.handlers import RequestHandlers
 from p2pnode.dht.records import RecordStore
 from p2pnode.dht.routing import Contact, RoutingTable, distance
 from p2pnode.dht.rpc import Address
-from p2pnode.wire import unpack_untrusted
 
 ids = st.binary(min_size=20, max_size=20)
 OWN = b"\x80" + b"\x00" * 19

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import trio
 
+from p2pnode.core.identity import Identity
 from p2pnode.dht.node import DhtConfig, DhtNode
 from p2pnode.dht.records import capability_key, encode_value
-from p2pnode.identity import Identity
-from p2pnode.net import TrioNetwork
+from p2pnode.transport.net import TrioNetwork
 from tests.sim import make_card
 
 pytestmark = pytest.mark.slow

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
+from p2pnode.core.identity import Identity
 from p2pnode.dht.maintenance import quiet_pass
 from p2pnode.dht.publish import Publisher
 from p2pnode.dht.records import ProviderInfo, RecordKind, RecordStore, SignedRecord, capability_key
 from p2pnode.dht.routing import Contact, RoutingTable
-from p2pnode.identity import Identity
 
 NOW_MS = 1_800_000_000_000
 RNG = random.Random(3)

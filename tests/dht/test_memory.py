@@ -9,7 +9,7 @@ import tracemalloc
 
 from p2pnode.dht.peer import DhtPeer
 from p2pnode.dht.rpc import RpcCore
-from p2pnode.net import TrioNetwork
+from p2pnode.transport.net import TrioNetwork
 
 
 def test_a_node_without_an_rng_carries_no_generator_state() -> None:

@@ -10,6 +10,8 @@ import pytest
 import trio
 import trio.testing
 
+from p2pnode.core.identity import Identity
+from p2pnode.core.wire import pack
 from p2pnode.dht import rpcwire
 from p2pnode.dht.node import DhtNode
 from p2pnode.dht.records import (
@@ -19,10 +21,8 @@ from p2pnode.dht.records import (
     capability_key,
     encode_value,
 )
-from p2pnode.identity import Identity
-from p2pnode.net import DatagramEndpoint
 from p2pnode.simnet import SimNetwork
-from p2pnode.wire import pack
+from p2pnode.transport.net import DatagramEndpoint
 from tests.sim import virtual_ms, wait_until
 
 KEY = capability_key("translate")

@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from p2pnode.core.errors import LocalError
 from p2pnode.dht import rpcwire
 from p2pnode.dht.calls import NO_REPLY, Calls
 from p2pnode.dht.config import DhtConfig, DhtStatistics
@@ -18,9 +19,8 @@ from p2pnode.dht.peer import DhtPeer
 from p2pnode.dht.records import RecordStore, SignedRecord, capability_key
 from p2pnode.dht.routing import Contact, RoutingTable
 from p2pnode.dht.rpc import Address, RpcCore
-from p2pnode.errors import LocalError
-from p2pnode.net import DatagramEndpoint
 from p2pnode.simnet import LinkConditions, SimNetwork
+from p2pnode.transport.net import DatagramEndpoint
 from tests.sim import dht_swarm, make_card, virtual_ms, wait_until
 
 OTHER_ID = b"\x0f" * 20

@@ -11,6 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import ErrorCode
+from p2pnode.core.identity import Identity
+from p2pnode.core.wire import pack
 from p2pnode.dht.records import (
     MAX_TTL_MS,
     MAX_VALUE_BYTES,
@@ -24,9 +27,6 @@ from p2pnode.dht.records import (
     decode_value_untrusted,
     encode_value,
 )
-from p2pnode.errors import ErrorCode
-from p2pnode.identity import Identity
-from p2pnode.wire import pack
 
 NOW = 1_800_000_000_000
 RNG = random.Random(11)
@@ -245,7 +245,7 @@ def test_bytes_verified_once_per_process_while_a_record_holds_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import p2pnode.dht.records as records
-    from p2pnode.identity import verify_signature as real
+    from p2pnode.core.identity import verify_signature as real
 
     checks: list[bytes] = []
 

@@ -12,10 +12,10 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import LocalError
+from p2pnode.core.identity import Identity
 from p2pnode.dht.node import DhtNode
 from p2pnode.dht.rejoin import Rejoin, RejoinState
-from p2pnode.errors import LocalError
-from p2pnode.identity import Identity
 from p2pnode.simnet import SimHost, SimNetwork
 from tests.sim import DEFAULT_LINK, FAST_DHT, virtual_ms, wait_until
 

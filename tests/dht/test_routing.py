@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import LocalError
 from p2pnode.dht.routing import (
     Contact,
     RoutingTable,
@@ -21,7 +22,6 @@ from p2pnode.dht.routing import (
     parsed_host_key,
     random_id_in_range,
 )
-from p2pnode.errors import LocalError
 
 ids = st.binary(min_size=20, max_size=20)
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht import rpcwire
 from p2pnode.dht.rpc import (
     Address,
@@ -26,7 +27,6 @@ from p2pnode.dht.rpc import (
     RpcCore,
     RpcEvent,
 )
-from p2pnode.errors import ErrorCode, LocalError
 
 A: Address = ("10.0.0.1", 4000)
 B: Address = ("10.0.0.2", 4000)

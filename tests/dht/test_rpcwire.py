@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.errors import LocalError
+from p2pnode.core.wire import pack
 from p2pnode.dht import rpcwire
 from p2pnode.dht.routing import Contact
-from p2pnode.errors import LocalError
-from p2pnode.wire import pack
 
 # Produced by u-msgpack-python exactly as rpcudp 5.0.1 frames them (see WIRE.md beside).
 VECTORS = json.loads(

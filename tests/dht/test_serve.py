@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
+from p2pnode.core.errors import LocalError
 from p2pnode.dht.peer import DhtPeer
-from p2pnode.errors import LocalError
 from p2pnode.simnet import SimNetwork
 
 

@@ -8,11 +8,11 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnode.card import AgentCard
+from p2pnode.core.card import AgentCard
+from p2pnode.core.identity import PeerId
 from p2pnode.dht.node import DhtNode
 from p2pnode.dht.peer import DhtPeer
-from p2pnode.identity import PeerId
-from p2pnode.net import Address
+from p2pnode.transport.net import Address
 from tests.sim import FAST_DHT, dht_swarm, make_card
 
 N = 200

@@ -11,7 +11,7 @@ from p2pnode.crdt.gossip import GossipConfig
 from p2pnode.dht.config import DhtConfig
 from p2pnode.node.channels import RetryPolicy
 from p2pnode.node.config import NodeConfig
-from p2pnode.node.shared import SharedConfig
+from p2pnode.services.shared.service import SharedConfig
 
 #: A node that redials quickly and gives up on a silent request after 5 s.
 FAST_NODE = NodeConfig(

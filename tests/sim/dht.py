@@ -8,10 +8,10 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
 
-from p2pnode.card import AgentCard, Capability
+from p2pnode.core.card import AgentCard, Capability
+from p2pnode.core.identity import Identity
 from p2pnode.dht.config import DhtConfig
 from p2pnode.dht.node import DhtNode
-from p2pnode.identity import Identity
 from p2pnode.simnet import LinkConditions, SimNetwork
 from tests.sim.configs import FAST_DHT
 

@@ -26,14 +26,14 @@ from typing import Any
 
 import trio
 
-from p2pnode.envelope import Envelope
-from p2pnode.identity import Identity
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.identity import Identity
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import NodeConfig
 from p2pnode.node.discovery import MemoryDiscovery
 from p2pnode.node.node import Node
 from p2pnode.node.runtime import open_node
-from p2pnode.node.shared import SharedConfig, SharedState
+from p2pnode.services.shared.service import SharedConfig, SharedState
 from p2pnode.simnet import SimHost, SimNetwork
 from tests.sim.configs import FAST_NODE
 from tests.sim.waiting import wait_until

@@ -1,0 +1,2 @@
+"""The p2pnode command and its demo. Public interfaces only.
+"""

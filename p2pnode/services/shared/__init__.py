@@ -1,0 +1,2 @@
+"""Shared state: CRDT documents replicated by gossip, stored in SQLite.
+"""

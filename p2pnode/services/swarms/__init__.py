@@ -1,0 +1,2 @@
+"""Swarms: a plan shared out among agents, coordinated through a CRDT document.
+"""

@@ -1,0 +1,2 @@
+"""Tasks: Contract Net negotiation (both sides) and task execution.
+"""
