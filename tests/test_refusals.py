@@ -289,6 +289,13 @@ def test_over_limit_members_are_refused_by_header_and_the_rest_kept_untrusted(
         for i, e in enumerate(batch)
     ]
     frame = encode_envelopes(sent) if len(sent) > 1 else encode_envelope(sent[0])
+    if len(frame) > DEFAULT_LIMITS.max_size:
+        # Over the frame's own size no member is read: the frame is refused whole.
+        with pytest.raises(RemoteError) as info:
+            decode_frame_untrusted(frame)
+        assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+        assert info.value.details["bound"] == "size"
+        return
     decoded = decode_frame_untrusted(frame)
     assert isinstance(decoded, EnvelopeBatch)
     assert decoded.envelopes == tuple(e for i, e in enumerate(sent) if i not in bad_at)
