@@ -27,7 +27,6 @@ CORES = [
     "p2pnode.dht.rpcwire",
     "p2pnode.dht.snapshot",
     "p2pnode.dht.summary",
-    "p2pnode.crdt.base",
     "p2pnode.crdt.clock",
     "p2pnode.crdt.delta",
     "p2pnode.crdt.dots",
