@@ -26,7 +26,6 @@ CORES = [
     "p2pnode.dht.rpc",
     "p2pnode.dht.rpcwire",
     "p2pnode.dht.snapshot",
-    "p2pnode.dht.summary",
     "p2pnode.crdt.clock",
     "p2pnode.crdt.delta",
     "p2pnode.crdt.dots",

@@ -43,7 +43,7 @@ Everything protocol-shaped happens in sans-IO objects it drives:
   count. :class:`~p2pnode.dht.gate.Gate` does all of it.
 * **Drops** are counted in :attr:`DhtPeer.stats` (``status`` shows them) and
   logged one line per datagram at DEBUG only; at INFO a
-  :class:`~p2pnode.dht.summary.LogSummary` line at most once a minute.
+  :class:`~p2pnode.dht.config.LogSummary` line at most once a minute.
 * **Records** (§4) are publishing's business:
   :class:`~p2pnode.dht.publish.Publisher` does read-merge-write,
   :mod:`p2pnode.dht.maintenance` expires, refreshes stale buckets and
@@ -68,7 +68,7 @@ from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.core.identity import Identity
 from p2pnode.dht import rpcwire
 from p2pnode.dht.calls import NO_REPLY, Calls, MoveOnAt, Timing, count_answers, trio_move_on_at
-from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.config import DhtConfig, DhtStatistics, LogSummary
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
 from p2pnode.dht.lookup import Lookup, RttEstimator, merge_records
@@ -93,7 +93,6 @@ from p2pnode.dht.rpc import (
     RpcEvent,
 )
 from p2pnode.dht.snapshot import parse_snapshot, snapshot_contacts
-from p2pnode.dht.summary import LogSummary
 from p2pnode.transport.net import Address, DatagramEndpoint, Network
 
 log = logging.getLogger("p2pnode.dht")

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from p2pnode.core.errors import LocalError
 from p2pnode.dht.admission import Admission, Verdict
-from p2pnode.dht.config import DhtStatistics
+from p2pnode.dht.config import DhtStatistics, LogSummary
 from p2pnode.dht.routing import Contact, Refusal, RoutingTable, distance, host_key
-from p2pnode.dht.summary import LogSummary
 
 OWN = b"\x00" * 20
 
