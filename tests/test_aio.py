@@ -21,10 +21,11 @@ import pytest
 import sniffio
 import trio
 
-from p2pnode import Agent, Identity, Message, NodeConfig, TrioNetwork, aio, aiohandoff
+from p2pnode import Agent, Identity, Message, NodeConfig, TrioNetwork, aio
 from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.crdt.ops import CounterAdd
+from p2pnode.hosting import aiohandoff
 from tests.test_agent import check_planner, planner
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
