@@ -1,2 +1,5 @@
-"""Bridges to other agent protocols, as extras: MCP (p2pnode[mcp]). Public interfaces only.
+"""Bridges to other agent protocols, one package each, as extras: mcp (p2pnode[mcp]).
+A bridge hosts agents like any program, through the public interfaces and hosting.
+
+May import: public interfaces, hosting. Never another bridge, never the CLI.
 """

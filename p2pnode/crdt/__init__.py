@@ -3,6 +3,8 @@
 This namespace holds the sans-IO parts only, so importing it loads neither
 trio nor sqlite3: durable storage is :mod:`p2pnode.crdt.store`
 (``CRDTStore``, ``AsyncCRDTStore``, ``Batch``).
+
+May import: core.
 """
 
 from p2pnode.crdt.clock import CRDTError, Ordering, VectorClock

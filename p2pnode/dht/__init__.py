@@ -5,6 +5,8 @@ Wire-compatible with the PyPI ``kademlia`` package (see docs/protocol/dht.md).
 This package namespace holds the sans-IO parts only, so importing it loads
 no trio: the trio driver is :class:`p2pnode.dht.peer.DhtPeer` and the node
 with the Agent Card API is :class:`p2pnode.dht.node.DhtNode`.
+
+May import: core, transport.
 """
 
 from p2pnode.dht.config import DhtConfig, DhtStatistics

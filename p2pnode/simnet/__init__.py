@@ -3,6 +3,8 @@
 :mod:`p2pnode.simnet.network` holds the network, its hosts and datagrams (the
 theory of operation is there); :mod:`p2pnode.simnet.streams` its TCP-like
 streams.
+
+May import: core, transport.
 """
 
 from p2pnode.simnet.network import LinkConditions, SimHost, SimNetwork

@@ -14,6 +14,8 @@ swarm (docs/protocol/mcp.md). Needs the official MCP SDK: ``pip install 'p2pnode
 
 Only the ``mcp`` commands import the modules that import the SDK, so the core
 package never needs it; :func:`require_sdk` turns its absence into one line.
+
+May import: public interfaces, hosting.
 """
 
 from __future__ import annotations

@@ -1,2 +1,6 @@
-"""Swarms: a plan shared out among agents, coordinated through a CRDT document.
+"""Swarms: a plan shared out among agents, coordinated through a CRDT document; the plan,
+the document and the coordinator are sans-IO cores, the member and the service drive them.
+
+May import: core, agent, transport, dht, crdt, node.service, node.limits,
+services' public modules.
 """
