@@ -192,6 +192,25 @@ def card_problems(data: object) -> list[str]:
     unknown = set(data) - _KNOWN_FIELDS
     if unknown:
         problems.append(f"unknown fields {sorted(map(str, unknown))}")
+    problems.extend(_offer_problems(data))
+    problems.extend(_time_problems(data))
+    sandbox = data.get("sandboxId")
+    if sandbox is not None and (not isinstance(sandbox, str) or not _ID_PATTERN.fullmatch(sandbox)):
+        problems.append(f"sandboxId: must match {_ID_PATTERN.pattern}")
+    if not _is_text_in(data.get("origin", "local"), _ORIGINS):
+        problems.append("origin: must be 'local' or 'remote'")
+    problems.extend(_key_problems(data))
+    problems.extend(_endorsement_problems(data.get("endorsement")))
+    problems.extend(names_problems(data, "tools", MAX_TOOLS, NAME_PATTERN))
+    problems.extend(names_problems(data, "prompts", MAX_PROMPTS, NAME_PATTERN))
+    problems.extend(names_problems(data, "resources", MAX_RESOURCES, URI_PATTERN))
+    agent_id = data.get("id")
+    return [f"card {agent_id!r}: {p}" if isinstance(agent_id, str) else p for p in problems]
+
+
+def _offer_problems(data: Mapping[str, Any]) -> list[str]:
+    """Who the agent is, what it offers and where it is reached: id to endpoints."""
+    problems: list[str] = []
     agent_id = data.get("id")
     if "id" not in data:
         problems.append("id: required")
@@ -211,6 +230,12 @@ def card_problems(data: object) -> list[str]:
     problems.extend(_list_problems(data, "protocols", None, MAX_LIST_ITEMS))
     problems.extend(_list_problems(data, "addresses", is_address, MAX_ADDRESSES))
     problems.extend(_endpoint_problems(data.get("endpoints", [])))
+    return problems
+
+
+def _time_problems(data: Mapping[str, Any]) -> list[str]:
+    """The card's counters and times: revision, lastSeenAt, issuedAt, expiresAt."""
+    problems: list[str] = []
     for key in ("revision", "lastSeenAt", "issuedAt"):
         if key in data and (not _is_int(data[key]) or not 0 <= data[key] < 2**63):
             problems.append(f"{key}: must be a non-negative integer")
@@ -222,11 +247,12 @@ def card_problems(data: object) -> list[str]:
         problems.append("expiresAt: must be a non-negative integer")
     elif _is_int(issued) and expires <= issued:
         problems.append("expiresAt: must be after issuedAt")
-    sandbox = data.get("sandboxId")
-    if sandbox is not None and (not isinstance(sandbox, str) or not _ID_PATTERN.fullmatch(sandbox)):
-        problems.append(f"sandboxId: must match {_ID_PATTERN.pattern}")
-    if not _is_text_in(data.get("origin", "local"), _ORIGINS):
-        problems.append("origin: must be 'local' or 'remote'")
+    return problems
+
+
+def _key_problems(data: Mapping[str, Any]) -> list[str]:
+    """The keys and the signature: publicKey, noiseStaticKey, signature, peerId."""
+    problems: list[str] = []
     if "publicKey" not in data:
         problems.append("publicKey: required")
     else:
@@ -236,21 +262,22 @@ def card_problems(data: object) -> list[str]:
     if "signature" in data:
         _check_bytes(problems, data, "signature", (0, SIGNATURE_BYTES))
     problems.extend(_peer_id_problems(data))
-    endorsement = data.get("endorsement")
-    if endorsement is not None:
-        if not isinstance(endorsement, Mapping):
-            problems.append("endorsement: must be an object")
-        else:
-            _check_bytes(problems, endorsement, "authorityKey", (PUBLIC_KEY_BYTES,))
-            _check_bytes(problems, endorsement, "signature", (SIGNATURE_BYTES,))
-            problems.extend(
-                f"endorsement.{p}"
-                for p in names_problems(endorsement, "roles", MAX_ROLES, _ID_PATTERN)
-            )
-    problems.extend(names_problems(data, "tools", MAX_TOOLS, NAME_PATTERN))
-    problems.extend(names_problems(data, "prompts", MAX_PROMPTS, NAME_PATTERN))
-    problems.extend(names_problems(data, "resources", MAX_RESOURCES, URI_PATTERN))
-    return [f"card {agent_id!r}: {p}" if isinstance(agent_id, str) else p for p in problems]
+    return problems
+
+
+def _endorsement_problems(endorsement: object) -> list[str]:
+    """The swarm authority's endorsement of the card's roles, if it has one."""
+    if endorsement is None:
+        return []
+    if not isinstance(endorsement, Mapping):
+        return ["endorsement: must be an object"]
+    problems: list[str] = []
+    _check_bytes(problems, endorsement, "authorityKey", (PUBLIC_KEY_BYTES,))
+    _check_bytes(problems, endorsement, "signature", (SIGNATURE_BYTES,))
+    problems.extend(
+        f"endorsement.{p}" for p in names_problems(endorsement, "roles", MAX_ROLES, _ID_PATTERN)
+    )
+    return problems
 
 
 def _peer_id_problems(data: Mapping[str, Any]) -> list[str]:
