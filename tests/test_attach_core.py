@@ -10,12 +10,12 @@ import sys
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType
-from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.services.attach.session import (
     MAX_REPLY_BACKLOG,
     NEED_DATA,
@@ -29,14 +29,19 @@ from p2pnode.services.attach.session import (
     Delivery,
     Detach,
     DocOp,
+    FindOp,
     Request,
     Send,
     SessionState,
+    TaskOp,
 )
 from p2pnode.services.attach.wire import MAX_LINE, AttachError, LineBuffer
 
 factory = EnvelopeFactory(lambda: 1_700_000_000_000)
 ATTACH = {"v": 1, "op": "attach", "card": {"id": "bot", "capabilities": [{"id": "add"}]}}
+
+
+TASK = {"description": "sum", "capabilities": [], "complexity": 1, "input": [1, 2]}
 
 
 def line(obj: Any) -> bytes:
@@ -199,6 +204,16 @@ def test_bad_lines_get_typed_errors(data: bytes, code: str, fatal: bool) -> None
         {"op": "doc.update", "doc": "d", "update": [1]},
         {"op": "doc.read"},
         {"op": "attach", "v": 1, "card": {"id": "again"}},  # attached already
+        {"op": "find"},
+        {"op": "find", "capability": "x", "viewer": "y"},
+        {"op": "tasks.propose", "to": "w"},  # no task
+        {"op": "tasks.propose", "to": "w", "task": {"description": 1}},
+        {"op": "tasks.propose", "to": [], "task": TASK},
+        {"op": "tasks.propose", "to": ["w"] * 65, "task": TASK},
+        {"op": "tasks.propose", "to": "w", "task": TASK, "deadline": 3601},
+        {"op": "tasks.propose", "to": "w", "task": TASK, "selection": "best"},
+        {"op": "tasks.cancel"},
+        {"op": "tasks.cancel", "taskId": "t", "reason": ""},
     ],
 )
 def test_bad_ops_of_an_attached_agent_are_answered_and_the_session_goes_on(
@@ -212,6 +227,51 @@ def test_bad_ops_of_an_attached_agent_are_answered_and_the_session_goes_on(
     assert error["error"]["code"] in {"INVALID_ARGUMENT", "ILLEGAL_TRANSITION"}
     assert session.state is SessionState.ATTACHED
     assert session.statistics()["running"] == 0
+
+
+def test_find_and_task_ops_become_events_and_task_events_are_replies() -> None:
+    session = attached()
+    ops = [
+        {"op": "find", "id": 1, "capability": "plan"},
+        {"op": "tasks.propose", "id": 2, "to": ["a", "b"], "task": TASK, "deadline": 5},
+        {"op": "tasks.cancel", "id": 3, "taskId": "t1"},
+    ]
+    session.receive_data(b"".join(line(op) for op in ops))
+    find, propose, cancel = (session.next_event() for _ in ops)
+    assert isinstance(find, FindOp) and find.capability == "plan"
+    assert isinstance(propose, TaskOp) and propose.params["to"] == ("a", "b")
+    assert propose.params["task"].input == [1, 2] and propose.params["deadline"] == 5.0
+    assert isinstance(cancel, TaskOp) and cancel.params == {"taskId": "t1", "reason": ""}
+    assert session.statistics()["running"] == 3
+    session.op_failed(propose.ref, RemoteError(ErrorCode.TASK_REJECTED, "no"))
+    session.notify({"event": "task", "taskId": "t1", "state": "completed", "result": b"x"})
+    rejected, event = output(session)
+    assert rejected["error"]["remote"] is True and rejected["error"]["code"] == "TASK_REJECTED"
+    assert "result" not in event and event["error"]["code"] == "INVALID_INPUT"
+    session.op_failed(find.ref, LocalError(ErrorCode.INVALID_ARGUMENT, "no"))
+    assert "remote" not in output(session)[0]["error"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["to", "task", "capability", "deadline", "taskId",
+                                        "reason", "justification", "capability"]),
+                       st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                                    lambda inner: st.lists(inner, max_size=3)
+                                    | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                                    max_leaves=8)),
+       st.sampled_from(["find", "tasks.propose", "tasks.cancel"]))  # fmt: skip
+def test_any_find_or_task_op_is_an_event_or_an_error_reply(
+    fields: dict[str, Any], op: str
+) -> None:
+    session = attached()
+    session.receive_data(line({**fields, "op": op, "id": 9}))
+    event = session.next_event()
+    if event is NEED_DATA:
+        [error] = output(session)
+        assert error["ok"] is False and error["error"]["code"] == "INVALID_ARGUMENT"
+    else:
+        assert isinstance(event, FindOp | TaskOp)
+    assert session.state is SessionState.ATTACHED
 
 
 def test_line_buffer_finds_lines_across_chunks() -> None:

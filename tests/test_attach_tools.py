@@ -13,7 +13,7 @@ import trio
 
 from p2pnode import Agent
 from p2pnode.agent.tools import Access, Caller
-from p2pnode.core.errors import ErrorCode, P2PError
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.hosting.client import AgentClient
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
@@ -63,27 +63,27 @@ async def test_an_attached_process_lists_and_uses_the_swarms_tools(tmp_path: Pat
             await host.start_service(AgentSocket(host, path, tools=host.tools))
             async with AgentClient(Agent("proc", tier=2), path=path) as client:
                 await wait_until(lambda: host.registry.find("toolbox") is not None)
-                listing = await client.list_tools()
-                assert [t["name"] for t in listing["items"]] == ["toolbox.add"]
-                assert listing["items"][0]["agentId"] == "toolbox"
-                assert await client.call_tool("toolbox.add", {"a": 40}) == 42
-                with pytest.raises(P2PError) as info:
-                    await client.call_tool("toolbox.secret")
+                listing = await client.tools.list_tools()
+                assert [t["name"] for t in listing.items] == ["toolbox.add"]
+                assert listing.items[0]["agentId"] == "toolbox"
+                assert await client.tools.call_tool("toolbox.add", {"a": 40}) == 42
+                with pytest.raises(RemoteError) as info:  # the owner's refusal, as in-process
+                    await client.tools.call_tool("toolbox.secret")
                 assert info.value.code is ErrorCode.PERMISSION_DENIED
                 assert info.value.details["caller"] == "proc"  # checked as the attached agent
-                with pytest.raises(P2PError) as info:
-                    await client.call_tool("toolbox.add", {"a": "x"})
+                with pytest.raises(RemoteError) as info:
+                    await client.tools.call_tool("toolbox.add", {"a": "x"})
                 assert info.value.code is ErrorCode.INVALID_INPUT
                 assert info.value.message.startswith("arguments.a:")
-                read = await client.read_resource("memo://today")
+                read = await client.tools.read_resource("memo://today")
                 assert read["contents"][0]["text"] == '{"tasks":3}'
-                with pytest.raises(P2PError) as info:
-                    await client.read_resource("memo://nothing")
-                assert info.value.code is ErrorCode.RESOURCE_NOT_FOUND
-                prompt = await client.get_prompt("toolbox.greet", {"name": "Ann"})
+                with pytest.raises(LocalError) as unknown:  # no owner known: the caller's side
+                    await client.tools.read_resource("memo://nothing")
+                assert unknown.value.code is ErrorCode.RESOURCE_NOT_FOUND
+                prompt = await client.tools.get_prompt("toolbox.greet", {"name": "Ann"})
                 assert prompt["messages"][0]["content"]["text"] == "Hello Ann"
-                assert (await client.list_prompts())["items"][0]["name"] == "toolbox.greet"
-                assert (await client.list_resources())["items"][0]["uri"] == "memo://today"
+                assert (await client.tools.list_prompts()).items[0]["name"] == "toolbox.greet"
+                assert (await client.tools.list_resources()).items[0]["uri"] == "memo://today"
             by_tool = owner_node.status()["metrics"]["toolInvocationsByTool"]
             assert by_tool["toolbox.add"] == 2 and by_tool["toolbox.secret"] == 1
 

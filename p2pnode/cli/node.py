@@ -319,7 +319,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         await node.join()
         # Attached processes use the swarm's tools and offer their own (audited here).
         agents_socket = AgentSocket(node, data_dir / AGENT_SOCKET_NAME, documents=node.shared,
-                                    tools=node.tools, audit=node.tool_audit,
+                                    tools=node.tools, tasks=node.tasks, audit=node.tool_audit,
                                     endorser=endorser)  # fmt: skip
         await node.start_service(agents_socket)
         await start_mcp_servers(node, args, authority=endorser, roles=roles)  # --mcp-server

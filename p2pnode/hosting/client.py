@@ -52,9 +52,10 @@ import itertools
 import logging
 import signal
 from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 import anyio.abc
@@ -62,10 +63,13 @@ import outcome
 import sniffio
 
 from p2pnode.agent.definition import Agent
+from p2pnode.agent.task import TERMINAL_STATES, Task, TaskState
 from p2pnode.agent.tools import Caller
+from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Envelope, EnvelopeError, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.identity import default_data_dir
+from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.hosting.aiohandoff import start_eagerly
 from p2pnode.hosting.clientlink import Link, ProtocolLink, StreamLink
 from p2pnode.services.attach.wire import (
@@ -79,10 +83,15 @@ from p2pnode.services.attach.wire import (
     object_untrusted,
 )
 
+if TYPE_CHECKING:
+    from p2pnode.services.tools.client import Listing
+
 logger = logging.getLogger("p2pnode.hosting.client")
 
 #: Seconds ``detach`` may take when the client closes.
 DETACH_TIMEOUT = 5.0
+#: Proposed tasks followed at once (each is a handle updated by the node's events).
+MAX_OPEN_TASKS = 10_000
 
 
 def socket_path(data_dir: Path | str | None = None) -> Path:
@@ -110,7 +119,9 @@ def card_template(agent: Agent) -> dict[str, Any]:
 
 
 def _error(body: object) -> P2PError:
-    """The error of an ``{"ok": false}`` reply, typed by its code."""
+    """The error of an ``{"ok": false}`` reply (or of a ``task`` event), typed by its code
+    and blame: RemoteError when the node marks it ``remote`` (a responder's or a peer's,
+    as the in-process node raises it), else LocalError."""
     if not isinstance(body, dict):
         return LocalError(ErrorCode.INTERNAL, "unreadable error from the node")
     code = str(body.get("code"))
@@ -118,7 +129,8 @@ def _error(body: object) -> P2PError:
     details = {k: v for k, v in details.items() if k not in ("code", "message")} if isinstance(
         details, dict
     ) else {}  # fmt: skip
-    return LocalError(
+    kind = RemoteError if body.get("remote") is True else LocalError
+    return kind(
         ErrorCode(code) if code in ErrorCode.__members__ else ErrorCode.INTERNAL,
         str(body.get("message", "")),
         **details,
@@ -126,13 +138,14 @@ def _error(body: object) -> P2PError:
 
 
 class _Call:
-    """An op waiting for its reply."""
+    """An op waiting for its reply (``task``: the handle a ``tasks.propose`` made)."""
 
-    __slots__ = ("done", "reply")
+    __slots__ = ("done", "reply", "task")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.reply: dict[str, Any] | None = None
+        self.task: TaskHandle | None = None
 
 
 class AgentClient:
@@ -171,6 +184,14 @@ class AgentClient:
         self._context = contextvars.copy_context()
         self._handling = False
         self._handler: asyncio.Task[None] | None = None
+        #: Tasks the agent proposed that have not ended, by id (their events update them).
+        self._open_tasks: dict[str, TaskHandle] = {}
+        #: The swarm's tools, resources and prompts, used as the agent.
+        self.tools = Tools(self)
+        #: Task negotiation, as the agent.
+        self.tasks = Tasks(self)
+        #: Shared documents, as the agent.
+        self.shared = SharedDocs(self)
 
     @property
     def agent_id(self) -> str:
@@ -296,64 +317,24 @@ class AgentClient:
         except EnvelopeError as exc:
             raise LocalError(ErrorCode.INTERNAL, f"unreadable response: {exc.message}") from None
 
-    async def doc_subscribe(self, doc: str) -> dict[str, Any]:
-        """Make the agent a member of shared document ``doc``."""
-        result: dict[str, Any] = await self._call({"op": "doc.subscribe", "doc": doc})
-        return result
-
-    async def doc_update(self, doc: str, update: dict[str, Any]) -> dict[str, Any]:
-        """Apply an operation (``{"op": "counter.add", "path": [...]}``, ...) once durable."""
-        op = {"op": "doc.update", "doc": doc, "update": update}
-        result: dict[str, Any] = await self._call(op)
-        return result
-
-    async def doc_read(self, doc: str) -> dict[str, Any]:
-        """``{"doc", "value", "clock", "peers"}`` of shared document ``doc``."""
-        result: dict[str, Any] = await self._call({"op": "doc.read", "doc": doc})
-        return result
-
-    # -- the swarm's tools, resources and prompts (docs/protocol/tools.md) -------------------
-
-    async def list_tools(self) -> dict[str, Any]:
-        """Every tool the agent may use in the swarm: ``{"items", "unreachable", "dropped"}``,
-        each item with ``name`` (``agent.tool``), ``agentId``, ``description`` and schemas."""
-        result: dict[str, Any] = await self._call({"op": "tools.list"})
-        return result
-
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
-        """Call tool ``name`` (``agent.tool``); returns its result. Raises the owner's
-        error (TOOL_NOT_FOUND, PERMISSION_DENIED, INVALID_INPUT, ...)."""
-        op = {"op": "tools.call", "name": name, "arguments": arguments or {}}
-        return (await self._call(op))["result"]
-
-    async def list_resources(self) -> dict[str, Any]:
-        """Every resource the agent may read: ``{"items", "unreachable", "dropped"}``."""
-        result: dict[str, Any] = await self._call({"op": "resources.list"})
-        return result
-
-    async def read_resource(self, uri: str, *, agent: str | None = None) -> dict[str, Any]:
-        """Read resource ``uri`` (from ``agent``, default: the agent whose card lists it):
-        ``{"contents": [{"uri", "mimeType", "text" or "blob"}]}``."""
-        op: dict[str, Any] = {"op": "resources.read", "uri": uri}
-        if agent is not None:
-            op["agent"] = agent
-        result: dict[str, Any] = await self._call(op)
-        return result
-
-    async def list_prompts(self) -> dict[str, Any]:
-        """Every prompt the agent may get: ``{"items", "unreachable", "dropped"}``."""
-        result: dict[str, Any] = await self._call({"op": "prompts.list"})
-        return result
-
-    async def get_prompt(
-        self, name: str, arguments: dict[str, str] | None = None
-    ) -> dict[str, Any]:
-        """Prompt ``name`` (``agent.prompt``) rendered: ``{"description", "messages"}``."""
-        op = {"op": "prompts.get", "name": name, "arguments": arguments or {}}
-        result: dict[str, Any] = await self._call(op)
-        return result
+    async def find(self, capability: str) -> list[AgentCard]:
+        """Agents offering ``capability`` that the agent may discover (as :meth:`Node.find`
+        with the agent as viewer). Raises LocalError(INTERNAL) for a card the node sent
+        that cannot be read."""
+        result = await self._call({"op": "find", "capability": capability})
+        try:
+            return [AgentCard.from_dict_untrusted(card) for card in result["cards"]]
+        except (P2PError, KeyError, TypeError) as exc:
+            raise LocalError(ErrorCode.INTERNAL, f"unreadable card from the node: {exc}") from None
 
     async def _call(self, op: dict[str, Any]) -> Any:
+        """Run one op; its result. Raises the node's error for it, typed by its code and
+        blame (``remote``), or the connection's failure."""
+        call = await self._exchange(op)
+        assert call.reply is not None
+        return call.reply.get("result")
+
+    async def _exchange(self, op: dict[str, Any]) -> _Call:
         if self._closed.is_set():
             raise self._failure or LocalError(ErrorCode.CHANNEL_CLOSED, "not connected")
         call_id = next(self._ids)
@@ -368,7 +349,7 @@ class AgentClient:
             raise self._failure or LocalError(ErrorCode.CHANNEL_CLOSED, "the node closed")
         if reply.get("ok") is not True:
             raise _error(reply.get("error"))
-        return reply.get("result")
+        return call
 
     async def _write(self, obj: dict[str, Any]) -> None:
         """One line to the node. Raises LocalError(INVALID_ARGUMENT) for data without a JSON
@@ -417,6 +398,8 @@ class AgentClient:
         if event == "envelope":
             caller = caller_from_plain(obj.get("caller"))
             self._on_envelope(obj.get("envelope"), caller, refusals)
+        elif event == "task":
+            self._on_task_event(obj)
         elif event == "overflow":
             logger.warning("%s: the node dropped %s envelopes", self.agent_id, obj.get("dropped"))
         elif "ok" in obj:
@@ -426,6 +409,9 @@ class AgentClient:
         call = self._calls.get(reply["id"]) if type(reply.get("id")) is int else None
         if call is not None:
             call.reply = reply
+            if reply.get("op") == "tasks.propose" and reply.get("ok") is True:
+                # Made here, in the reader, so the task's events (the next lines) find it.
+                call.task = self._open_task(reply.get("result"))
             call.done.set()
             return
         error = reply.get("error")
@@ -516,6 +502,25 @@ class AgentClient:
             )
             await self._write({**line, "type": "error", "payload": failed.to_dict()})
 
+    def _open_task(self, result: object) -> TaskHandle | None:
+        """The handle of a task the node says it proposed (None: an unreadable result)."""
+        if not isinstance(result, dict) or not isinstance(result.get("taskId"), str):
+            return None
+        if len(self._open_tasks) >= MAX_OPEN_TASKS:
+            logger.warning("%s: %d tasks open: not following more", self.agent_id, MAX_OPEN_TASKS)
+            return None
+        handle = TaskHandle(self, result)
+        self._open_tasks[handle.task_id] = handle
+        return handle
+
+    def _on_task_event(self, event: dict[str, Any]) -> None:
+        handle = self._open_tasks.get(str(event.get("taskId")))
+        if handle is None:
+            logger.debug("%s: an event of no open task: %s", self.agent_id, event.get("taskId"))
+            return
+        if handle._apply(event):
+            del self._open_tasks[handle.task_id]
+
     def _end(self, failure: P2PError) -> None:
         if self._closed.is_set():
             return
@@ -523,6 +528,235 @@ class AgentClient:
         self._closed.set()
         for call in self._calls.values():
             call.done.set()  # no reply: the caller raises the failure
+        for handle in self._open_tasks.values():
+            handle._lost(failure)  # their events cannot come any more
+        self._open_tasks.clear()
+
+
+# -- the grouped ops: the same names as the in-process node's (p2pnode.agent.surface) ----------
+
+
+class Tools:
+    """``client.tools``: the swarm's tools, resources and prompts, used as the agent
+    (as ``node.tools`` with the agent as ``caller``; docs/protocol/tools.md)."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self._client = client
+
+    async def _listing(self, op: str) -> Listing:
+        # Imported here: the module that defines it loads trio, which a client on asyncio
+        # does not otherwise need.
+        from p2pnode.services.tools.client import Listing
+
+        result = await self._client._call({"op": op})
+        return Listing(result["items"], result["unreachable"], result["dropped"])
+
+    async def list_tools(self) -> Listing:
+        """Every tool the agent may use in the swarm (items named ``agent.tool``)."""
+        return await self._listing("tools.list")
+
+    async def list_resources(self) -> Listing:
+        """Every resource the agent may read."""
+        return await self._listing("resources.list")
+
+    async def list_prompts(self) -> Listing:
+        """Every prompt the agent may get."""
+        return await self._listing("prompts.list")
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None) -> Any:
+        """Call tool ``name`` (``agent.tool``); returns its result. Raises RemoteError with
+        the owner's code (TOOL_NOT_FOUND, PERMISSION_DENIED, INVALID_INPUT, ...)."""
+        op = {"op": "tools.call", "name": name, "arguments": dict(arguments or {})}
+        return (await self._client._call(op))["result"]
+
+    async def read_resource(self, uri: str, *, agent: str | None = None) -> dict[str, Any]:
+        """Read resource ``uri`` (from ``agent``, default: the agent whose card lists it):
+        ``{"contents": [...]}``. Raises LocalError(RESOURCE_NOT_FOUND) when none does."""
+        op: dict[str, Any] = {"op": "resources.read", "uri": uri}
+        if agent is not None:
+            op["agent"] = agent
+        result: dict[str, Any] = await self._client._call(op)
+        return result
+
+    async def get_prompt(
+        self, name: str, arguments: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Prompt ``name`` (``agent.prompt``) rendered: ``{"description", "messages"}``."""
+        op = {"op": "prompts.get", "name": name, "arguments": dict(arguments or {})}
+        result: dict[str, Any] = await self._client._call(op)
+        return result
+
+
+class Tasks:
+    """``client.tasks``: task negotiation as the agent (as ``node.tasks``)."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self._client = client
+
+    async def propose(
+        self,
+        target: str | Iterable[str],
+        task: Task,
+        *,
+        deadline: float | None = None,
+        capability: bool = False,
+        justification: str | None = None,
+    ) -> TaskHandle:
+        """Propose ``task`` and return it once awarded (see ``TaskService.propose``).
+        Raises LocalError: PROPOSAL_TIMEOUT, AGENT_NOT_FOUND, CAPABILITY_NOT_FOUND, BUSY,
+        a policy refusal; RemoteError(TASK_REJECTED) when every target rejected it."""
+        op: dict[str, Any] = {
+            "op": "tasks.propose",
+            "to": target if isinstance(target, str) else list(target),
+            "task": task.to_dict(),
+        }
+        if capability:
+            op["capability"] = True
+        if deadline is not None:
+            op["deadline"] = deadline
+        if justification is not None:
+            op["justification"] = justification
+        call = await self._client._exchange(op)
+        if call.task is None:
+            raise LocalError(ErrorCode.INTERNAL, "the node's answer names no task to follow")
+        return call.task
+
+
+class TaskHandle:
+    """A task the agent proposed, followed through the node's ``task`` events: the
+    proposer's side of ``TaskService``'s handle (``state``, ``result()``, ``updates()``,
+    ``cancel()``)."""
+
+    def __init__(self, client: AgentClient, result: dict[str, Any]) -> None:
+        self._client = client
+        self.task_id: str = result["taskId"]
+        self.state = _state(result.get("state"))
+        self.assignee: str | None = result.get("assignee")
+        self.progress: float | None = None
+        self.message = ""
+        self._end: dict[str, Any] | None = None  # the last event, once the task ended
+        self._failure: P2PError | None = None  # the connection ended first
+        self._changed = anyio.Event()
+
+    def _apply(self, event: dict[str, Any]) -> bool:
+        """An event of the node; True once the task ended."""
+        self.state = _state(event.get("state"))
+        assignee, progress, message = (event.get(k) for k in ("assignee", "progress", "message"))
+        self.assignee = assignee if isinstance(assignee, str) else self.assignee
+        if isinstance(progress, int | float) and not isinstance(progress, bool):
+            self.progress = float(progress)
+        self.message = message if isinstance(message, str) else self.message
+        if self.state in TERMINAL_STATES:
+            self._end = event
+        self._notify()
+        return self._end is not None
+
+    def _lost(self, failure: P2PError) -> None:
+        self._failure = failure
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of the task's state or progress."""
+        await self._changed.wait()
+
+    async def result(self) -> Any:
+        """The result once the task completed; raises as the in-process handle does
+        (RemoteError with the executor's code, LocalError(TASK_CANCELED)), or the
+        connection's failure when it ended first."""
+        while self._end is None and self._failure is None:
+            await self._changed.wait()
+        return self.outcome()
+
+    def outcome(self) -> Any:
+        """The result of a completed task (raises as :meth:`result`; LocalError
+        (INVALID_ARGUMENT) while it runs)."""
+        if self._end is not None:
+            if "error" in self._end:
+                raise _error(self._end["error"])
+            return self._end.get("result")
+        if self._failure is not None:
+            raise self._failure
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"task {self.task_id} is {self.state}")
+
+    async def updates(self) -> AsyncIterator[TaskState]:
+        """The state after each change, until and including the end."""
+        while True:  # ends with the task, or with the connection
+            changed = self._changed
+            yield self.state
+            if self._end is not None or self._failure is not None:
+                return
+            await changed.wait()
+
+    async def cancel(self, reason: str = "") -> None:
+        """Cancel the task. Raises LocalError(ILLEGAL_TRANSITION) once it ended (as the
+        in-process handle does), INVALID_ARGUMENT when the node no longer follows it."""
+        if self._end is not None:
+            raise LocalError(ErrorCode.ILLEGAL_TRANSITION, f"task {self.task_id} is {self.state}")
+        op: dict[str, Any] = {"op": "tasks.cancel", "taskId": self.task_id}
+        if reason:
+            op["reason"] = reason
+        await self._client._call(op)
+
+
+def _state(value: object) -> TaskState:
+    known = {state.value: state for state in TaskState}
+    return known.get(value, TaskState.WORKING) if isinstance(value, str) else TaskState.WORKING
+
+
+class SharedDocs:
+    """``client.shared``: shared CRDT documents, as the agent (as ``node.shared`` with the
+    agent as member)."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self._client = client
+
+    async def subscribe(self, doc: str) -> None:
+        """Make the agent a member of ``doc``."""
+        await self._client._call({"op": "doc.subscribe", "doc": doc})
+
+    async def update(self, doc: str, op: Op) -> dict[str, Any]:
+        """Apply ``op`` to ``doc``; returns ``{"doc", "origin", "seq", "durable"}`` once
+        durable. Raises LocalError(INVALID_ARGUMENT) for an operation the node refuses or
+        one without a JSON form (bytes)."""
+        update = {"op": "doc.update", "doc": doc, "update": op_to_json(op)}
+        result: dict[str, Any] = await self._client._call(update)
+        return result
+
+    async def read(self, doc: str) -> dict[str, Any]:
+        """The current value of ``doc`` as plain data (``{}`` if unknown; sets as sorted
+        lists, as the node's ``value_to_json`` writes them)."""
+        result = await self._client._call({"op": "doc.read", "doc": doc})
+        value: dict[str, Any] = result["value"]
+        return value
+
+
+def _element(op: SetAdd | SetRemove) -> int | str:
+    if isinstance(op.element, bytes):
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "a set element over agent.sock: int or str")
+    return op.element
+
+
+_OP_JSON: dict[type[Op], Any] = {
+    CounterAdd: lambda op: {"op": "counter.add", "amount": op.amount, "growOnly": op.grow_only},
+    RegisterSet: lambda op: {"op": "register.set", "value": op.value, "timestamp": op.timestamp},
+    SetAdd: lambda op: {"op": "set.add", "element": _element(op)},
+    SetRemove: lambda op: {"op": "set.remove", "element": _element(op)},
+    MapRemove: lambda op: {"op": "map.remove"},
+}
+
+
+def op_to_json(op: Op) -> dict[str, Any]:
+    """The ``update`` object of ``doc.update`` for ``op`` (docs/protocol/agents.md).
+    Raises LocalError(INVALID_ARGUMENT) for an operation it has no form for."""
+    form = _OP_JSON.get(type(op))
+    if form is None:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, f"no doc.update form for {type(op).__name__}")
+    obj: dict[str, Any] = form(op)
+    return {**obj, "path": list(op.path)}
 
 
 def _reply_op(envelope: Envelope, type_: MessageType, payload: Any) -> dict[str, Any]:
@@ -571,4 +805,14 @@ def run_agent(
     anyio.run(serve, backend=backend)
 
 
-__all__ = ["AgentClient", "card_template", "run_agent", "socket_path"]
+__all__ = [
+    "AgentClient",
+    "SharedDocs",
+    "TaskHandle",
+    "Tasks",
+    "Tools",
+    "card_template",
+    "op_to_json",
+    "run_agent",
+    "socket_path",
+]

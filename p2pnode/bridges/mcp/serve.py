@@ -65,6 +65,7 @@ from p2pnode.bridges.mcp.names import (
 )
 from p2pnode.bridges.mcp.stdio import pipe_stdio
 from p2pnode.core.errors import P2PError
+from p2pnode.services.tools.client import Listing
 
 logger = logging.getLogger("p2pnode.mcp")
 
@@ -76,14 +77,14 @@ _KINDS = ("tools", "resources", "prompts")
 
 
 class SwarmTools(Protocol):
-    """What the server uses of the swarm: :class:`~p2pnode.hosting.client.AgentClient`'s tool
-    methods (docs/protocol/agents.md, ``tools.*``)."""
+    """What the server uses of the swarm: :class:`~p2pnode.hosting.client.AgentClient`'s
+    ``client.tools`` (docs/protocol/agents.md, ``tools.*``)."""
 
-    async def list_tools(self) -> dict[str, Any]: ...
+    async def list_tools(self) -> Listing: ...
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> Any: ...
-    async def list_resources(self) -> dict[str, Any]: ...
+    async def list_resources(self) -> Listing: ...
     async def read_resource(self, uri: str, *, agent: str | None = None) -> dict[str, Any]: ...
-    async def list_prompts(self) -> dict[str, Any]: ...
+    async def list_prompts(self) -> Listing: ...
     async def get_prompt(
         self, name: str, arguments: dict[str, str] | None = None
     ) -> dict[str, Any]: ...
@@ -271,10 +272,10 @@ class SwarmServer:
 
     async def _listing(self, list_kind: Callable[[], Any]) -> dict[str, Any]:
         try:
-            listing: dict[str, Any] = await list_kind()
+            listing: Listing = await list_kind()
         except P2PError as exc:
             raise MCPError(jsonrpc_code(exc), error_text(exc), error_info(exc)) from None
-        return listing
+        return listing.to_dict()
 
     # -- the list follows the swarm ---------------------------------------------------------
 
@@ -312,7 +313,7 @@ class SwarmServer:
             except P2PError as exc:
                 logger.info("listing the swarm's %s failed: %s", kind, exc)
                 continue
-            out[kind] = json.dumps(listing.get("items"), sort_keys=True)
+            out[kind] = json.dumps(listing.items, sort_keys=True)
         return out
 
     async def notify_changed(self, kind: str) -> None:

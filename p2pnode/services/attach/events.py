@@ -90,6 +90,23 @@ class ToolOp(Event):
     params: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class FindOp(Event):
+    """``find``: the cards of agents offering ``capability`` that the agent may discover."""
+
+    ref: Ref
+    capability: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOp(Event):
+    """``tasks.propose`` (``params``: ``to``, ``task``, ``capability``, ``deadline``,
+    ``justification``, checked) or ``tasks.cancel`` (``taskId``, ``reason``)."""
+
+    ref: Ref
+    params: dict[str, Any]
+
+
 __all__ = [
     "Answer",
     "Attach",
@@ -97,7 +114,9 @@ __all__ = [
     "Detach",
     "DocOp",
     "Event",
+    "FindOp",
     "Request",
     "Send",
+    "TaskOp",
     "ToolOp",
 ]

@@ -33,7 +33,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +42,7 @@ import trio
 
 from p2pnode.agent.definition import Agent, Message
 from p2pnode.agent.definition import Reply as AgentReply
+from p2pnode.agent.task import TERMINAL_STATES, Task, TaskState
 from p2pnode.agent.tools import MCP_METHODS, Caller
 from p2pnode.core.boundary import describe
 from p2pnode.core.card import Origin
@@ -72,8 +73,10 @@ from p2pnode.services.attach.session import (
     Detach,
     DocOp,
     Event,
+    FindOp,
     Request,
     Send,
+    TaskOp,
     ToolOp,
 )
 from p2pnode.services.attach.wire import (
@@ -130,6 +133,46 @@ class ToolUse(Protocol):
     ) -> dict[str, Any]: ...
 
 
+class ProposedTask(Protocol):
+    """A task the agent proposed, as its proposer holds it (a TaskHandle)."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def state(self) -> TaskState: ...
+
+    @property
+    def assignee(self) -> str | None: ...
+
+    @property
+    def progress(self) -> float | None: ...
+
+    @property
+    def message(self) -> str: ...
+
+    def outcome(self) -> Any: ...
+
+    def updates(self) -> AsyncIterator[TaskState]: ...
+
+    async def cancel(self, reason: str = "") -> None: ...
+
+
+class Proposer(Protocol):
+    """Task negotiation as a local agent uses it (the node's TaskService)."""
+
+    async def propose(
+        self,
+        sender: str,
+        target: str | Iterable[str],
+        task: Task,
+        *,
+        deadline: float | None = None,
+        capability: bool = False,
+        justification: str | None = None,
+    ) -> ProposedTask: ...
+
+
 class ForwardedAudit(Protocol):
     """Records a use of an attached agent's tool when the process answers it."""
 
@@ -141,7 +184,8 @@ class AgentSocket:
     ``await node.start_service(AgentSocket(node, data_dir / AGENT_SOCKET_NAME))``.
 
     ``documents`` (the node's shared state) enables the ``doc.*`` ops, ``tools``
-    (``node.tools``) the ``tools.*``, ``resources.*`` and ``prompts.*`` ops;
+    (``node.tools``) the ``tools.*``, ``resources.*`` and ``prompts.*`` ops, ``tasks``
+    (``node.tasks``) the ``tasks.*`` ops;
     ``audit`` (``node.tool_audit``) records the uses of attached agents' tools;
     ``endorser`` endorses attached agents' cards (a swarm with an authority,
     whose key the node's owner holds); ``limits`` bound each connection;
@@ -156,6 +200,7 @@ class AgentSocket:
         *,
         documents: Documents | None = None,
         tools: ToolUse | None = None,
+        tasks: Proposer | None = None,
         audit: ForwardedAudit | None = None,
         endorser: Identity | None = None,
         limits: AttachLimits | None = None,
@@ -166,6 +211,7 @@ class AgentSocket:
         self.path = path
         self.documents = documents
         self.tools = tools
+        self.tasks = tasks
         self.audit = audit
         self.endorser = endorser
         self.limits = limits if limits is not None else AttachLimits()
@@ -293,13 +339,19 @@ class _Connection:
             Request: self._start_op,
             DocOp: self._start_op,
             ToolOp: self._start_op,
+            FindOp: self._start_op,
+            TaskOp: self._start_op,
         }
         self._ops: dict[type[Event], Callable[[Any], Awaitable[Any]]] = {
             Send: self._send,
             Request: self._request,
             DocOp: self._doc,
             ToolOp: self._tool,
+            FindOp: self._find,
+            TaskOp: self._task,
         }
+        #: Tasks the agent proposed that have not ended, by id (their events are streamed).
+        self._proposed: dict[str, ProposedTask] = {}
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -373,6 +425,7 @@ class _Connection:
             try:
                 for request in pending:
                     await self._refuse(request, ErrorCode.AGENT_UNAVAILABLE, "its process left")
+                await self._cancel_proposed()
                 await self._host.remove_agent(agent_id)
             except P2PError as exc:
                 logger.info("withdrawing %s: %s", agent_id, exc)
@@ -514,11 +567,11 @@ class _Connection:
         except P2PError as exc:
             logger.info("%s to %s not delivered: %s", code, request.sender, exc)
 
-    async def _start_op(self, event: Send | Request | DocOp | ToolOp) -> None:
+    async def _start_op(self, event: _Op) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self._run_op, event)
 
-    async def _run_op(self, event: Send | Request | DocOp | ToolOp) -> None:
+    async def _run_op(self, event: _Op) -> None:
         """One op's failure boundary: whatever it raises becomes its error reply."""
         try:
             result = await self._ops[type(event)](event)
@@ -599,6 +652,80 @@ class _Connection:
         }[op or ""]
         return (await listing(caller)).to_dict()
 
+    async def _find(self, event: FindOp) -> Any:
+        cards = await self._host.find(event.capability)
+        viewer = self._host.local_agent(self._agent)
+        visible = self._host.policy.filter_discoverable(viewer, cards)
+        return {"cards": [card.to_dict() for card in visible]}
+
+    async def _task(self, event: TaskOp) -> Any:
+        tasks = self._service.tasks
+        if tasks is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "this node offers no task ops")
+        params = event.params
+        if event.ref.op == "tasks.cancel":
+            handle = self._proposed.get(params["taskId"])
+            if handle is None:
+                raise LocalError(
+                    ErrorCode.INVALID_ARGUMENT, f"no open task {params['taskId']!r} of this agent"
+                )
+            await handle.cancel(params["reason"])
+            return {"taskId": handle.task_id, "state": str(handle.state)}
+        handle = await tasks.propose(
+            self._agent,
+            params["to"],
+            params["task"],
+            deadline=params["deadline"],
+            capability=params["capability"],
+            justification=params["justification"],
+        )
+        self._proposed[handle.task_id] = handle
+        assert self._nursery is not None
+        self._nursery.start_soon(self._watch_task, handle)  # its events follow this reply
+        return {"taskId": handle.task_id, "assignee": handle.assignee, "state": str(handle.state)}
+
+    async def _watch_task(self, handle: ProposedTask) -> None:
+        """Stream ``task`` events of ``handle`` to the process until it ends."""
+        try:
+            async for _ in handle.updates():
+                self.session.notify(task_event(handle))
+                self._kick()
+        finally:
+            self._proposed.pop(handle.task_id, None)
+
+    async def _cancel_proposed(self) -> None:
+        """The agent is withdrawn: tasks it proposed that still run are cancelled."""
+        for handle in list(self._proposed.values()):
+            try:
+                await handle.cancel("the proposer's process left")
+            except P2PError as exc:
+                logger.debug("cancel of %s: %s", handle.task_id, exc)
+        self._proposed.clear()
+
+
+_Op = Send | Request | DocOp | ToolOp | FindOp | TaskOp
+
+
+def task_event(handle: ProposedTask) -> dict[str, Any]:
+    """The ``task`` event of ``handle`` now (docs/protocol/agents.md): its state and, once
+    it ended, its ``result`` or ``error``."""
+    event: dict[str, Any] = {
+        "event": "task",
+        "taskId": handle.task_id,
+        "state": str(handle.state),
+        "assignee": handle.assignee,
+        "progress": handle.progress,
+        "message": handle.message,
+    }
+    if handle.state in TERMINAL_STATES:
+        try:
+            event["result"] = handle.outcome()
+        except P2PError as exc:
+            event["error"] = exc.to_dict()
+            if isinstance(exc, RemoteError):
+                event["error"]["remote"] = True
+    return event
+
 
 __all__ = [
     "AGENT_SOCKET_NAME",
@@ -606,5 +733,8 @@ __all__ = [
     "WITHDRAW_TIMEOUT",
     "AgentSocket",
     "Documents",
+    "ProposedTask",
+    "Proposer",
     "ToolUse",
+    "task_event",
 ]

@@ -38,8 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from p2pnode.agent.task import Task, TaskError
 from p2pnode.core.envelope import MAX_ID_LENGTH, Envelope, MessageType
-from p2pnode.core.errors import ErrorCode, LocalError, P2PError
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.services.attach.events import (
     Answer,
     Attach,
@@ -47,12 +48,15 @@ from p2pnode.services.attach.events import (
     Detach,
     DocOp,
     Event,
+    FindOp,
     Request,
     Send,
+    TaskOp,
     ToolOp,
 )
 from p2pnode.services.attach.wire import (
     MAX_LINE,
+    MAX_TEXT,
     PROTOCOL_VERSION,
     TYPES,
     AttachError,
@@ -133,9 +137,15 @@ PAUSED: Final = _Sentinel.PAUSED
 TOOL_OPS: Final = frozenset(
     {"tools.list", "tools.call", "resources.list", "resources.read", "prompts.list", "prompts.get"}
 )
+#: Task ops (the task service's), counted against ``max_ops``.
+TASK_OPS: Final = frozenset({"tasks.propose", "tasks.cancel"})
 RUNNING_OPS: Final = (
-    frozenset({"send", "request", "doc.subscribe", "doc.update", "doc.read"}) | TOOL_OPS
+    frozenset({"send", "request", "find", "doc.subscribe", "doc.update", "doc.read"})
+    | TOOL_OPS
+    | TASK_OPS
 )
+#: Targets one ``tasks.propose`` may name (the task service bounds them further).
+MAX_TASK_TARGETS: Final = 64
 
 
 class Delivery(enum.Enum):
@@ -365,6 +375,25 @@ class AgentSession:
         self._running += 1
         return ToolOp(ref, params)
 
+    def _find(self, obj: dict[str, Any], ref: Ref) -> Event:
+        only_keys(obj, _COMMON | {"capability"})
+        event = FindOp(ref, text(obj, "capability", None, MAX_ID_LENGTH))
+        self._running += 1
+        return event
+
+    def _task(self, obj: dict[str, Any], ref: Ref) -> Event:
+        if ref.op == "tasks.cancel":
+            only_keys(obj, _COMMON | {"taskId", "reason"})
+            reason = obj.get("reason")
+            params: dict[str, Any] = {
+                "taskId": text(obj, "taskId", None, MAX_ID_LENGTH),
+                "reason": "" if reason is None else text(obj, "reason", None),
+            }
+        else:
+            params = _proposal_untrusted(obj)
+        self._running += 1
+        return TaskOp(ref, params)
+
     def _detach(self, obj: dict[str, Any], ref: Ref) -> Event:
         only_keys(obj, _COMMON)
         self._close("detached")
@@ -394,9 +423,28 @@ class AgentSession:
         self._reply(line)
 
     def op_failed(self, ref: Ref, error: P2PError, **extra: Any) -> None:
-        """An op failed (``extra``: keys added to the error reply, e.g. a reply's ``to``)."""
+        """An op failed (``extra``: keys added to the error reply, e.g. a reply's ``to``).
+        A RemoteError (a responder's or a peer's) is marked ``remote`` in the reply."""
         self._op_done(ref)
-        self._reply(error_line(ref, error, **extra))
+        remote = isinstance(error, RemoteError)
+        self._reply(error_line(ref, error, remote=remote, **extra))
+
+    def notify(self, event: dict[str, Any]) -> None:
+        """Queue an event line that is no envelope (a ``task`` event): it counts as a reply
+        (against the reply backlog). An event without a JSON form, or past ``MAX_LINE``,
+        goes without its ``result`` and with an ``error`` (INVALID_INPUT, MESSAGE_TOO_LARGE)."""
+        if self._state is not SessionState.ATTACHED:
+            return
+        try:
+            line = encode_line(event)
+            problem = None if len(line) <= MAX_LINE + 1 else ErrorCode.MESSAGE_TOO_LARGE
+        except (TypeError, ValueError):
+            problem = ErrorCode.INVALID_INPUT
+        if problem is not None:
+            kept = {k: v for k, v in event.items() if k not in ("result", "error")}
+            error = {"code": str(problem), "message": "the value has no JSON line", "details": {}}
+            line = encode_line({**kept, "error": error})
+        self._reply(line)
 
     def _op_done(self, ref: Ref) -> None:
         if ref.op in RUNNING_OPS:
@@ -529,6 +577,35 @@ _TOOL_KEYS: Final[dict[str, frozenset[str]]] = {
     "resources.read": frozenset({"uri", "agent"}),
 }
 _ATTACHED = frozenset({SessionState.ATTACHED})
+_PROPOSAL_KEYS = frozenset({"to", "task", "capability", "deadline", "justification"})
+
+
+def _proposal_untrusted(obj: dict[str, Any]) -> dict[str, Any]:
+    """The checked keys of a ``tasks.propose``. Raises AttachError(INVALID_ARGUMENT)."""
+    only_keys(obj, _COMMON | _PROPOSAL_KEYS)
+    to = obj.get("to")
+    if isinstance(to, list):
+        if not 0 < len(to) <= MAX_TASK_TARGETS or not all(
+            isinstance(t, str) and 0 < len(t) <= MAX_ID_LENGTH for t in to
+        ):
+            raise invalid(f"to: 1..{MAX_TASK_TARGETS} agent ids")
+        target: str | tuple[str, ...] = tuple(to)
+    else:
+        target = text(obj, "to", None, MAX_ID_LENGTH)
+    try:
+        task = Task.from_dict_untrusted(obj.get("task"))
+    except (TaskError, LocalError) as exc:
+        raise invalid(exc.message) from None
+    deadline = obj.get("deadline")
+    if deadline is not None and (type(deadline) not in (int, float) or not 0 < deadline <= 3600):
+        raise invalid("deadline: seconds, more than 0 and at most 3600")
+    return {
+        "to": target,
+        "task": task,
+        "capability": flag(obj, "capability"),
+        "deadline": float(deadline) if deadline is not None else None,
+        "justification": optional_text(obj, "justification", MAX_TEXT),
+    }
 #: op -> (parser, states that allow it)
 _OPS: Final[dict[str, tuple[_Parser, frozenset[SessionState]]]] = {
     "attach": (AgentSession._attach, frozenset({SessionState.EXPECT_ATTACH})),
@@ -540,6 +617,8 @@ _OPS: Final[dict[str, tuple[_Parser, frozenset[SessionState]]]] = {
     "doc.update": (AgentSession._doc, _ATTACHED),
     "doc.read": (AgentSession._doc, _ATTACHED),
     **dict.fromkeys(TOOL_OPS, (AgentSession._tool, _ATTACHED)),
+    "find": (AgentSession._find, _ATTACHED),
+    **dict.fromkeys(TASK_OPS, (AgentSession._task, _ATTACHED)),
 }
 
 __all__ = [
@@ -548,6 +627,7 @@ __all__ = [
     "PAUSED",
     "REFUSALS",
     "RUNNING_OPS",
+    "TASK_OPS",
     "TOOL_OPS",
     "TRANSITIONS",
     "AgentSession",
@@ -559,8 +639,10 @@ __all__ = [
     "Detach",
     "DocOp",
     "Event",
+    "FindOp",
     "Request",
     "Send",
     "SessionState",
+    "TaskOp",
     "ToolOp",
 ]

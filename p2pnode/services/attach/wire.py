@@ -108,13 +108,19 @@ def encode_line(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
 
-def error_line(ref: Ref | None, error: P2PError, *, fatal: bool = False, **extra: Any) -> bytes:
-    """The error reply to ``ref`` (None: the line had no readable op)."""
+def error_line(
+    ref: Ref | None, error: P2PError, *, fatal: bool = False, remote: bool = False, **extra: Any
+) -> bytes:
+    """The error reply to ``ref`` (None: the line had no readable op). ``remote``: the error
+    is a peer's or a responder's (``"remote": true`` in the error object, so a client raises
+    it as the in-process node does, a RemoteError)."""
     reply: dict[str, Any] = {"op": ref.op if ref else None, "ok": False}
     if ref is not None and ref.id is not None:
         reply["id"] = ref.id
     reply.update(extra)
     reply["error"] = error.to_dict()
+    if remote:
+        reply["error"]["remote"] = True
     if fatal:
         reply["fatal"] = True
     try:
