@@ -22,20 +22,18 @@ from p2pnode.core.registry import Registry
 
 if TYPE_CHECKING:
     from p2pnode.hosting import aio as aio
-    from p2pnode.node.config import NodeConfig
-    from p2pnode.node.node import Node
     from p2pnode.node.router import RoutingResult
-    from p2pnode.node.runtime import open_node
+    from p2pnode.runtime import Node, NodeConfig, open_node
     from p2pnode.simnet import SimNetwork
     from p2pnode.transport.net import TrioNetwork
 
 _LAZY = {
-    "Node": "p2pnode.node.node",
-    "NodeConfig": "p2pnode.node.config",
+    "Node": "p2pnode.runtime",
+    "NodeConfig": "p2pnode.runtime",
     "RoutingResult": "p2pnode.node.router",
     "SimNetwork": "p2pnode.simnet",
     "TrioNetwork": "p2pnode.transport.net",
-    "open_node": "p2pnode.node.runtime",
+    "open_node": "p2pnode.runtime",
 }
 
 

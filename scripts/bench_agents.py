@@ -24,9 +24,7 @@ from p2pnode.agent.definition import Agent, Message
 from p2pnode.core.envelope import Envelope
 from p2pnode.core.identity import Identity
 from p2pnode.hosting import aio
-from p2pnode.node.config import NodeConfig
-from p2pnode.node.node import Node
-from p2pnode.node.runtime import open_node
+from p2pnode.runtime import Node, NodeConfig, open_node
 from p2pnode.transport.net import TrioNetwork
 
 PAYLOAD = "p" * 200  # a 256-byte-ish envelope body once ids and headers are added

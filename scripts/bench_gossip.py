@@ -6,7 +6,7 @@ the broadcast tree (the default) against random fanout push, the tree without
 anti-entropy, and flooding; rounds, reach, frames, bytes and redundant
 deliveries per node (see that script).
 
-Part 2 (real nodes): N = 20 real :class:`~p2pnode.node.node.Node` objects in one
+Part 2 (real nodes): N = 20 real :class:`~p2pnode.runtime.Node` objects in one
 trio process on 127.0.0.1 (TrioNetwork: TCP + Noise), each hosting one agent
 subscribed to one document through ``node.open_shared()`` with the default
 gossip configuration (only the anti-entropy period is set, by ``--ae``).
@@ -51,9 +51,8 @@ from p2pnode.core.identity import Identity
 from p2pnode.crdt.gossip import GossipConfig
 from p2pnode.crdt.ops import CounterAdd
 from p2pnode.crdt.replica import Delta, Replica
-from p2pnode.node.config import NodeConfig
 from p2pnode.node.discovery import MemoryDiscovery
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node, NodeConfig
 from p2pnode.services.shared.service import SharedConfig
 from p2pnode.transport.net import TrioNetwork
 

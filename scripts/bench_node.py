@@ -65,7 +65,7 @@ from bench_floors import BATCH, envelope_rate, task_switch_rate
 from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import P2PError
 from p2pnode.core.identity import Identity
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
 from p2pnode.transport.channel import ChannelConfig, accept_secure, connect_secure

@@ -57,7 +57,7 @@ from bench_node import SERVE_SECONDS
 
 from p2pnode.agent.definition import Agent, Message
 from p2pnode.core.identity import Identity
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node
 from p2pnode.transport.net import TrioNetwork
 
 ARGUMENTS = {"a": 1, "b": 2}

@@ -76,10 +76,9 @@ from p2pnode.dht import rpcwire
 from p2pnode.dht.node import DhtNode
 from p2pnode.dht.records import RecordKind, SignedRecord, card_key, encode_value
 from p2pnode.dht.routing import Contact, RoutingTable
-from p2pnode.node.config import NodeConfig
 from p2pnode.node.control import ControlServer
 from p2pnode.node.frames import encode_envelopes, encode_hello
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node, NodeConfig
 from p2pnode.services.shared.service import SharedConfig
 from p2pnode.simnet import LinkConditions, SimNetwork
 from p2pnode.transport.channel import ChannelConfig, accept_secure

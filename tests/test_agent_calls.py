@@ -20,7 +20,7 @@ from p2pnode.agent.definition import Agent, Message
 from p2pnode.core.envelope import MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.node.callcancel import CANCELLED
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node
 from tests.sim import FAST_NODE, Inbox, connect_all, open_swarm, wait_until
 
 #: FAST_NODE's request timeout is 5 s; the hanging tool's own deadline is shorter.

@@ -15,9 +15,9 @@ PACKAGE = Path(p2pnode.__file__).parent
 # only from its own layer or lower ones.
 LAYERS = {
     "core": 1, "agent": 2, "transport": 3, "simnet": 3, "dht": 5, "crdt": 5,
-    # The services share the kernel's layer while the node still builds some of them.
-    "node": 6, "services": 6, "hosting": 7, "bridges": 8, "cli": 9,
-    "__main__": 10, "__init__": 10,
+    # The kernel knows no service; the composition root (runtime) builds them.
+    "node": 6, "services": 7, "runtime": 8, "hosting": 9, "bridges": 10, "cli": 11,
+    "__main__": 12, "__init__": 12,
 }  # fmt: skip
 
 

@@ -16,8 +16,8 @@ from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, P2PError
 from p2pnode.core.wire import pack
 from p2pnode.node.frames import FrameKind, encode_envelope
-from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
+from p2pnode.runtime import Node
 from tests.sim import FAST_NODE, Inbox, connect_all, swarm, wait_until
 
 #: Who an envelope claims to come from: the evil node's own agent, or the victim's.

@@ -20,8 +20,8 @@ from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.identity import Identity
 from p2pnode.dht.node import DhtNode
 from p2pnode.node.discovery import DhtDiscovery
-from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
+from p2pnode.runtime import Node
 from p2pnode.simnet import SimHost, SimNetwork
 from tests.sim import FAST_NODE, dht_swarm, make_card, swarm, virtual_ms, wait_until
 
@@ -70,7 +70,7 @@ TTL = 600  # seconds: the shortest card lifetimes are minutes
 async def dht_node(
     network: SimHost, seed: int, bootstrap: tuple[tuple[str, int], ...] = ()
 ) -> AsyncIterator[Node]:
-    """What :func:`p2pnode.node.runtime.open_node` builds, with the virtual wall clock."""
+    """What :func:`p2pnode.runtime.open_node` builds, with the virtual wall clock."""
     identity = Identity(bytes([seed]) * 32)
     host = network.host
     config = dataclasses.replace(

@@ -10,7 +10,7 @@ import pytest
 from p2pnode.core.card import Capability
 from p2pnode.core.envelope import Envelope
 from p2pnode.core.errors import ErrorCode, LocalError
-from p2pnode.node.config import NodeConfig
+from p2pnode.runtime import NodeConfig
 from tests.sim import met, open_swarm, wait_until
 
 

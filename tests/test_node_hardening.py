@@ -19,9 +19,9 @@ from p2pnode.core.registry import DEFAULT_MAX_CARDS_PER_PEER, Registry
 from p2pnode.core.threadstore import ThreadStore
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.inbox import DEFAULT_INBOX_BYTES_PER_PEER
-from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
 from p2pnode.node.router import pinned_address, split_address
+from p2pnode.runtime import Node
 from tests.sim import FAST_NODE, Inbox, connect_all, make_card, open_swarm, wait_until
 
 

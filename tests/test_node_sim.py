@@ -26,12 +26,11 @@ from p2pnode.node.channels import (
     ChannelStateMachine,
     RetryPolicy,
 )
-from p2pnode.node.config import NodeConfig
 from p2pnode.node.frames import FrameKind, encode_envelope, encode_hello
-from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind, Outcome
 from p2pnode.node.policy import PolicyConfig, TierRule
 from p2pnode.node.router import BoundedSet
+from p2pnode.runtime import Node, NodeConfig
 from p2pnode.simnet import SimNetwork
 from p2pnode.transport.channel import ChannelConfig
 from tests.sim import (

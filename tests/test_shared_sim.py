@@ -27,8 +27,8 @@ from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, GossipError
 from p2pnode.crdt.ops import CounterAdd, RegisterSet, SetAdd
 from p2pnode.crdt.replica import Replica
 from p2pnode.node.frames import encode_envelope
-from p2pnode.node.node import Node
 from p2pnode.node.observability import EventKind
+from p2pnode.runtime import Node
 from p2pnode.services.shared.docops import (
     decode_gossip_payload_untrusted,
     gossip_payload,

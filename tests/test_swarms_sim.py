@@ -24,6 +24,7 @@ from p2pnode.agent.task import Proposal, Reject, Task
 from p2pnode.agent.taskwork import Work
 from p2pnode.core.card import Capability
 from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.runtime import open_swarms
 from p2pnode.services.swarms.coordinator import SwarmConfig
 from p2pnode.services.swarms.document import (
     CANCELED,
@@ -33,7 +34,7 @@ from p2pnode.services.swarms.document import (
     SubTask,
     SwarmView,
 )
-from p2pnode.services.swarms.service import SwarmService, open_swarms
+from p2pnode.services.swarms.service import SwarmService
 from p2pnode.services.tasks.negotiation import TaskConfig
 from tests.sim import FAST_NODE, FAST_SHARED, Swarm, open_swarm, wait_until
 

@@ -23,7 +23,7 @@ from p2pnode.agent.taskwork import Work
 from p2pnode.core.card import Capability
 from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node
 from p2pnode.services.tasks.negotiation import TaskConfig
 from p2pnode.services.tasks.service import TaskHandle
 from tests.sim import FAST_NODE, Inbox, connect_all, swarm, wait_until

@@ -32,7 +32,7 @@ from p2pnode.agent.tools import (
     template_fields,
 )
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node
 from tests.sim import met, open_swarm, wait_until
 from tests.strategies import json_values
 

@@ -43,7 +43,7 @@ from p2pnode.dht.records import ProviderInfo, RecordKind, SignedRecord, capabili
 from p2pnode.node.discovery import DhtDiscovery
 from p2pnode.node.events import EventKind
 from p2pnode.node.frames import FrameKind
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node
 from p2pnode.services.tools.client import MAX_LISTED, _past_frame_limits
 from tests.sim import FAST_NODE, met, open_swarm, wait_until
 from tests.strategies import one_field_replaced

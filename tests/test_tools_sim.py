@@ -17,10 +17,9 @@ from p2pnode.agent.definition import Agent
 from p2pnode.agent.tools import Access, Caller
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.identity import Identity
-from p2pnode.node.config import NodeConfig
 from p2pnode.node.events import EventKind
-from p2pnode.node.node import Node
 from p2pnode.node.policy import PolicyConfig
+from p2pnode.runtime import Node, NodeConfig
 from p2pnode.services.tools.audit import arguments_digest
 from tests.sim import FAST_NODE, Member, Swarm, met, open_swarm, wait_until
 

@@ -37,7 +37,7 @@ from p2pnode.bridges.mcp import require_sdk
 from p2pnode.core.cardfile import read_card_file
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import Identity, default_data_dir
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node
 
 logger = logging.getLogger("p2pnode.mcp")
 
@@ -161,7 +161,7 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with AgentClient(agent, data_dir=_data_dir(args)) as client:
-            server = SwarmServer(client.tools, poll_interval=args.poll)
+            server = SwarmServer(client, poll_interval=args.poll)
             closed: list[bool] = []
             async with anyio.create_task_group() as tasks:
 

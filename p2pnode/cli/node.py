@@ -35,7 +35,7 @@ from p2pnode.core.envelope import Envelope, wall_clock_ms
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import default_data_dir, load_identity, load_or_create_identity
 from p2pnode.core.jsonutil import b64decode
-from p2pnode.node.config import NodeConfig, format_address, parse_address
+from p2pnode.node.config import format_address, parse_address
 from p2pnode.node.control import (
     CONTROL_SOCKET_NAME,
     ControlServer,
@@ -45,13 +45,11 @@ from p2pnode.node.control import (
     parse_message_type,
 )
 from p2pnode.node.logs import configure_logging
-from p2pnode.node.node import Node
 from p2pnode.node.policy import PolicyConfig
-from p2pnode.node.runtime import open_node
-from p2pnode.services.attach.service import AGENT_SOCKET_NAME, AgentSocket
-from p2pnode.services.metrics import MetricsExporter, check_metrics_extra
+from p2pnode.runtime import Node, NodeConfig, open_node
+from p2pnode.services.attach.service import AGENT_SOCKET_NAME
+from p2pnode.services.metrics import check_metrics_extra
 from p2pnode.services.shared.docops import op_from_json, value_to_json
-from p2pnode.services.swarms.service import open_swarms
 from p2pnode.transport.net import Address, DatagramEndpoint, StreamListener, TrioNetwork
 
 CONTROL_TIMEOUT = 60.0
@@ -309,19 +307,16 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         for agent in agents:
             await node.add_agent(agent, authority=endorser, roles=roles)
         await node.open_shared()
-        await open_swarms(node)  # its agents may join swarms, and it may open some
+        await node.open_swarms()  # its agents may join swarms, and it may open some
         # The control socket answers before joining, which can take a while (bootstrap
         # peers down or slow): `status` shows what the node is doing meanwhile.
         server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
         await node.nursery.start(server.serve)
         if args.metrics:  # Prometheus, read from the node at each scrape
-            await node.start_service(MetricsExporter(node, parse_address(args.metrics)))
+            await node.serve_metrics(parse_address(args.metrics))
         await node.join()
         # Attached processes use the swarm's tools and offer their own (audited here).
-        agents_socket = AgentSocket(node, data_dir / AGENT_SOCKET_NAME, documents=node.shared,
-                                    tools=node.tools, tasks=node.tasks, audit=node.tool_audit,
-                                    endorser=endorser)  # fmt: skip
-        await node.start_service(agents_socket)
+        await node.open_agent_socket(data_dir / AGENT_SOCKET_NAME, endorser=endorser)
         await start_mcp_servers(node, args, authority=endorser, roles=roles)  # --mcp-server
         print(
             json.dumps({"event": "ready", "peerId": str(node.peer_id),

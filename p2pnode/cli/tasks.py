@@ -48,9 +48,8 @@ import trio
 from p2pnode.agent.task import TERMINAL_STATES, Selection, Task, TaskState, valid_id
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.jsonutil import loads_untrusted
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node, open_swarms
 from p2pnode.services.swarms.document import doc_name
-from p2pnode.services.swarms.service import open_swarms
 from p2pnode.services.tasks.service import TaskHandle
 
 Op = Callable[[dict[str, Any]], Any]

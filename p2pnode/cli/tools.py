@@ -44,7 +44,7 @@ from p2pnode.agent.toolwire import split_qualified
 from p2pnode.core.card import AgentCard
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.control import Op
-from p2pnode.node.node import Node
+from p2pnode.runtime import Node
 
 #: How a command asks the running node: ``control(args, request)`` is the op's result.
 Control = Callable[[argparse.Namespace, dict[str, Any]], Any]

@@ -2,7 +2,7 @@
 
 Theory of operation:
 
-* :class:`AgentHost` is a part of the :class:`~p2pnode.node.node.Node`,
+* :class:`AgentHost` is a part of the :class:`~p2pnode.node.kernel.Kernel`,
   which delegates ``add_agent``, ``add_agent_card``, ``remove_agent`` and
   ``add_capability`` to it. It holds the node's local agents (the same map
   the router and the routing driver read).
@@ -15,8 +15,8 @@ Theory of operation:
   and a handler that answers without waiting (most) costs nothing more. The
   first time a handler waits (seen by :func:`_watched` before trio parks the
   task), its request becomes a *call*: its task's scope gets the call's
-  deadline (a tool's own, ``tool_deadline`` for tools, resources and
-  prompts, else ``request_timeout``), the call is registered for its
+  deadline (for a method a service serves, the server's: for tools a
+  tool's own or ``tool_deadline``; else ``request_timeout``), the call is registered for its
   requester's cancel (p2pnode.node.callcancel), and while the agent has fewer
   than ``agent_concurrency`` calls a new task takes over the inbox; the old
   one finishes its call, queues the answer and ends. At the limit the reader
@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import math
 import types
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -58,7 +58,6 @@ from typing import Any, TypeVar
 import trio
 
 from p2pnode.agent.definition import Agent, Message, agent_for_handler
-from p2pnode.agent.tools import MCP_METHODS
 from p2pnode.core.card import AgentCard, Capability, Endpoint
 from p2pnode.core.envelope import Envelope, MessageType, payload_envelope_size
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
@@ -66,7 +65,7 @@ from p2pnode.core.identity import Identity
 from p2pnode.core.lifetime import TaskOwner
 from p2pnode.core.registry import Registry
 from p2pnode.node.channels import ChannelState
-from p2pnode.node.config import NodeConfig
+from p2pnode.node.config import KernelConfig
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.inbox import LOCAL, InboxBudget, Queued, RunningCall
 from p2pnode.node.inlinewrite import InlineWatch, Writer
@@ -75,7 +74,7 @@ from p2pnode.node.observability import Observability
 from p2pnode.node.replies import ReplyLimits, ReplyQueues
 from p2pnode.node.replystream import reply_streamed, surely_inline
 from p2pnode.node.routing import Handler, LocalAgent, Routing
-from p2pnode.services.tools.audit import ToolAudit
+from p2pnode.node.service import MethodServer
 from p2pnode.transport.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
@@ -89,6 +88,14 @@ INLINE_REPLY_WAIT = 0.25
 
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """A request method a service serves instead of the agents' handlers."""
+
+    server: MethodServer
+    streamed: bool
 
 
 @dataclass(slots=True, eq=False)
@@ -170,7 +177,7 @@ class AgentHost:
         owner: TaskOwner,
         agents: dict[str, LocalAgent],
         secure_identity: SecureIdentity,
-        config: NodeConfig,
+        config: KernelConfig,
         registry: Registry,
         events: Observability,
         links: LinkManager,
@@ -178,7 +185,6 @@ class AgentHost:
         advertised_addresses: Callable[[], list[str]],
         on_removed: Callable[[str], None],
         clock_ms: Callable[[], int],
-        tool_audit: ToolAudit,
         *,
         inbox_budget: InboxBudget | None = None,
         reply_limits: ReplyLimits | None = None,
@@ -193,7 +199,8 @@ class AgentHost:
             if reply_limits is not None
             else ReplyLimits(timeout=config.request_timeout),
         )
-        self._tool_audit = tool_audit
+        #: Request methods services serve (see :meth:`serve_methods`), by method name.
+        self._methods: dict[str, _Served] = {}
         self._owner = owner
         self._secure_identity = secure_identity
         self._identity = secure_identity.identity
@@ -223,7 +230,7 @@ class AgentHost:
     async def add_agent(
         self, agent: Agent, *, authority: Identity | None = None, roles: tuple[str, ...] = ()
     ) -> AgentCard:
-        """See :meth:`p2pnode.node.node.Node.add_agent`."""
+        """See :meth:`p2pnode.node.kernel.Kernel.add_agent`."""
         card = self._new_card(agent)
         return await self.add_agent_card(card, agent, authority=authority, roles=roles)
 
@@ -258,7 +265,7 @@ class AgentHost:
         authority: Identity | None = None,
         roles: tuple[str, ...] = (),
     ) -> AgentCard:
-        """See :meth:`p2pnode.node.node.Node.add_agent_card`."""
+        """See :meth:`p2pnode.node.kernel.Kernel.add_agent_card`."""
         if card.public_key != self._identity.public_key:
             raise LocalError(ErrorCode.INVALID_CARD, "the card belongs to another identity")
         if not isinstance(agent, Agent):
@@ -288,7 +295,7 @@ class AgentHost:
         return stored
 
     async def remove_agent(self, agent_id: str) -> None:
-        """See :meth:`p2pnode.node.node.Node.remove_agent`."""
+        """See :meth:`p2pnode.node.kernel.Kernel.remove_agent`."""
         agent = self.agents.get(agent_id)
         if agent is None:
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
@@ -307,7 +314,7 @@ class AgentHost:
             self._owner.nursery.start_soon(self._announce, None)
 
     async def add_capability(self, agent_id: str, capability: Capability) -> AgentCard:
-        """See :meth:`p2pnode.node.node.Node.add_capability`."""
+        """See :meth:`p2pnode.node.kernel.Kernel.add_capability`."""
         agent = self.agents.get(agent_id)
         if agent is None:
             raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no local agent {agent_id!r}")
@@ -315,6 +322,21 @@ class AgentHost:
             return agent.card
         card = dataclasses.replace(agent.card, capabilities=(*agent.card.capabilities, capability))
         return await self.add_agent_card(card, agent.definition)
+
+    def serve_methods(
+        self, methods: Iterable[str], server: MethodServer | None, *, streamed: bool = False
+    ) -> None:
+        """See :meth:`p2pnode.node.kernel.Kernel.serve_methods`."""
+        names = tuple(methods)
+        if server is None:
+            for name in names:
+                self._methods.pop(name, None)
+            return
+        taken = sorted(n for n in names if n in self._methods)
+        if taken:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"methods served already: {taken}")
+        for name in names:
+            self._methods[name] = _Served(server, streamed)
 
     def close_inboxes(self) -> None:
         """Close every agent's inbox: its task answers what is queued, then ends."""
@@ -442,9 +464,9 @@ class AgentHost:
         (see the module docstring)."""
         meta = envelope.metadata
         method = meta.capability if meta is not None else None
-        if method in MCP_METHODS:
-            handling = self._tool_audit.serve(agent.definition, envelope, method or "")
-            streamed = True
+        if method is not None and (served := self._methods.get(method)) is not None:
+            handling = served.server.serve(agent.definition, envelope, method)
+            streamed = served.streamed
         else:
             handling = agent.definition.handle(envelope)
             streamed = False
@@ -484,14 +506,14 @@ class AgentHost:
         serving.nursery.start_soon(self._read, agent, serving)
 
     def _deadline(self, agent: LocalAgent, envelope: Envelope) -> float:
-        """Seconds the handler of request ``envelope`` may run: the tool's own, else
-        ``tool_deadline`` for a use of a tool, resource or prompt, else the node's
-        request timeout."""
+        """Seconds the handler of request ``envelope`` may run: its server's deadline
+        for a method a service serves, else the node's request timeout."""
         meta = envelope.metadata
-        if meta is None or meta.capability not in MCP_METHODS:
+        method = meta.capability if meta is not None else None
+        served = self._methods.get(method) if method is not None else None
+        if served is None:
             return self._config.request_timeout
-        declared = agent.definition.tool_deadline(envelope)
-        return declared if declared is not None else self._config.tool_deadline
+        return served.server.deadline(agent.definition, envelope)
 
     def _call_ended(
         self, agent: LocalAgent, serving: _Serving, reader: _Reader, call: RunningCall

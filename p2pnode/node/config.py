@@ -1,4 +1,8 @@
-"""Node configuration: one validated, immutable object."""
+"""The kernel's configuration: one validated, immutable object.
+
+:class:`p2pnode.runtime.NodeConfig` (``p2pnode.NodeConfig``) extends it with the
+services' settings; the kernel reads only the fields here.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from pathlib import Path
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.channels import RetryPolicy
 from p2pnode.node.policy import PolicyConfig
-from p2pnode.services.tasks.negotiation import TaskConfig
 from p2pnode.transport.channel import ChannelConfig
 from p2pnode.transport.net import Address
 
@@ -30,8 +33,8 @@ def format_address(address: Address) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeConfig:
-    """Everything a node needs besides its network and identity.
+class KernelConfig:
+    """Everything the kernel needs besides its network and identity.
 
     ``listen`` is the TCP address for secure channels; the DHT binds UDP on
     ``dht_listen`` (port 0 picks a free one). ``advertise`` replaces the
@@ -46,8 +49,6 @@ class NodeConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     channel: ChannelConfig = field(default_factory=ChannelConfig)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    #: Task negotiation timers and bounds (p2pnode.services.tasks.service).
-    tasks: TaskConfig = field(default_factory=TaskConfig)
     request_timeout: float = 10.0
     card_ttl_seconds: int = 3600
     inbox_size: int = 256
@@ -57,7 +58,8 @@ class NodeConfig:
     agent_concurrency: int = 64
     #: Seconds a use of a tool, resource or prompt may run at its owner, unless the tool
     #: declares its own (``@agent.tool(deadline=...)``); other requests get
-    #: ``request_timeout``. Then the handler is cancelled and answered TIMEOUT.
+    #: ``request_timeout``. Then the handler is cancelled and answered TIMEOUT. (The
+    #: tools service applies it; it is validated here with the kernel's deadlines.)
     tool_deadline: float = 30.0
     dedup_window: int = 65_536
     max_peers: int = 4096

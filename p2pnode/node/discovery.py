@@ -74,7 +74,7 @@ class MemoryDiscovery:
 
 
 class DhtDiscovery:
-    """The node's view of the DHT (see :class:`p2pnode.node.node.Discovery`)."""
+    """The node's view of the DHT (see :class:`p2pnode.node.discovery.Discovery`)."""
 
     def __init__(self, dht: DhtNode) -> None:
         self.dht = dht

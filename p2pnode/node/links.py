@@ -6,7 +6,7 @@ secure-channel listener loop, and dialing (IK when the peer's card gave its
 static key, XX otherwise). Every new channel, dialed or accepted, starts with
 this node's HELLO. Frames read on any link go to the node's frame handler.
 
-Limits against floods (node/limits.py; defaults in NodeConfig, docs/SECURITY.md):
+Limits against floods (node/limits.py; defaults in KernelConfig, docs/SECURITY.md):
 
 * An accepted connection takes a handshake slot (``max_handshakes`` in all,
   ``max_handshakes_per_host`` per source host) until its handshake ends.
@@ -47,7 +47,7 @@ from p2pnode.node.channels import (
     PeerLink,
     close_quietly,
 )
-from p2pnode.node.config import NodeConfig, parse_address
+from p2pnode.node.config import KernelConfig, parse_address
 from p2pnode.node.limits import DialBudget, HandshakeSlots, ReportGate
 from p2pnode.node.observability import Observability
 from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
@@ -71,7 +71,7 @@ class LinkManager(TaskOwner):
         self,
         secure_identity: SecureIdentity,
         network: Network,
-        config: NodeConfig,
+        config: KernelConfig,
         registry: Registry,
         events: Observability,
         on_frame: FrameHandler,

@@ -119,13 +119,13 @@ class Routing:
         self.interceptors = Interceptors()
 
     def intercept_stream(self, marker: str, interceptor: Interceptor | None) -> None:
-        """See :meth:`p2pnode.node.node.Node.intercept_stream`."""
+        """See :meth:`p2pnode.node.kernel.Kernel.intercept_stream`."""
         self.interceptors.set_stream(marker, interceptor)
 
     def intercept_types(
         self, types: Iterable[MessageType], interceptor: Interceptor | None
     ) -> None:
-        """See :meth:`p2pnode.node.node.Node.intercept_types`."""
+        """See :meth:`p2pnode.node.kernel.Kernel.intercept_types`."""
         self.interceptors.set_types(types, interceptor)
 
     def hello_seen(self, peer_id: PeerId) -> trio.Event:

@@ -52,8 +52,7 @@ import trio
 
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.crdt.gossip import GossipStats
-from p2pnode.node.observability import LATENCY_BUCKETS_MS, Metrics, Observability
-from p2pnode.services.shared.service import SharedState
+from p2pnode.node.observability import LATENCY_BUCKETS_MS, Metrics
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -75,14 +74,34 @@ def check_metrics_extra() -> None:
         raise LocalError(ErrorCode.CONFIG_ERROR, MISSING_EXTRA)
 
 
+class MetricsReader(Protocol):
+    """The node's aggregate metrics (its observability)."""
+
+    def metrics(self) -> Metrics: ...
+
+
+class DocumentFigures(Protocol):
+    """What a scrape reads of the shared documents (the shared-state service)."""
+
+    @property
+    def frames_dropped(self) -> int: ...
+
+    def statistics(self, doc: str) -> GossipStats: ...
+
+    def lag(self, doc: str) -> int: ...
+
+    def peers(self, doc: str) -> tuple[str, ...]: ...
+
+
 class MetricsSource(Protocol):
-    """What a scrape reads of a node (a :class:`~p2pnode.node.node.Node` is one)."""
+    """What a scrape reads of a node (:class:`p2pnode.runtime.Node` is one): its
+    metrics, its ``status``, and when ``status`` lists documents, ``shared``."""
 
     @property
-    def events(self) -> Observability: ...
+    def events(self) -> MetricsReader: ...
 
     @property
-    def shared(self) -> SharedState: ...
+    def shared(self) -> DocumentFigures: ...
 
     def status(self) -> dict[str, Any]: ...
 
@@ -310,8 +329,10 @@ class MetricsExporter:
 
 __all__ = [
     "MISSING_EXTRA",
+    "DocumentFigures",
     "DocumentScrape",
     "MetricsExporter",
+    "MetricsReader",
     "MetricsSource",
     "NodeCollector",
     "Scrape",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from p2pnode.crdt.gossip import GossipConfig
 from p2pnode.dht.config import DhtConfig
 from p2pnode.node.channels import RetryPolicy
-from p2pnode.node.config import NodeConfig
+from p2pnode.runtime import NodeConfig
 from p2pnode.services.shared.service import SharedConfig
 
 #: A node that redials quickly and gives up on a silent request after 5 s.

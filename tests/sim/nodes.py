@@ -1,11 +1,11 @@
 """Swarms of whole nodes in the simulator, on trio's virtual clock.
 
-One builder, :class:`Swarm`: every member is a :class:`~p2pnode.node.node.Node` on
+One builder, :class:`Swarm`: every member is a :class:`~p2pnode.runtime.Node` on
 its own simulated host, with identity ``bytes([index + 1]) * 32`` and listening on
 port 7000, run in a task of the swarm's nursery so that one member can be stopped
 and restarted (same identity, host and data directory) while the others go on.
 Optionally the members share a :class:`MemoryDiscovery` directory, or each runs
-its DHT (opened by :func:`~p2pnode.node.runtime.open_node`, as a daemon does,
+its DHT (opened by :func:`~p2pnode.runtime.open_node`, as a daemon does,
 bootstrapping off the first member), and they open the shared-state service;
 a member may host one agent whose envelopes its
 :class:`Inbox` records. :func:`swarm` is the plain form most tests use: ``count``
@@ -29,10 +29,8 @@ import trio
 from p2pnode.core.envelope import Envelope
 from p2pnode.core.identity import Identity
 from p2pnode.node.channels import ChannelState
-from p2pnode.node.config import NodeConfig
 from p2pnode.node.discovery import MemoryDiscovery
-from p2pnode.node.node import Node
-from p2pnode.node.runtime import open_node
+from p2pnode.runtime import Node, NodeConfig, open_node
 from p2pnode.services.shared.service import SharedConfig, SharedState
 from p2pnode.simnet import SimHost, SimNetwork
 from tests.sim.configs import FAST_NODE

@@ -45,7 +45,7 @@ def eligible_peers(
 ) -> dict[str, str]:
     """Remote agent -> local member, at most one agent per remote node; agents
     ``suspended`` until a later time (trio clock) are left out."""
-    now_ms, now = host.events.now_ms(), trio.current_time()
+    now_ms, now = host.now_ms(), trio.current_time()
     cards = [host.local_agent(m) for m in sorted(members)]
     best: dict[Any, tuple[str, str]] = {}
     for card in host.registry.find_by_capability(CAPABILITY_PREFIX + doc):
@@ -65,7 +65,7 @@ def eligible_peers(
 def refused_replicas(host: ServiceHost, doc: str, members: Iterable[str]) -> list[dict[str, str]]:
     """The replicas of ``doc`` that policy forbids every one of ``members`` to gossip with
     (see :meth:`p2pnode.services.shared.service.SharedState.refused`)."""
-    now_ms = host.events.now_ms()
+    now_ms = host.now_ms()
     cards = [host.local_agent(m) for m in sorted(members)]
     out = []
     for card in host.registry.find_by_capability(CAPABILITY_PREFIX + doc):

@@ -13,11 +13,11 @@ from p2pnode.core.envelope import Envelope
 from p2pnode.core.errors import ErrorCode
 from p2pnode.crdt.clock import CRDTError
 from p2pnode.crdt.signing import ForgedDeltaError
-from p2pnode.node.observability import Observability
+from p2pnode.node.service import EventSink
 
 
 def report_rejected(
-    events: Observability,
+    events: EventSink,
     doc: str,
     source: AgentCard,
     envelope: Envelope,

@@ -57,7 +57,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -70,7 +70,6 @@ from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.gossip import GossipConfig, GossipError, GossipNode, GossipStats, decode_untrusted
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Replica
-from p2pnode.crdt.signing import Signer
 from p2pnode.crdt.store import AsyncCRDTStore
 from p2pnode.node.service import ServiceHost
 from p2pnode.services.shared.docops import (
@@ -94,15 +93,6 @@ from p2pnode.services.shared.watch import Watch
 logger = logging.getLogger("p2pnode.shared")
 
 STORE_FILE_NAME = "crdt.sqlite3"
-
-
-class SharedHost(ServiceHost, Protocol):
-    """What shared state uses of its node: the service interface, and the node's
-    identity to sign the replica's deltas with (a :class:`~p2pnode.node.node.Node`
-    is one)."""
-
-    @property
-    def identity(self) -> Signer: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +152,7 @@ class SharedState(TaskOwner):
 
     def __init__(
         self,
-        host: SharedHost,
+        host: ServiceHost,
         config: SharedConfig | None = None,
         *,
         rng: random.Random | None = None,
@@ -200,6 +190,7 @@ class SharedState(TaskOwner):
         LocalError(CONFIG_ERROR) when the store cannot be opened.
         """
         self.host.intercept_stream(GOSSIP_MARKER, self._on_gossip)
+        unwatch = self.host.watch_agents(removed=self.remove_member)
         try:
             if self.data_dir is not None:
                 self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -229,6 +220,7 @@ class SharedState(TaskOwner):
                 task_status.started()
         finally:
             self._nursery = None
+            unwatch()
             self.host.intercept_stream(GOSSIP_MARKER, None)
             for queue in self._queues.values():
                 queue.close()
@@ -572,7 +564,6 @@ __all__ = [
     "STORE_FILE_NAME",
     "SUBSCRIPTIONS_FILE_NAME",
     "SharedConfig",
-    "SharedHost",
     "SharedState",
     "Watch",
 ]

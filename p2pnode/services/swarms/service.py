@@ -42,9 +42,8 @@ from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.jsonutil import dumps
 from p2pnode.crdt.ops import RegisterSet
-from p2pnode.node.node import Node
 from p2pnode.node.service import ServiceHost
-from p2pnode.services.shared.service import SharedConfig, SharedState
+from p2pnode.services.shared.service import SharedState
 from p2pnode.services.swarms.coordinator import Coordinator, Orders, SwarmConfig, Verdict, invitees
 from p2pnode.services.swarms.document import (
     CANCELED,
@@ -58,6 +57,7 @@ from p2pnode.services.swarms.document import (
     log_key,
 )
 from p2pnode.services.swarms.member import SWARM_MARKER, SwarmMembers, SwarmNode, SwarmStats
+from p2pnode.services.tasks.executor import Joiner
 from p2pnode.services.tasks.service import TaskService
 
 logger = logging.getLogger("p2pnode.swarms")
@@ -139,7 +139,8 @@ class _Coordinating:
 
 class SwarmService:
     """Swarms on one node (see the module docstring). Start it with
-    ``await node.open_swarms()``."""
+    ``await node.open_swarms()`` (p2pnode.runtime), which also hands it to the task
+    service as what runs accepted invitations (:meth:`joiner`)."""
 
     def __init__(
         self,
@@ -162,12 +163,8 @@ class SwarmService:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled. Raises LocalError(INVALID_ARGUMENT) when the node runs
-        another swarm service."""
-        if self.tasks.swarms is not None:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "the node runs a swarm service")
+        another swarm service (its marker is intercepted already)."""
         self.host.intercept_stream(SWARM_MARKER, self._on_message)
-        self.tasks.executor.joiner = self.members.join
-        self.tasks.swarms = self
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -177,8 +174,6 @@ class SwarmService:
         finally:
             self._nursery = None
             self.members.nursery = None
-            self.tasks.executor.joiner = None
-            self.tasks.swarms = None
             self.host.intercept_stream(SWARM_MARKER, None)
 
     def _running(self) -> trio.Nursery:
@@ -186,7 +181,16 @@ class SwarmService:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "the swarm service is not running")
         return self._nursery
 
+    @property
+    def running(self) -> bool:
+        return self._nursery is not None
+
+    def joiner(self) -> Joiner | None:
+        """What runs an accepted invitation (a participation), while the service runs."""
+        return self.members.join if self._nursery is not None else None
+
     def statistics(self) -> dict[str, int]:
+        """The swarm counters ``status`` shows with the tasks'."""
         out = self.stats.to_dict()
         out["swarmsActive"] = self.members.active()
         out["reassignments"] += sum(c.core.reassignments for c in self._coordinating.values())
@@ -220,7 +224,7 @@ class SwarmService:
             plan = Plan.from_json(plan, swarm=swarm_id, opener=opener)
         doc = doc_name(swarm_id)
         await self.shared.subscribe(opener, doc)
-        now_ms = self.host.events.now_ms()
+        now_ms = self.host.now_ms()
         for key, text in plan.chunks():
             await self.shared.update(opener, doc, RegisterSet(("plan", key), text, now_ms))
         node = self.members.node(swarm_id, doc)
@@ -256,7 +260,7 @@ class SwarmService:
             return
         lease = CoordLease(term.core.me, epoch, term.beat)
         term.beat += 1
-        stamp = lease_stamp(epoch, self.host.events.now_ms())
+        stamp = lease_stamp(epoch, self.host.now_ms())
         await self.shared.update(
             term.agent, node.doc, RegisterSet(("coord",), lease.to_json(), stamp)
         )
@@ -315,7 +319,7 @@ class SwarmService:
             path = ("log", term_key, key if part == 0 else f"{key}.{part:04d}")
             text = dumps(piece.to_json())
             await self.shared.update(
-                term.agent, node.doc, RegisterSet(path, text, self.host.events.now_ms())
+                term.agent, node.doc, RegisterSet(path, text, self.host.now_ms())
             )
             self.stats.journal_records += 1
 
@@ -431,7 +435,7 @@ class SwarmService:
                 offered,
                 capacity,
                 now=now,
-                now_ms=self.host.events.now_ms(),
+                now_ms=self.host.now_ms(),
                 external=external,
             )
 
@@ -451,7 +455,7 @@ class SwarmService:
         self, term: _Coordinating, source: AgentCard, payload: dict[str, Any]
     ) -> None:
         core = term.core
-        now, now_ms = trio.current_time(), self.host.events.now_ms()
+        now, now_ms = trio.current_time(), self.host.now_ms()
         agent = self.members.address_of(source)
         if not core.known(agent):
             # Only members (invitations accepted) beat and report (§4.6 rule 1).
@@ -557,24 +561,11 @@ class SwarmService:
         if node is None or node.opener is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"this node did not open swarm {swarm!r}")
         await self.shared.update(
-            node.opener, node.doc, RegisterSet(("cancel",), True, self.host.events.now_ms())
+            node.opener, node.doc, RegisterSet(("cancel",), True, self.host.now_ms())
         )
         term = self._coordinating.get(swarm)
         if term is not None:
             term.core.cancel()
 
 
-async def open_swarms(
-    node: Node, config: SwarmConfig | None = None, *, shared: SharedConfig | None = None
-) -> SwarmService:
-    """Run the swarm service on ``node`` (opening its shared state first, with
-    ``shared``, if it is not open); returns it (the running one if already started)."""
-    if node.tasks.swarms is not None:
-        running: SwarmService = node.tasks.swarms
-        return running
-    service = SwarmService(node, node.tasks, await node.open_shared(shared), config)
-    await node.start_service(service)
-    return service
-
-
-__all__ = ["Aggregate", "SwarmHandle", "SwarmService", "open_swarms"]
+__all__ = ["Aggregate", "SwarmHandle", "SwarmService"]

@@ -38,7 +38,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -67,9 +67,21 @@ from p2pnode.services.tasks.negotiation import ExecTimer, ExecutorThread, TaskCo
 
 logger = logging.getLogger("p2pnode.tasks")
 
-#: What runs an accepted invitation to a swarm (set by the swarm service): called with
-#: the local agent, the proposal and the participation's Work; returns its result.
+#: What runs an accepted invitation to a swarm (the swarm service's): called with the
+#: local agent, the proposal and the participation's Work; returns its result.
 Joiner = Callable[[str, Proposal, Work], Awaitable[Any]]
+
+
+class SwarmRunner(Protocol):
+    """What runs accepted swarm invitations: the node's swarm service, when it runs one
+    (the composition root, p2pnode.runtime, passes it to the task service)."""
+
+    def joiner(self) -> Joiner | None:
+        """The running swarm service's joiner; None when none runs (an invitation is
+        then refused ``unsupported``)."""
+
+    def statistics(self) -> dict[str, int]:
+        """The swarm counters ``status`` shows with the tasks' (empty when none runs)."""
 
 
 @dataclass(slots=True)
@@ -148,6 +160,7 @@ class TaskExecutor:
         config: TaskConfig,
         stats: TaskStats,
         handlers: dict[str, TaskHandlers],
+        swarms: SwarmRunner | None = None,
     ) -> None:
         self.host = host
         self.config = config
@@ -160,12 +173,15 @@ class TaskExecutor:
         #: Refusals being sent, per peer (at most max_refusals_in_flight each).
         self._refusing: dict[str, int] = {}
         self._reports = ReportGate()
-        #: Runs accepted swarm invitations (set by the swarm service).
-        self.joiner: Joiner | None = None
+        #: Runs accepted swarm invitations, when the node runs a swarm service.
+        self._swarms = swarms
 
     def load(self, agent_id: str) -> int:
         """Tasks local agent ``agent_id`` runs now."""
         return self._load.get(agent_id, 0)
+
+    def _joiner(self) -> Joiner | None:
+        return self._swarms.joiner() if self._swarms is not None else None
 
     def cancel_agent(self, agent_id: str) -> None:
         """Cancel what local agent ``agent_id`` runs (it was removed)."""
@@ -216,7 +232,7 @@ class TaskExecutor:
         if key in self.executing:
             return  # a duplicate
         now = trio.current_time()
-        remaining = (proposal.deadline_ms - self.host.events.now_ms()) / 1000
+        remaining = (proposal.deadline_ms - self.host.now_ms()) / 1000
         thread = ExecutorThread(
             proposal.task_id, source.id, now + remaining, self.config, since=now
         )
@@ -289,7 +305,7 @@ class TaskExecutor:
                 logger.exception("%s: the proposal handler failed", agent)
                 failed = f"the proposal handler failed: {type(exc).__name__}"
                 answer = Reject(RejectReason.DECLINED, failed)
-            if isinstance(answer, Accept) and proposal.swarm is not None and self.joiner is None:
+            if isinstance(answer, Accept) and proposal.swarm is not None and self._joiner() is None:
                 answer = Reject(RejectReason.UNSUPPORTED, "this node runs no swarm service")
             if not thread.decided(isinstance(answer, Accept), trio.current_time()):
                 answer = Reject(RejectReason.DEADLINE, "decided after the deadline")
@@ -321,7 +337,7 @@ class TaskExecutor:
             accepted = Accepted(
                 thread.task_id,
                 agent,
-                self.host.events.now_ms() + int(seconds * 1000),
+                self.host.now_ms() + int(seconds * 1000),
                 self.load(agent),
                 handlers.capacity if handlers is not None else 1,
             )
@@ -391,8 +407,9 @@ class TaskExecutor:
                 nursery.cancel_scope.cancel()
             nursery.start_soon(self._keepalive, execution)
             try:
-                if swarm is not None and self.joiner is not None:
-                    result = await self.joiner(execution.agent, proposal, work)
+                joiner = self._joiner() if swarm is not None else None
+                if joiner is not None:
+                    result = await joiner(execution.agent, proposal, work)
                 else:
                     result = await handlers.perform(work)
                 final = Update("", TaskState.COMPLETED, 1.0, result=result)

@@ -58,7 +58,7 @@ from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.node.router import pinned_address, split_address
 from p2pnode.node.service import ServiceHost
-from p2pnode.services.tasks.executor import TaskExecutor
+from p2pnode.services.tasks.executor import SwarmRunner, TaskExecutor
 from p2pnode.services.tasks.negotiation import (
     Decision,
     ProposerThread,
@@ -165,8 +165,10 @@ class TaskHandle:
 
 
 class TaskService:
-    """Task negotiation on one node (see the module docstring). The node runs it and
-    binds each :class:`~p2pnode.agent.definition.Agent` it hosts (:meth:`bind`)."""
+    """Task negotiation on one node (see the module docstring). While it runs it binds
+    each :class:`~p2pnode.agent.definition.Agent` the node hosts (:meth:`bind`).
+    ``swarms`` runs accepted swarm invitations (the composition root passes the node's
+    swarm service; without it they are refused)."""
 
     def __init__(
         self,
@@ -174,6 +176,7 @@ class TaskService:
         config: TaskConfig | None = None,
         *,
         rng: random.Random | None = None,
+        swarms: SwarmRunner | None = None,
     ) -> None:
         self.host = host
         self.config = config or TaskConfig()
@@ -186,9 +189,8 @@ class TaskService:
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         #: The executor's side: proposals to this node's agents.
-        self.executor = TaskExecutor(host, self.config, self.stats, self._handlers)
-        #: The node's swarm service, once started (p2pnode.services.swarms.service.open_swarms).
-        self.swarms: Any = None
+        self.executor = TaskExecutor(host, self.config, self.stats, self._handlers, swarms)
+        self._swarms = swarms
 
     # -- lifecycle and agents ---------------------------------------------------------------
 
@@ -196,6 +198,7 @@ class TaskService:
         """Serve until cancelled."""
         self.host.intercept_types(_ANSWERS, self._on_envelope)
         self.host.intercept_stream(TASK_MARKER, self._on_thread)
+        unwatch = self.host.watch_agents(added=self.bind, removed=self.unbind)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -204,6 +207,7 @@ class TaskService:
                 await trio.sleep_forever()
         finally:
             self._nursery = None
+            unwatch()
             self.host.intercept_types(_ANSWERS, None)
             self.host.intercept_stream(TASK_MARKER, None)
 
@@ -236,8 +240,8 @@ class TaskService:
         """The counters ``status`` shows, and the threads open now."""
         out = self.stats.to_dict()
         out["open"] = self._open()
-        if self.swarms is not None:
-            out.update(self.swarms.statistics())
+        if self._swarms is not None:
+            out.update(self._swarms.statistics())
         return out
 
     def _open(self) -> int:
@@ -287,7 +291,7 @@ class TaskService:
         self._proposed[thread.task_id] = handle
         self._wake.set()
         payload = proposal_payload(
-            thread.task_id, task, self.host.events.now_ms() + int(seconds * 1000), swarm
+            thread.task_id, task, self.host.now_ms() + int(seconds * 1000), swarm
         )
         try:
             return await self._negotiate(handle, payload, meta)

@@ -2,7 +2,8 @@
 
 A request to a local agent whose ``metadata.capability`` is an MCP method
 (p2pnode.agent.tools) comes here from the agent's inbox task instead of going
-straight to the agent:
+straight to the agent: :class:`ToolAudit` serves those methods on the node
+(:meth:`ToolAudit.serve_on`, a :class:`~p2pnode.node.service.MethodServer`).
 
 * The caller is built from the sender's card in the registry. The node
   admitted that card and checked, before delivering, that the envelope came
@@ -31,13 +32,13 @@ from typing import Any
 import trio
 
 from p2pnode.agent.definition import Agent, Reply
-from p2pnode.agent.tools import PROMPTS_GET, RESOURCES_READ, TOOLS_CALL, Caller
+from p2pnode.agent.tools import MCP_METHODS, PROMPTS_GET, RESOURCES_READ, TOOLS_CALL, Caller
 from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, P2PError
 from p2pnode.core.registry import Registry
 from p2pnode.core.wire import canonical_pack, pack
-from p2pnode.node.observability import Observability
+from p2pnode.node.service import EventSink, ServiceHost
 from p2pnode.services.tools.record import ToolInvocation
 
 #: Invocation records kept (the most recent).
@@ -46,6 +47,9 @@ HISTORY_SIZE = 256
 MAX_FORWARDED = 1024
 #: Arguments or results larger than this (msgpack bytes) are recorded as a digest.
 RECORDED_VALUE_BYTES = 4096
+#: Seconds a use may run unless its tool declares a deadline (NodeConfig.tool_deadline's
+#: default; the composition root passes the node's).
+TOOL_DEADLINE = 30.0
 _USES = frozenset({TOOLS_CALL, RESOURCES_READ, PROMPTS_GET})
 
 
@@ -139,11 +143,14 @@ class ToolAudit:
     def __init__(
         self,
         registry: Registry,
-        events: Observability,
+        events: EventSink,
         authority_key: Callable[[], bytes | None],
         history_size: int = HISTORY_SIZE,
+        *,
+        tool_deadline: float = TOOL_DEADLINE,
     ) -> None:
         self._registry = registry
+        self._tool_deadline = tool_deadline
         self._events = events
         self._authority_key = authority_key
         # The fields of each ToolInvocation, built when read.
@@ -159,6 +166,15 @@ class ToolAudit:
             ToolInvocation(name, caller, arguments, result, error, round(duration, 3), started)
             for name, caller, arguments, result, error, duration, started in self._history
         ]
+
+    def serve_on(self, host: ServiceHost) -> None:
+        """Serve the MCP methods of ``host``'s local agents (a large answer may stream)."""
+        host.serve_methods(MCP_METHODS, self, streamed=True)
+
+    def deadline(self, agent: Agent, envelope: Envelope) -> float:
+        """Seconds a use may run: its tool's declared deadline, else ``tool_deadline``."""
+        declared = agent.tool_deadline(envelope)
+        return declared if declared is not None else self._tool_deadline
 
     async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
         """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited;

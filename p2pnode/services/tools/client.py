@@ -137,7 +137,7 @@ class ToolClient:
 
     def _owners(self, viewer: AgentCard) -> list[AgentCard]:
         """The agents ``viewer`` may discover and send a request to (sandboxes, tiers)."""
-        now = self._host.events.now_ms()
+        now = self._host.now_ms()
         policy = self._host.policy
         live = [card for card in self._host.registry if not card.is_expired(now)]
         return [

@@ -1,18 +1,18 @@
-"""The node: the composition of identity, cards, channels, routing and policy.
+"""The kernel: identity, cards, channels, routing and policy; it knows no service.
 
 Theory of operation:
 
-* A :class:`Node` is an async context manager owning one nursery. Opening it
+* A :class:`Kernel` is an async context manager owning one nursery. Opening it
   starts the secure-channel listener and the discovery service; closing it
   cancels and awaits every task it started.
-* A node hosts local agents (:meth:`Node.add_agent`), each with a signed
+* A node hosts local agents (:meth:`Kernel.add_agent`), each with a signed
   card and a handler, through its :class:`~p2pnode.node.agents.AgentHost`.
   Each card is re-issued at half its lifetime, and remote cards past their
   expiry are forgotten (``AgentHost.keep_cards``). Each agent has a bounded
   inbox read in arrival order (per-channel order is kept end to end):
   notifications are handled one at a time, in that order; requests
   concurrently, each with a deadline, at most ``agent_concurrency`` waiting.
-* **Egress** (:meth:`Node.send`, in :mod:`p2pnode.node.routing`): the sender
+* **Egress** (:meth:`Kernel.send`, in :mod:`p2pnode.node.routing`): the sender
   must be a local agent. The router resolves the recipient (local agent, registry, then discovery;
   ``*`` for broadcast; a capability with ``routingHint``), checks policy for
   each target against the *signed cards* of both ends, and delivers locally or
@@ -26,17 +26,20 @@ Theory of operation:
   the node allowed are not tier-checked again, so an L1 agent may answer an
   L3 agent's permitted request.
 * Protocols carried in ``stream-data`` envelopes (CRDT gossip) register an
-  interceptor for a payload marker (:meth:`Node.intercept_stream`): a
+  interceptor for a payload marker (:meth:`Kernel.intercept_stream`): a
   matching envelope goes to it *after* sender authentication and ingress
-  policy, instead of to the agent's handler. :meth:`Node.open_shared` starts
-  the node's shared-state service (:mod:`p2pnode.services.shared.service`).
+  policy, instead of to the agent's handler.
+* The kernel is the :class:`~p2pnode.node.service.ServiceHost` of protocol
+  services and builds none: services register interceptors, request methods
+  they serve (:meth:`Kernel.serve_methods`) and hooks on agents added and
+  removed (:meth:`Kernel.watch_agents`). The composition root
+  (:mod:`p2pnode.runtime`) builds the services and the public ``Node``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
@@ -62,38 +65,35 @@ from p2pnode.core.registry import Registry
 from p2pnode.core.threadstore import ThreadStore
 from p2pnode.node.agents import AgentHost
 from p2pnode.node.callcancel import CANCELLED, cancel_payload
-from p2pnode.node.config import NodeConfig, format_address, parse_address
+from p2pnode.node.config import KernelConfig, format_address, parse_address
 from p2pnode.node.discovery import Discovery, NoDiscovery
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Policy
 from p2pnode.node.router import BoundedSet, Interceptor, Router, RoutingResult
 from p2pnode.node.routing import Handler, LocalAgent, PendingRequest, Routing
-from p2pnode.node.service import Service
-from p2pnode.services.shared.service import SharedConfig, SharedState
-from p2pnode.services.tasks.service import TaskService
-from p2pnode.services.tools.audit import ToolAudit
-from p2pnode.services.tools.client import ToolClient
+from p2pnode.node.service import MethodServer, Service
 from p2pnode.transport.net import Address, Network, StreamListener
 from p2pnode.transport.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
 
 
-class Node(TaskOwner):
-    """A full peer. Use ``async with Node(...) as node``."""
+class Kernel(TaskOwner):
+    """A full peer without services (:class:`p2pnode.runtime.Node` adds them). Use
+    ``async with Kernel(...) as kernel``."""
 
     def __init__(
         self,
         identity: Identity,
         network: Network,
-        config: NodeConfig | None = None,
+        config: KernelConfig | None = None,
         *,
         discovery: Discovery | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.identity = identity
-        self.config = config if config is not None else NodeConfig()
+        self.config = config if config is not None else KernelConfig()
         self.network = network
         self.secure_identity = SecureIdentity(identity)
         self.registry = Registry(identity)
@@ -118,10 +118,9 @@ class Node(TaskOwner):
             lambda: self.hosting.hello_bytes(),  # the agent host, made below
         )
         self.routing = self._make_routing(discovery)
-        #: Serves and audits the local agents' tools, resources and prompts.
-        self.tool_audit = ToolAudit(
-            self.registry, self.events, lambda: self.policy.config.authority_key
-        )
+        #: What services are told of agents hosted and removed (watch_agents).
+        self._added_hooks: list[Callable[[Agent], None]] = []
+        self._removed_hooks: list[Callable[[str], None]] = []
         #: The local agents: hosting, inbox tasks, card renewal (see p2pnode.node.agents).
         self.hosting = AgentHost(
             self,
@@ -135,13 +134,7 @@ class Node(TaskOwner):
             self.advertised_addresses,
             self._on_agent_removed,
             clock_ms,
-            self.tool_audit,
         )
-        #: The swarm's tools, resources and prompts, used as a local agent.
-        self.tools = ToolClient(self, self.default_agent)
-        #: Task negotiation between agents (p2pnode.services.tasks.service), run with the node.
-        self.tasks = TaskService(self, self.config.tasks)
-        self._shared: SharedState | None = None
         self._listen_address: Address | None = None
 
     def _make_routing(self, discovery: Discovery | None) -> Routing:
@@ -171,7 +164,6 @@ class Node(TaskOwner):
         listener = await self.network.listen_stream(self.config.listen)
         self._listen_address = listener.local_address
         await nursery.start(self._run_links, listener)
-        await nursery.start(self.tasks.run)
         nursery.start_soon(self.routing.expire_requests, self.config.request_timeout / 8)
         nursery.start_soon(self.hosting.keep_cards)
 
@@ -195,11 +187,16 @@ class Node(TaskOwner):
         code = exc.code if isinstance(exc, P2PError) else ErrorCode.INPUT_FAILED
         self.events.security(code, f"{what} dropped: {describe(exc)}", source, None)
 
+    def now_ms(self) -> int:
+        """The node's wall clock (ms since the epoch; the simulator's in simulations)."""
+        return self._clock_ms()
+
     # -- routing (see p2pnode.node.routing) -------------------------------------------------
 
     @property
     def discovery(self) -> Discovery:
-        """How the node finds agents it has not met (the DHT, once :func:`open_node` set it)."""
+        """How the node finds agents it has not met (the DHT, once
+        :func:`p2pnode.runtime.open_node` set it)."""
         return self.routing.discovery
 
     @discovery.setter
@@ -286,7 +283,8 @@ class Node(TaskOwner):
             version=version,
         )
         card = await self.hosting.add_agent(definition, authority=authority, roles=roles)
-        self.tasks.bind(definition)
+        for hook in tuple(self._added_hooks):
+            hook(definition)
         return card
 
     async def add_agent_card(
@@ -302,24 +300,60 @@ class Node(TaskOwner):
         for :meth:`add_agent`."""
         stored = await self.hosting.add_agent_card(card, agent, authority=authority, roles=roles)
         if isinstance(agent, Agent):
-            self.tasks.bind(agent)
+            for hook in tuple(self._added_hooks):
+                hook(agent)
         return stored
 
     async def remove_agent(self, agent_id: str) -> None:
         """Stop hosting local agent ``agent_id``. What is already queued for it is answered
         as if it were gone (a request with ``AGENT_UNAVAILABLE``); then its card is
-        unregistered, connected peers get a HELLO without it, :meth:`join` provides it no
-        more, and shared documents forget it as a member. A handler still running is
-        waited for at most ``config.request_timeout``.
+        unregistered, the services watching agents are told (shared documents forget it
+        as a member, its tasks are canceled), connected peers get a HELLO without it and
+        :meth:`join` provides it no more. A handler still running is waited for at most
+        ``config.request_timeout``.
 
         Raises LocalError(AGENT_NOT_FOUND).
         """
         await self.hosting.remove_agent(agent_id)
 
     def _on_agent_removed(self, agent_id: str) -> None:
-        self.tasks.unbind(agent_id)
-        if self._shared is not None:
-            self._shared.remove_member(agent_id)
+        for hook in tuple(self._removed_hooks):
+            hook(agent_id)
+
+    def watch_agents(
+        self,
+        *,
+        added: Callable[[Agent], None] | None = None,
+        removed: Callable[[str], None] | None = None,
+    ) -> Callable[[], None]:
+        """Call ``added(definition)`` each time an agent is hosted from a definition
+        (:meth:`add_agent`, or :meth:`add_agent_card` given an :class:`Agent`), and
+        ``removed(agent_id)`` each time one is removed (before peers are told). The
+        hooks run in the caller's task and must not block. Returns what stops them."""
+        if added is not None:
+            self._added_hooks.append(added)
+        if removed is not None:
+            self._removed_hooks.append(removed)
+
+        def unwatch() -> None:
+            if added is not None and added in self._added_hooks:
+                self._added_hooks.remove(added)
+            if removed is not None and removed in self._removed_hooks:
+                self._removed_hooks.remove(removed)
+
+        return unwatch
+
+    def serve_methods(
+        self, methods: Iterable[str], server: MethodServer | None, *, streamed: bool = False
+    ) -> None:
+        """Answer requests to local agents whose ``metadata.capability`` is one of
+        ``methods`` with ``server`` instead of the agent's handler (``None`` stops).
+        ``server.deadline`` bounds such a call; with ``streamed`` a large answer may
+        leave as a stream (p2pnode.node.replystream).
+
+        Raises LocalError(INVALID_ARGUMENT) when one of the methods is served already.
+        """
+        self.hosting.serve_methods(methods, server, streamed=streamed)
 
     async def add_capability(self, agent_id: str, capability: Capability) -> AgentCard:
         """Re-publish local agent ``agent_id``'s card with ``capability`` added: the revision
@@ -353,30 +387,6 @@ class Node(TaskOwner):
         """Run ``service`` (see :mod:`p2pnode.node.service`) until the node closes; returns
         once it reported readiness."""
         await self.nursery.start(service.run)
-
-    async def open_shared(
-        self, config: SharedConfig | None = None, *, rng: random.Random | None = None
-    ) -> SharedState:
-        """Start the node's shared-state service (CRDT documents replicated by gossip,
-        durable in ``data_dir/crdt.sqlite3`` when the node has a data directory) in the
-        node's nursery; returns it (the running one if already started). Call after
-        adding the node's agents so saved subscriptions are restored."""
-        if self._shared is None:
-            shared = SharedState(self, config, rng=rng)
-            self._shared = shared
-            try:
-                await self.start_service(shared)
-            except BaseException:
-                self._shared = None
-                raise
-        return self._shared
-
-    @property
-    def shared(self) -> SharedState:
-        """The service started by :meth:`open_shared`. Raises LocalError(INVALID_ARGUMENT)."""
-        if self._shared is None:
-            raise LocalError(ErrorCode.INVALID_ARGUMENT, "shared state is not open; open_shared()")
-        return self._shared
 
     def default_agent(self) -> str:
         """The first local agent's id. Raises LocalError(AGENT_NOT_FOUND) when there is none."""
@@ -605,12 +615,9 @@ class Node(TaskOwner):
                 }
                 for link in self.links
             ],
-            "documents": self._shared.subscriptions() if self._shared is not None else {},
-            "documentWarnings": self._shared.warnings() if self._shared is not None else {},
             "discovery": self.discovery.statistics(),
-            "tasks": self.tasks.statistics(),
             "metrics": metrics.to_dict(),
         }
 
 
-__all__ = ["Handler", "Interceptor", "Node", "RoutingResult"]
+__all__ = ["Handler", "Interceptor", "Kernel", "RoutingResult"]

@@ -1,0 +1,250 @@
+"""The composition root: the kernel and its services, built in one place.
+
+The kernel (:class:`~p2pnode.node.kernel.Kernel`) knows no service. :class:`Node`,
+the node users hold (``p2pnode.Node``, what :func:`open_node` yields), is the kernel
+with its services, built in this order and wired here only:
+
+1. **shared state** (:class:`~p2pnode.services.shared.service.SharedState`): opened
+   on demand (:meth:`Node.open_shared`), then ``node.shared``;
+2. **tasks** (:class:`~p2pnode.services.tasks.service.TaskService`, ``node.tasks``):
+   built with the node and run from its start; it is handed the swarm slot below;
+3. **swarms** (:class:`~p2pnode.services.swarms.service.SwarmService`): opened on
+   demand (:meth:`Node.open_swarms`, shared state first), then it runs accepted
+   invitations for the task service (through :class:`SwarmSlot`, a protocol the task
+   service was given: no service writes another's attributes);
+4. **tools**: the audit (``node.tool_audit``), which serves the MCP request methods
+   of the local agents, and the client (``node.tools``);
+5. **attach** (the agent socket, :meth:`Node.open_agent_socket`) and **metrics**
+   (:meth:`Node.serve_metrics`) where the daemon asks for them.
+
+:class:`Node` is a subclass of the kernel so that everything the kernel offers
+(``send``, ``request``, ``find``, ``add_agent``, ``connect``, its ``routing`` and
+``events`` ...) stays where users and tools reach it, without a forwarding layer
+on the envelope path. :class:`NodeConfig` is the kernel's configuration plus the
+services' (``tasks``); the kernel reads only its own fields.
+
+:func:`open_node` also runs the DHT: it binds UDP on the same port number as the
+TCP listener (unless ``NodeConfig.dht_listen`` names a port), so one ``host:port``
+in a bootstrap list or a card reaches both. With a data directory, the DHT routing
+table is restored from ``routing.snapshot`` at start and saved there on exit, so a
+restarted node rejoins without its bootstrap peers.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2pnode.core.envelope import wall_clock_ms
+from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.identity import Identity, write_private_file
+from p2pnode.dht.node import DhtNode
+from p2pnode.node.config import KernelConfig
+from p2pnode.node.discovery import DhtDiscovery, Discovery
+from p2pnode.node.kernel import Kernel
+from p2pnode.services.attach.service import AgentSocket
+from p2pnode.services.metrics import MetricsExporter
+from p2pnode.services.shared.service import SharedConfig, SharedState
+from p2pnode.services.swarms.coordinator import SwarmConfig
+from p2pnode.services.swarms.service import SwarmService
+from p2pnode.services.tasks.executor import Joiner
+from p2pnode.services.tasks.negotiation import TaskConfig
+from p2pnode.services.tasks.service import TaskService
+from p2pnode.services.tools.audit import ToolAudit
+from p2pnode.services.tools.client import ToolClient
+from p2pnode.transport.net import Network
+
+SNAPSHOT_FILE = "routing.snapshot"
+logger = logging.getLogger("p2pnode.node")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig(KernelConfig):
+    """Everything a node needs besides its network and identity: the kernel's
+    settings (:class:`~p2pnode.node.config.KernelConfig`) and the services'."""
+
+    #: Task negotiation timers and bounds (p2pnode.services.tasks.service).
+    tasks: TaskConfig = field(default_factory=TaskConfig)
+
+
+class SwarmSlot:
+    """The node's swarm service as the task service uses it (a
+    :class:`~p2pnode.services.tasks.executor.SwarmRunner`): empty until
+    :meth:`Node.open_swarms` fills it, and answering only while the service runs."""
+
+    def __init__(self) -> None:
+        self.service: SwarmService | None = None
+
+    def running(self) -> SwarmService | None:
+        """The swarm service, while it runs."""
+        service = self.service
+        return service if service is not None and service.running else None
+
+    def joiner(self) -> Joiner | None:
+        service = self.running()
+        return service.joiner() if service is not None else None
+
+    def statistics(self) -> dict[str, int]:
+        service = self.running()
+        return service.statistics() if service is not None else {}
+
+
+class Node(Kernel):
+    """A full peer: the kernel and its services (see the module docstring). Use
+    ``async with Node(...) as node``, or :func:`open_node` (with the DHT)."""
+
+    config: NodeConfig
+
+    def __init__(
+        self,
+        identity: Identity,
+        network: Network,
+        config: NodeConfig | None = None,
+        *,
+        discovery: Discovery | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        config = config if config is not None else NodeConfig()
+        super().__init__(identity, network, config, discovery=discovery, clock_ms=clock_ms)
+        self._shared: SharedState | None = None
+        self._swarms = SwarmSlot()
+        #: Task negotiation between agents (p2pnode.services.tasks.service), run with the node.
+        self.tasks = TaskService(self, config.tasks, swarms=self._swarms)
+        #: Serves and audits the local agents' tools, resources and prompts.
+        self.tool_audit = ToolAudit(
+            self.registry,
+            self.events,
+            lambda: self.policy.config.authority_key,
+            tool_deadline=config.tool_deadline,
+        )
+        self.tool_audit.serve_on(self)
+        #: The swarm's tools, resources and prompts, used as a local agent.
+        self.tools = ToolClient(self, self.default_agent)
+
+    async def _start(self, nursery: trio.Nursery) -> None:
+        await super()._start(nursery)
+        await nursery.start(self.tasks.run)
+
+    # -- services opened on demand ----------------------------------------------------------
+
+    async def open_shared(
+        self, config: SharedConfig | None = None, *, rng: random.Random | None = None
+    ) -> SharedState:
+        """Start the node's shared-state service (CRDT documents replicated by gossip,
+        durable in ``data_dir/crdt.sqlite3`` when the node has a data directory) in the
+        node's nursery; returns it (the running one if already started). Call after
+        adding the node's agents so saved subscriptions are restored."""
+        if self._shared is None:
+            shared = SharedState(self, config, rng=rng)
+            self._shared = shared
+            try:
+                await self.start_service(shared)
+            except BaseException:
+                self._shared = None
+                raise
+        return self._shared
+
+    @property
+    def shared(self) -> SharedState:
+        """The service started by :meth:`open_shared`. Raises LocalError(INVALID_ARGUMENT)."""
+        if self._shared is None:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "shared state is not open; open_shared()")
+        return self._shared
+
+    async def open_swarms(
+        self, config: SwarmConfig | None = None, *, shared: SharedConfig | None = None
+    ) -> SwarmService:
+        """Run the swarm service (opening shared state first, with ``shared``, if it is
+        not open); returns it (the running one if already started). From then on this
+        node's agents may accept invitations to swarms."""
+        running = self._swarms.running()
+        if running is not None:
+            return running
+        service = SwarmService(self, self.tasks, await self.open_shared(shared), config)
+        await self.start_service(service)
+        self._swarms.service = service
+        return service
+
+    async def open_agent_socket(
+        self, path: Path, *, endorser: Identity | None = None
+    ) -> AgentSocket:
+        """Serve agents attached from other processes on the Unix socket ``path``: they
+        use the shared documents (when open) and the swarm's tools, and the uses of
+        their own tools are audited here; ``endorser`` endorses their cards."""
+        socket = AgentSocket(
+            self,
+            path,
+            documents=self._shared,
+            tools=self.tools,
+            audit=self.tool_audit,
+            endorser=endorser,
+        )
+        await self.start_service(socket)
+        return socket
+
+    async def serve_metrics(self, address: tuple[str, int]) -> MetricsExporter:
+        """Serve Prometheus metrics at ``address``, read from the node at each scrape.
+        Raises LocalError(CONFIG_ERROR) without prometheus-client or when the address
+        cannot be bound."""
+        exporter = MetricsExporter(self, address)
+        await self.start_service(exporter)
+        return exporter
+
+    # -- status -----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot for ``p2pnode status``: the kernel's, with the services'."""
+        out = super().status()
+        discovery, metrics = out.pop("discovery"), out.pop("metrics")
+        shared = self._shared
+        out["documents"] = shared.subscriptions() if shared is not None else {}
+        out["documentWarnings"] = shared.warnings() if shared is not None else {}
+        out["discovery"] = discovery
+        out["tasks"] = self.tasks.statistics()
+        out["metrics"] = metrics
+        return out
+
+
+async def open_swarms(
+    node: Node, config: SwarmConfig | None = None, *, shared: SharedConfig | None = None
+) -> SwarmService:
+    """:meth:`Node.open_swarms` of ``node``."""
+    return await node.open_swarms(config, shared=shared)
+
+
+@asynccontextmanager
+async def open_node(
+    identity: Identity, network: Network, config: NodeConfig
+) -> AsyncIterator[Node]:
+    """A running node with its DHT; everything is closed on exit."""
+    async with Node(identity, network, config) as node:
+        host, port = config.dht_listen
+        if port == 0:
+            port = node.listen_address[1]
+        async with DhtNode(network, identity=identity, address=(host, port)) as dht:
+            node.discovery = DhtDiscovery(dht)
+            # What the DHT drops (a forged or poisoned record, a datagram that failed)
+            # is a security event of the node, counted in `status` like a bad frame.
+            dht.boundary.also_report(node.report_input_failure)
+            snapshot = config.data_dir / SNAPSHOT_FILE if config.data_dir else None
+            if snapshot is not None and snapshot.exists():
+                try:
+                    restored = dht.restore(snapshot.read_bytes())
+                    logger.info("restored %d DHT contacts from %s", restored, snapshot)
+                except (LocalError, OSError) as exc:
+                    logger.warning("ignoring DHT snapshot %s: %s", snapshot, exc)
+            try:
+                yield node
+            finally:
+                if snapshot is not None:
+                    write_private_file(snapshot, dht.snapshot())
+
+
+__all__ = ["SNAPSHOT_FILE", "Node", "NodeConfig", "SwarmSlot", "open_node", "open_swarms"]
