@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 import pytest
 import trio
 
-from p2pnode import Agent
+from p2pnode import Agent, Node
 from p2pnode.cli.process import NodeProcess
 from p2pnode.core.envelope import Envelope
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.crdt.ops import CounterAdd
 from p2pnode.hosting.client import AgentClient
-from p2pnode.runtime import Node
 from p2pnode.services.attach.service import WITHDRAW_TIMEOUT, AgentSocket
 from p2pnode.services.attach.session import AttachLimits
 from p2pnode.services.attach.wire import AGENT_SOCKET_NAME, MAX_LINE
@@ -163,10 +163,10 @@ async def test_the_client_attaches_an_agent_definition_and_serves_it(tmp_path: P
                 with pytest.raises(LocalError) as info:
                     await client.send("nobody")
                 assert info.value.code is ErrorCode.AGENT_NOT_FOUND
-                await client.doc_subscribe("notes")
-                update = {"op": "counter.add", "path": ["n"], "amount": 2}
-                assert (await client.doc_update("notes", update))["durable"] is True
-                assert (await client.doc_read("notes"))["value"] == {"n": 2}
+                await client.shared.subscribe("notes")
+                update = CounterAdd(("n",), 2)
+                assert (await client.shared.update("notes", update))["durable"] is True
+                assert await client.shared.read("notes") == {"n": 2}
             # Leaving the block detached the agent: withdrawn at once.
             assert service.attached() == []
             assert "planner" not in host.status()["agents"]

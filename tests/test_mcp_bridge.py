@@ -32,6 +32,7 @@ from p2pnode.bridges.mcp.serve import SwarmServer
 from p2pnode.cli.mcp import access_rule, parse_server_option
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.runtime import Node
+from p2pnode.services.tools.client import Listing
 from tests.sim import connect_all, open_swarm, wait_until
 
 
@@ -43,20 +44,20 @@ class NodeTools:
         self.node = node
         self.caller = caller
 
-    async def list_tools(self) -> dict[str, Any]:
-        return (await self.node.tools.list_tools(self.caller)).to_dict()
+    async def list_tools(self) -> Listing:
+        return await self.node.tools.list_tools(self.caller)
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
         return await self.node.tools.call_tool(name, arguments, caller=self.caller)
 
-    async def list_resources(self) -> dict[str, Any]:
-        return (await self.node.tools.list_resources(self.caller)).to_dict()
+    async def list_resources(self) -> Listing:
+        return await self.node.tools.list_resources(self.caller)
 
     async def read_resource(self, uri: str, *, agent: str | None = None) -> dict[str, Any]:
         return await self.node.tools.read_resource(uri, caller=self.caller, agent=agent)
 
-    async def list_prompts(self) -> dict[str, Any]:
-        return (await self.node.tools.list_prompts(self.caller)).to_dict()
+    async def list_prompts(self) -> Listing:
+        return await self.node.tools.list_prompts(self.caller)
 
     async def get_prompt(
         self, name: str, arguments: dict[str, str] | None = None

@@ -161,7 +161,7 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with AgentClient(agent, data_dir=_data_dir(args)) as client:
-            server = SwarmServer(client, poll_interval=args.poll)
+            server = SwarmServer(client.tools, poll_interval=args.poll)
             closed: list[bool] = []
             async with anyio.create_task_group() as tasks:
 

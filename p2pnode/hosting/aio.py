@@ -1,7 +1,7 @@
 """Run a full node in an asyncio program: trio's guest mode on the running asyncio loop.
 
 ``aio.open_node(identity, network, config)`` is the asyncio twin of
-:func:`p2pnode.node.runtime.open_node`; the node itself is the trio node,
+:func:`p2pnode.open_node`; the node itself is the trio node,
 unchanged, and :class:`AioNode` is an awaitable proxy of it::
 
     async with aio.open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as node:
@@ -70,15 +70,15 @@ import asyncio
 import contextvars
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from p2pnode import runtime
 from p2pnode.agent.definition import Agent, agent_for_handler, as_agent
+from p2pnode.agent.task import Task, TaskState
 from p2pnode.core.card import AgentCard, Capability
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError
@@ -102,9 +102,14 @@ from p2pnode.hosting.aioguest import (
 )
 from p2pnode.node.router import RoutingResult
 from p2pnode.node.routing import Handler
-from p2pnode.runtime import Node, NodeConfig
+from p2pnode.runtime import NodeConfig
 from p2pnode.services.shared.service import SharedConfig, SharedState, Watch
+from p2pnode.services.tools.client import Listing
 from p2pnode.transport.net import Address, Network
+
+if TYPE_CHECKING:
+    from p2pnode import Node
+    from p2pnode.services.tasks.service import TaskHandle
 
 logger = logging.getLogger("p2pnode.hosting.aio")
 
@@ -144,9 +149,11 @@ class _HostedNode:
 
     async def serve(self) -> None:
         """The node's task in the guest run (trio side)."""
+        import p2pnode  # the composed node, loaded with the node (not with this module)
+
         try:
             async with (
-                runtime.open_node(self.identity, self.network, self.config) as node,
+                p2pnode.open_node(self.identity, self.network, self.config) as node,
                 trio.open_nursery() as calls,
             ):
                 self.node = node
@@ -263,7 +270,7 @@ def open_node(
     """A running node with its DHT, for an asyncio program: ``async with open_node(...) as
     node`` (see the module docstring); everything is closed on exit.
 
-    Raises what :func:`p2pnode.node.runtime.open_node` raises (LocalError, OSError), and
+    Raises what :func:`p2pnode.open_node` raises (LocalError, OSError), and
     LocalError: INVALID_ARGUMENT when a trio run is already active in this thread,
     TIMEOUT when the node does not start or close within ``CLOSE_TIMEOUT``.
     """
@@ -271,6 +278,8 @@ def open_node(
 
 
 # -- the proxies -------------------------------------------------------------------------------
+
+_END = object()
 
 
 class AioNode:
@@ -428,14 +437,167 @@ class AioNode:
         """Join the swarm through the bootstrap peers (see :meth:`Node.join`)."""
         return await self._hosted.call(self.node.join)
 
-    async def find(self, capability: str) -> list[AgentCard]:
-        """Agents offering ``capability`` (see :meth:`Node.find`)."""
-        return await self._hosted.call(self.node.find, capability)
+    async def find(self, capability: str, viewer: str | None = None) -> list[AgentCard]:
+        """Agents offering ``capability`` that local agent ``viewer`` may discover (see
+        :meth:`Node.find`)."""
+        return await self._hosted.call(self.node.find, capability, viewer)
+
+    @property
+    def tools(self) -> AioTools:
+        """The swarm's tools, resources and prompts, used as a local agent (``node.tools``)."""
+        return AioTools(self._hosted)
+
+    @property
+    def tasks(self) -> AioTasks:
+        """Task negotiation between agents (``node.tasks``)."""
+        return AioTasks(self._hosted)
+
+    @property
+    def shared(self) -> AioShared:
+        """The shared-state service started by :meth:`open_shared` (``node.shared``).
+        Raises LocalError(INVALID_ARGUMENT) before it is open."""
+        return AioShared(self._hosted, self.node.shared)
 
     async def open_shared(self, config: SharedConfig | None = None) -> AioShared:
         """Start the node's shared-state service (see :meth:`Node.open_shared`)."""
         shared = await self._hosted.call(self.node.open_shared, config)
         return AioShared(self._hosted, shared)
+
+
+class AioTools:
+    """An awaitable proxy of ``node.tools`` (a
+    :class:`~p2pnode.services.tools.client.ToolClient`): the same methods, arguments,
+    results and errors."""
+
+    def __init__(self, hosted: _HostedNode) -> None:
+        self._hosted = hosted
+
+    async def list_tools(self, caller: str | None = None) -> Listing:
+        return await self._hosted.call(self._hosted.running().tools.list_tools, caller)
+
+    async def list_resources(self, caller: str | None = None) -> Listing:
+        return await self._hosted.call(self._hosted.running().tools.list_resources, caller)
+
+    async def list_prompts(self, caller: str | None = None) -> Listing:
+        return await self._hosted.call(self._hosted.running().tools.list_prompts, caller)
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, caller: str | None = None
+    ) -> Any:
+        tools = self._hosted.running().tools
+
+        async def call() -> Any:
+            return await tools.call_tool(name, arguments, caller=caller)
+
+        return await self._hosted.call(call)
+
+    async def read_resource(
+        self, uri: str, *, caller: str | None = None, agent: str | None = None
+    ) -> dict[str, Any]:
+        tools = self._hosted.running().tools
+
+        async def read() -> dict[str, Any]:
+            return await tools.read_resource(uri, caller=caller, agent=agent)
+
+        return await self._hosted.call(read)
+
+    async def get_prompt(
+        self, name: str, arguments: Mapping[str, str] | None = None, *, caller: str | None = None
+    ) -> dict[str, Any]:
+        tools = self._hosted.running().tools
+
+        async def get() -> dict[str, Any]:
+            return await tools.get_prompt(name, arguments, caller=caller)
+
+        return await self._hosted.call(get)
+
+
+class AioTasks:
+    """An awaitable proxy of ``node.tasks`` (the task service): :meth:`propose`."""
+
+    def __init__(self, hosted: _HostedNode) -> None:
+        self._hosted = hosted
+
+    async def propose(
+        self, sender: str, target: str | Iterable[str], task: Task, **options: Any
+    ) -> AioTaskHandle:
+        """Propose ``task`` from local agent ``sender`` and return it once awarded (see
+        ``TaskService.propose`` for ``options`` and what it raises)."""
+        service = self._hosted.running().tasks
+        targets = target if isinstance(target, str) else tuple(target)
+
+        async def propose() -> TaskHandle:
+            return await service.propose(sender, targets, task, **options)
+
+        return AioTaskHandle(self._hosted, await self._hosted.call(propose))
+
+
+class AioTaskHandle:
+    """The asyncio side of a proposed task's handle: its plain data read directly, its
+    waits run in trio."""
+
+    def __init__(self, hosted: _HostedNode, handle: TaskHandle) -> None:
+        self._hosted = hosted
+        self._handle = handle
+
+    @property
+    def task_id(self) -> str:
+        return self._handle.task_id
+
+    @property
+    def state(self) -> TaskState:
+        return self._handle.state
+
+    @property
+    def assignee(self) -> str | None:
+        return self._handle.assignee
+
+    @property
+    def progress(self) -> float | None:
+        return self._handle.progress
+
+    @property
+    def message(self) -> str:
+        return self._handle.message
+
+    async def wait_changed(self) -> None:
+        await self._hosted.call(self._handle.wait_changed)
+
+    async def result(self) -> Any:
+        """The result once the task completed (raises as the trio handle does)."""
+        return await self._hosted.call(self._handle.result)
+
+    def outcome(self) -> Any:
+        return self._handle.outcome()
+
+    async def updates(self) -> AsyncIterator[TaskState]:
+        """The state after each change, until and including the end."""
+        states = self._handle.updates()
+        try:
+            while True:  # ends with the task
+                state = await self._hosted.call(_next_or_end, states)
+                if state is _END:
+                    return
+                assert isinstance(state, TaskState)
+                yield state
+        finally:
+            close = getattr(states, "aclose", None)  # an async generator's (the trio handle's)
+            if close is not None and self._hosted.state is _NodeState.OPEN:
+                await self._hosted.call(close)
+
+    async def cancel(self, reason: str = "") -> None:
+        await self._hosted.call(self._handle.cancel, reason)
+
+    async def send_input(self, value: Any) -> None:
+        await self._hosted.call(self._handle.send_input, value)
+
+
+async def _next_or_end(iterator: AsyncIterator[Any]) -> object:
+    # StopAsyncIteration must not cross into an asyncio future: a marker does.
+    try:
+        return await iterator.__anext__()
+    except StopAsyncIteration:
+        return _END
 
 
 class AioShared:
@@ -475,9 +637,6 @@ class AioShared:
         return AioWatch(self._hosted, self._shared.watch(doc))
 
 
-_END = object()
-
-
 class AioWatch:
     """The asyncio side of a :class:`~p2pnode.services.shared.service.Watch`."""
 
@@ -505,11 +664,17 @@ class AioWatch:
         return value
 
     async def _next(self) -> object:
-        # StopAsyncIteration must not cross into an asyncio future: a marker does.
-        try:
-            return await self._watch.__anext__()
-        except StopAsyncIteration:
-            return _END
+        return await _next_or_end(self._watch)
 
 
-__all__ = ["CANCEL_GRACE", "CLOSE_TIMEOUT", "AioNode", "AioShared", "AioWatch", "open_node"]
+__all__ = [
+    "CANCEL_GRACE",
+    "CLOSE_TIMEOUT",
+    "AioNode",
+    "AioShared",
+    "AioTaskHandle",
+    "AioTasks",
+    "AioTools",
+    "AioWatch",
+    "open_node",
+]
