@@ -176,13 +176,14 @@ class Node(Kernel):
         self, path: Path, *, endorser: Identity | None = None
     ) -> AgentSocket:
         """Serve agents attached from other processes on the Unix socket ``path``: they
-        use the shared documents (when open) and the swarm's tools, and the uses of
-        their own tools are audited here; ``endorser`` endorses their cards."""
+        use the shared documents (when open), the swarm's tools and task proposals, and
+        the uses of their own tools are audited here; ``endorser`` endorses their cards."""
         socket = AgentSocket(
             self,
             path,
             documents=self._shared,
             tools=self.tools,
+            tasks=self.tasks,
             audit=self.tool_audit,
             endorser=endorser,
         )
