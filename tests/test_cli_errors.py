@@ -1,5 +1,7 @@
-"""Every command, given bad input, as a user runs it (a subprocess): one error line
-on stderr (``p2pnode: error: ...``), a non-zero exit code, never a traceback."""
+"""Every command, given bad input: one error line on stderr (``p2pnode: error: ...``),
+a non-zero exit code, never a traceback. ``run`` and the bare command are run as a user
+runs them (a subprocess: a daemon that cannot start is a process's exit); the others
+only read files or ask a control socket and run ``main(argv)`` in this process."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from p2pnode.cli.main import main
+from tests.inprocess import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +121,28 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("argv", CASES, ids=[" ".join(c) or "(nothing)" for c in CASES])
+def _starts_a_process(argv: tuple[str, ...]) -> bool:
+    """``run`` (a daemon) and the command itself: what a user sees is a process's exit."""
+    return "run" in argv or "demo" in argv or argv in {(), ("frobnicate",)}
+
+
+PROCESS_CASES = [c for c in CASES if _starts_a_process(c)]
+IN_PROCESS_CASES = [c for c in CASES if not _starts_a_process(c)]
+
+
+def _ids(cases: list[tuple[str, ...]]) -> list[str]:
+    return [" ".join(c) or "(nothing)" for c in cases]
+
+
+def _assert_one_error_line(code: int, out: str, err: str) -> None:
+    assert code != 0, out
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("p2pnode: error: "), err
+
+
+@pytest.mark.parametrize("argv", PROCESS_CASES, ids=_ids(PROCESS_CASES))
 def test_bad_input_is_one_error_line(workdir: Path, argv: tuple[str, ...]) -> None:
     env = dict(os.environ, P2PNODE_HOME=str(workdir / "home"), PYTHONUNBUFFERED="1")
     result = subprocess.run(
@@ -130,8 +154,19 @@ def test_bad_input_is_one_error_line(workdir: Path, argv: tuple[str, ...]) -> No
         timeout=60,
         check=False,
     )
-    assert result.returncode != 0, result.stdout
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("p2pnode: error: "), result.stderr
+    _assert_one_error_line(result.returncode, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("argv", IN_PROCESS_CASES, ids=_ids(IN_PROCESS_CASES))
+def test_bad_input_to_a_command_is_one_error_line(
+    workdir: Path, argv: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("P2PNODE_HOME", str(workdir / "home"))
+    done = run_cli(*argv, cwd=workdir)
+    _assert_one_error_line(done.code, done.out, done.err)
+
+
+def test_the_cases_cover_both_ways() -> None:
+    assert len(PROCESS_CASES) + len(IN_PROCESS_CASES) == len(CASES)
+    assert ("--data-dir", "run2", "run", "--listen", "127.0.0.1:99999") in PROCESS_CASES
+    assert ("--data-dir", "stale", "status") in IN_PROCESS_CASES

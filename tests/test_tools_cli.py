@@ -1,6 +1,7 @@
 """``p2pnode tools | resources | prompts`` as a user runs them: real ``p2pnode run``
 daemons on 127.0.0.1, one hosting examples/toolbox.py, the other using it through
-the command line; the README's commands for them, run as written; and what the
+the command line (its ``main(argv)``, in the test's process: the commands only ask a
+daemon and print); the README's commands for them, run as written; and what the
 commands print of an owner's answer that is not what it should be."""
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import argparse
 import json
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from p2pnode.core.errors import ErrorCode
 from p2pnode.core.identity import Identity, save_identity
 from p2pnode.core.jsonutil import b64encode
 from p2pnode.hosting.client import AgentClient
+from tests import inprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -49,24 +50,18 @@ class Run:
         return lines[0].removeprefix("p2pnode: error: ")
 
 
-async def p2pnode(cwd: Path, env: dict[str, str], *argv: str) -> Run:
-    with trio.fail_after(CLI_TIMEOUT):
-        done = await trio.run_process(
-            [sys.executable, "-m", "p2pnode", *argv],
-            cwd=cwd,
-            env=env,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    return Run(done.returncode, done.stdout.decode(), done.stderr.decode())
+async def p2pnode(cwd: Path, *argv: str) -> Run:
+    """``p2pnode ARGV`` run in ``cwd``, in this process (tests/inprocess.py): these
+    commands only ask a daemon and print; the daemons are real processes."""
+    done = await inprocess.p2pnode(*argv, cwd=cwd, timeout=CLI_TIMEOUT)
+    return Run(done.code, done.out, done.err)
 
 
-async def wait_for_tool(cwd: Path, env: dict[str, str], data_dir: str, name: str) -> None:
+async def wait_for_tool(cwd: Path, data_dir: str, name: str) -> None:
     """Until ``tools list`` on ``data_dir`` lists ``name`` (the node has the owner's card)."""
     with trio.fail_after(SEEN_TIMEOUT):
         while True:
-            run = await p2pnode(cwd, env, "--data-dir", data_dir, "tools", "list", "--json")
+            run = await p2pnode(cwd, "--data-dir", data_dir, "tools", "list", "--json")
             if run.code == 0 and name in [t["name"] for t in json.loads(run.out)["items"]]:
                 return
             await trio.sleep(0.1)
@@ -111,18 +106,18 @@ async def test_a_second_node_uses_the_toolbox_through_the_command_line(tmp_path:
     [owner_run, caller_run] = [argv for argv, _ in commands if "run" in argv]
     owner_dir, caller_dir = owner_run[2], caller_run[2]  # ./planner-node, ./caller-node
     for data_dir in (owner_dir, caller_dir):  # as the README's "Write an agent" makes them
-        assert (await p2pnode(tmp_path, env, "--data-dir", data_dir, "init")).code == 0
+        assert (await p2pnode(tmp_path, "--data-dir", data_dir, "init")).code == 0
     owner = NodeProcess(tmp_path / owner_dir, env)
     caller = NodeProcess(tmp_path / caller_dir, env)
 
     async def cli(data_dir: str, *argv: str) -> Run:
-        return await p2pnode(tmp_path, env, "--data-dir", data_dir, *argv)
+        return await p2pnode(tmp_path, "--data-dir", data_dir, *argv)
 
     async with trio.open_nursery() as nursery:
         try:
             await owner.start(nursery, None, run_args=run_options(owner_run))
             await caller.start(nursery, owner.address, run_args=run_options(caller_run))
-            await wait_for_tool(tmp_path, env, caller_dir, "toolbox.estimate")
+            await wait_for_tool(tmp_path, caller_dir, "toolbox.estimate")
             me = (await caller.call({"op": "status"}))["agents"][0]  # agent-<6 of its peer id>
 
             listed = await cli(caller_dir, "tools", "list")
@@ -211,7 +206,7 @@ async def test_a_second_node_uses_the_toolbox_through_the_command_line(tmp_path:
                 if "run" in argv:
                     continue
                 assert argv[0] == "p2pnode"
-                run = await p2pnode(tmp_path, env, *argv[1:])
+                run = await p2pnode(tmp_path, *argv[1:])
                 named = [code for code in ErrorCode if code in comment.split()]
                 if named:
                     assert run.error_line().startswith(f"{named[0]}: "), argv
@@ -228,7 +223,7 @@ async def test_a_second_node_uses_the_toolbox_through_the_command_line(tmp_path:
                 return text.upper()
 
             async with AgentClient(helper, data_dir=tmp_path / caller_dir):
-                await wait_for_tool(tmp_path, env, owner_dir, "helper.shout")
+                await wait_for_tool(tmp_path, owner_dir, "helper.shout")
                 loud = await cli(owner_dir, "tools", "call", "helper.shout",
                                  "--args", '{"text": "hi"}', "--agent", "toolbox")  # fmt: skip
                 assert loud.code == 0 and json.loads(loud.out) == "HI"
@@ -258,13 +253,13 @@ async def test_roles_endorsed_by_the_authority_open_a_tool(tmp_path: Path) -> No
     arguments = '{"hours_per_task": 2}'
 
     async def cli(node: NodeProcess, *argv: str) -> Run:
-        return await p2pnode(tmp_path, env, "--data-dir", str(node.data_dir), *argv)
+        return await p2pnode(tmp_path, "--data-dir", str(node.data_dir), *argv)
 
     async with trio.open_nursery() as nursery:
         try:
             await owner.start(nursery, None, run_args=["--agent", "toolbox:agent", *closed])
             await operator.start(nursery, owner.address, run_args=[*closed, "--role", "ops"])
-            await wait_for_tool(tmp_path, env, str(operator.data_dir), "toolbox.set_rate")
+            await wait_for_tool(tmp_path, str(operator.data_dir), "toolbox.set_rate")
             done = await cli(operator, "tools", "call", "toolbox.set_rate", "--args", arguments)
             assert done.code == 0 and json.loads(done.out) == "operator set 2.0 hours per task"
             hours = await cli(operator, "tools", "call", "toolbox.estimate", "--args",
