@@ -6,6 +6,11 @@ autouse fixture below holds unmarked tests to it: binding, connecting or sending
 on a real socket, or starting a process, raises :class:`RealIOInAFastTest` and
 fails the test even when the code under test swallows that error. Fixtures with a
 wider scope than a function are set up before it and are not checked.
+
+``pytest -q`` runs on every core (pytest-xdist, ``-n auto --dist loadgroup``):
+:data:`GROUPS` keeps tests that must not overlap on one worker, one after another, and
+:data:`FIRST` starts the longest tests first, so no worker is left running one of them
+alone at the end.
 """
 
 from __future__ import annotations
@@ -77,3 +82,56 @@ def _refusal(tried: list[str], what: str) -> Callable[..., Any]:
         raise RealIOInAFastTest(f"a test not marked {SLOW} {what}")
 
     return refuse
+
+
+#: Tests that must not run at the same time as each other (on two xdist workers): each
+#: group runs on one worker, one test after another. Keyed by node id prefix.
+GROUPS: dict[str, str] = {
+    # Each lists the host's network namespaces before and after its swarm and wants the
+    # same list back: a second test making namespaces meanwhile would break that.
+    "tests/test_netns.py": "netns",
+    # Floods against a real daemon that bound its RSS, its table or its admissions and
+    # wait for it to settle: two floods at once on 2 cores starve both daemons, and the
+    # time to settle then measures the other flood, not the code.
+    "tests/test_memory_attacks.py": "floods",
+    "tests/test_conn_limits.py::test_junk_connection_floods_do_not_grow_the_daemon": "floods",
+    "tests/dht/test_flood_loopback.py": "floods",
+    "tests/test_hostile_processes.py::test_more_connections_than_file_descriptors": "floods",
+}
+
+#: The longest tests (a parallel run's --durations on a loaded 2-core machine: 20-150 s
+#: each), by node id prefix, started before everything else. A test not listed keeps
+#: its place; a list entry that matches nothing costs nothing.
+FIRST: tuple[str, ...] = (
+    "tests/test_swarms_sim.py::test_50_agents_on_20_nodes_complete_500_subtasks",
+    "tests/test_netns.py",
+    "tests/test_memory_attacks.py",
+    "tests/dht/test_flood.py",
+    "tests/test_crdt_sim.py::test_hundred_nodes_loss_partition_heal_converge",
+    "tests/test_shared_sim.py::test_swarm_converges_through_partition_kills_and_restarts",
+    "tests/test_demo_swarm.py",
+    "tests/dht/test_swarm_sim.py",
+    "tests/test_mcp_processes.py",
+    "tests/test_cli_tasks.py",
+    "tests/test_shared_kill.py",
+)
+
+
+def _rank(nodeid: str) -> int:
+    for rank, prefix in enumerate(FIRST):
+        if nodeid.startswith(prefix):
+            return rank
+    return len(FIRST)
+
+
+# tryfirst: the markers are in place before xdist's worker reads them (it appends each
+# test's group to its node id).
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark :data:`GROUPS`' tests with their ``xdist_group``; put :data:`FIRST` first."""
+    for item in items:
+        for prefix, group in GROUPS.items():
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
+    # Stable: each test not in FIRST keeps its order relative to the others.
+    items.sort(key=lambda item: _rank(item.nodeid))
