@@ -584,7 +584,7 @@ _HEADER_STR_BYTES = 4 * MAX_ID_LENGTH
 _SKIPPED_FIELDS = frozenset({"payload", "metadata"})
 
 
-def envelope_header_untrusted(data: bytes) -> Envelope | None:
+def envelope_header_untrusted(data: bytes | memoryview) -> Envelope | None:
     """The envelope whose plain form ``data`` (one msgpack map) encodes, read without its
     payload and metadata, which are skipped unread (the result carries neither): what
     identifies an envelope whose payload a decoding limit refused, so its sender can be

@@ -214,7 +214,7 @@ _OUTLINE = {
 }
 
 
-def _members_untrusted(data: bytes) -> tuple[list[bytes], WireLimits]:
+def _members_untrusted(data: bytes) -> tuple[list[memoryview], WireLimits]:
     """The bytes of each envelope of an ENVELOPE or ENVELOPES frame, and the limits a
     member is decoded with (the frame's, less the levels the frame's arrays take).
     Raises any exception when ``data`` is not such a frame (the caller translates)."""
@@ -229,10 +229,11 @@ def _members_untrusted(data: bytes) -> tuple[list[bytes], WireLimits]:
     if count > _LIMITS.max_array_len:  # read_array_header does not apply the limit
         raise ValueError("too many members")
     members = []
+    view = memoryview(data)  # members are views: a frame of 4 MiB is not copied again
     for _ in range(count):
         start = unpacker.tell()
         unpacker.skip()
-        members.append(data[start : unpacker.tell()])
+        members.append(view[start : unpacker.tell()])
     if unpacker.tell() != len(data):
         raise ValueError("trailing bytes")
     limits = WireLimits(max_size=_LIMITS.max_size, max_depth=_LIMITS.max_depth - levels)

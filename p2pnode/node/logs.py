@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import IO, Any
 
 from p2pnode.core.errors import ErrorCode, LocalError
-from p2pnode.node.heaptrace import start_from_env
+from p2pnode.node.heaptrace import return_large_blocks, start_from_env
 
 
 class JsonLinesFormatter(logging.Formatter):
@@ -48,8 +48,9 @@ def configure_logging(
     lines, at ``level``. Calling again replaces the handler this function installed.
     Returns the handler. Raises LocalError(CONFIG_ERROR) for an unknown level name.
 
-    A daemon's diagnostics start here too: with ``P2PNODE_HEAP_TRACE`` set, heap
-    growth reports (:mod:`p2pnode.node.heaptrace`; off otherwise).
+    A daemon's heap policy starts here too, once per process: large blocks handed back
+    to the system when freed, and with ``P2PNODE_HEAP_TRACE`` set, heap growth reports
+    (:mod:`p2pnode.node.heaptrace`).
     """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -64,5 +65,6 @@ def configure_logging(
     root.setLevel(numeric)
     if not getattr(root, _CONFIGURED, False):  # once per process, however often called
         setattr(root, _CONFIGURED, True)
+        return_large_blocks()
         start_from_env()
     return handler
