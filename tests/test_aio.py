@@ -410,7 +410,7 @@ def test_importing_the_package_loads_no_asyncio() -> None:
     script = (
         "import sys, p2pnode\n"
         "print('asyncio' in sys.modules, 'p2pnode.hosting.aio' in sys.modules)\n"
-        "p2pnode.hosting.aio\n"
+        "p2pnode.aio  # the lazy name loads p2pnode.hosting.aio\n"
         "print('p2pnode.hosting.aio' in sys.modules)\n"
     )
     done = subprocess.run(
