@@ -15,6 +15,12 @@ What it does (as root, with iproute2's ``ip``):
    and the newcomer find each other) and the document converges with every
    update of both sides.
 
+The commands of steps 2-5 other than ``run`` (``init``, ``find``, ``send``, ``doc``,
+``status``) only read files or talk to a daemon over its control socket, a file in its
+data directory that any namespace reaches: they run ``p2pnode``'s ``main(argv)`` in this
+process, not a new interpreter each (a second or more apiece on a busy 2-core machine,
+most of the run's time). The daemons are real processes inside their namespaces.
+
 Every wait polls for its condition until a deadline. Namespace names are unique
 per run; every namespace (and so every veth and the bridge inside them) is
 deleted on exit, on failure and on SIGINT/SIGTERM; the root namespace is never
@@ -26,6 +32,7 @@ Usage: sudo python scripts/netns_swarm.py [--nodes 5] [--keep-logs]
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
@@ -36,16 +43,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from p2pnode.cli.main import main as p2pnode_main
+
 PORT = 7400
 #: Seconds a step may take before the run fails naming it.
 STEP = 60.0
-CLI_TIMEOUT = 30.0
 
 T = TypeVar("T")
 
@@ -175,25 +183,10 @@ class Daemon:
     data_dir: Path
     proc: subprocess.Popen[bytes] | None = None
 
-    def cli(self, *args: str, timeout: float = CLI_TIMEOUT) -> tuple[int, str]:
-        """Run ``p2pnode --data-dir D ARGS`` in the namespace: exit code and stdout."""
-        argv = [
-            "ip",
-            "netns",
-            "exec",
-            self.ns,
-            sys.executable,
-            "-m",
-            "p2pnode",
-            "--data-dir",
-            str(self.data_dir),
-            *args,
-        ]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return 124, ""
-        return done.returncode, done.stdout
+    def cli(self, *args: str) -> tuple[int, str]:
+        """``p2pnode --data-dir D ARGS``, through the daemon's control socket: exit code
+        and stdout (the command bounds its wait for the daemon itself)."""
+        return cli_in_process("--data-dir", str(self.data_dir), *args)
 
     def json(self, *args: str) -> Any:
         """The JSON a CLI command printed, or None if it failed."""
@@ -263,23 +256,22 @@ class Daemon:
         return path.read_text(errors="replace")[-800:] if path.exists() else ""
 
 
+def cli_in_process(*argv: str) -> tuple[int, str]:
+    """``p2pnode ARGV`` run in this process: its exit code and stdout (stderr is dropped,
+    as the command's output was when it ran in a process of its own)."""
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        try:
+            code = p2pnode_main(list(argv))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, out.getvalue()
+
+
 def _init(daemon: Daemon) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "p2pnode",
-            "init",
-            "--data-dir",
-            str(daemon.data_dir),
-            "--agent-id",
-            daemon.name,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise NetnsError(f"p2pnode init {daemon.name}: {done.stderr.strip()}")
+    code, _ = cli_in_process("init", "--data-dir", str(daemon.data_dir), "--agent-id", daemon.name)
+    if code != 0:
+        raise NetnsError(f"p2pnode init {daemon.name}: exit {code}")
     card_path = daemon.data_dir / "card.json"
     card = json.loads(card_path.read_text())
     card["capabilities"].append({"id": f"cap.{daemon.name}", "name": f"{daemon.name}'s"})
