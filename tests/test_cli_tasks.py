@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import trio
 from p2pnode.cli.process import NodeProcess
 from p2pnode.cli.tasks import add_task_commands
 from p2pnode.core.errors import ErrorCode, LocalError
+from tests import inprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -130,16 +130,11 @@ def test_swarm_run_shows_progress_then_a_table(
 # -- real daemons ---------------------------------------------------------------------------------
 
 
-async def p2pnode(data_dir: Path, env: dict[str, str], *argv: str) -> tuple[int, str, str]:
-    with trio.fail_after(60):
-        done = await trio.run_process(
-            [sys.executable, "-m", "p2pnode", "--data-dir", str(data_dir), *argv],
-            env=env,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    return done.returncode, done.stdout.decode(), done.stderr.decode()
+async def p2pnode(data_dir: Path, *argv: str) -> tuple[int, str, str]:
+    """``p2pnode --data-dir DATA_DIR ARGV``: its ``main(argv)`` in this process (the
+    command only asks the daemon and prints; tests/inprocess.py); the daemons are real."""
+    done = await inprocess.p2pnode("--data-dir", str(data_dir), *argv, seconds=60)
+    return done.code, done.out, done.err
 
 
 @pytest.mark.slow
@@ -150,7 +145,7 @@ async def test_tasks_and_a_swarm_through_the_command_line(tmp_path: Path) -> Non
         NodeProcess(tmp_path / name, base | {"SQUARER_ID": name}) for name in ("sq-a", "sq-b")
     ]
     for node in (boss, *workers):
-        assert (await p2pnode(node.data_dir, base, "init"))[0] == 0
+        assert (await p2pnode(node.data_dir, "init"))[0] == 0
     async with trio.open_nursery() as nursery:
         try:
             await boss.start(nursery, None)
@@ -158,17 +153,17 @@ async def test_tasks_and_a_swarm_through_the_command_line(tmp_path: Path) -> Non
                 await worker.start(nursery, boss.address, run_args=["--agent", "squarer:agent"])
             with trio.fail_after(30):
                 while True:
-                    code, out, _ = await p2pnode(boss.data_dir, base, "find", "square")
+                    code, out, _ = await p2pnode(boss.data_dir, "find", "square")
                     if code == 0 and "sq-a" in out and "sq-b" in out:
                         break
                     await trio.sleep(0.2)
             task = json.dumps({"description": "square 7", "capabilities": ["square"],
                                "complexity": 0.1, "input": 7})  # fmt: skip
-            code, out, err = await p2pnode(boss.data_dir, base, "task", "propose", "square",
+            code, out, err = await p2pnode(boss.data_dir, "task", "propose", "square",
                                            "--capability", "--task", task)  # fmt: skip
             assert code == 0, err
             assert json.loads(out) == 49.0
-            code, out, err = await p2pnode(boss.data_dir, base, "swarm", "run",
+            code, out, err = await p2pnode(boss.data_dir, "swarm", "run",
                                            str(EXAMPLES / "squares.json"))  # fmt: skip
             assert code == 0, err
             assert f"outcome      {float(sum(i * i for i in range(20)))}" in out
@@ -176,17 +171,17 @@ async def test_tasks_and_a_swarm_through_the_command_line(tmp_path: Path) -> Non
             swarm = err.split(":", 1)[0].removeprefix("swarm ")
             with trio.fail_after(20):  # the worker's replica catches up by gossip
                 while True:
-                    code, out, err = await p2pnode(workers[0].data_dir, base, "swarm", "status",
+                    code, out, err = await p2pnode(workers[0].data_dir, "swarm", "status",
                                                    swarm)  # fmt: skip
                     assert code == 0, err
                     if "completed  20/20 done" in out:
                         break
                     await trio.sleep(0.2)
-            status = json.loads((await p2pnode(boss.data_dir, base, "status", "--json"))[1])
+            status = json.loads((await p2pnode(boss.data_dir, "status", "--json"))[1])
             tasks = status["tasks"]
             assert tasks["proposalsSent"] >= 3 and tasks["swarmsOpened"] == 1
             assert tasks["swarmsActive"] == 0 and tasks["reassignments"] == 0
-            code, _, err = await p2pnode(boss.data_dir, base, "task", "propose", "nobody",
+            code, _, err = await p2pnode(boss.data_dir, "task", "propose", "nobody",
                                          "--task", '{"description": "x"}')  # fmt: skip
             assert code == 1 and "AGENT_NOT_FOUND" in err and "Traceback" not in err
         finally:
@@ -205,7 +200,7 @@ async def test_task_propose_to_agent_at_peer_through_the_command_line(tmp_path: 
     boss = NodeProcess(tmp_path / "boss", base)
     real, squatter = NodeProcess(tmp_path / "real", base), NodeProcess(tmp_path / "sq", base)
     for node in (boss, real, squatter):
-        assert (await p2pnode(node.data_dir, base, "init"))[0] == 0
+        assert (await p2pnode(node.data_dir, "init"))[0] == 0
     async with trio.open_nursery() as nursery:
         try:
             await boss.start(nursery, None)
@@ -216,7 +211,7 @@ async def test_task_propose_to_agent_at_peer_through_the_command_line(tmp_path: 
                                "complexity": 0.1, "input": 9})  # fmt: skip
             with trio.fail_after(30):  # the boss learns both owners' cards
                 while True:
-                    code, out, err = await p2pnode(boss.data_dir, base, "task", "propose",
+                    code, out, err = await p2pnode(boss.data_dir, "task", "propose",
                                                    f"squarer@{peer}", "--task", task,
                                                    "--json")  # fmt: skip
                     if code == 0 or "AGENT_NOT_FOUND" not in err:

@@ -341,14 +341,15 @@ async def test_what_cannot_run_is_one_error_line(tmp_path: Path) -> None:
         ("--data-dir", data_dir, "run", "--mcp-server", f"x={missing}"),
         ("--data-dir", data_dir, "run", "--mcp-server", "x", "--mcp-allow", "colour=red"),
     ]
+    said: list[str] = []
     for argv in failures:
         code, _, err = await p2pnode(env, *argv)
         lines = err.splitlines()
         assert code == 1 and "Traceback" not in err, (argv, err)
         assert lines[-1].startswith("p2pnode: error: "), (argv, err)
-    code, _, err = await p2pnode(env, *failures[0])
-    assert "CONFIG_ERROR: no node answers on" in err
-    code, _, err = await p2pnode(env, *failures[2])
+        said.append(err)
+    assert "CONFIG_ERROR: no node answers on" in said[0]
+    err = said[2]
     assert "CONFIG_ERROR: MCP server x" in err
     assert "ended before it listed what it offers: FileNotFoundError" in err
 
