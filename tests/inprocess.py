@@ -51,10 +51,11 @@ def run_cli(*argv: str, cwd: Path | None = None) -> Ran:
     return Ran(code, out.getvalue(), err.getvalue())
 
 
-async def p2pnode(*argv: str, cwd: Path | None = None, timeout: float = 30.0) -> Ran:
+async def p2pnode(*argv: str, cwd: Path | None = None, seconds: float = 30.0) -> Ran:
     """:func:`run_cli` from a trio test: in a worker thread, so the test's own tasks
-    (the daemons' output readers) keep running while the command waits for its node."""
-    with trio.fail_after(timeout):
+    (the daemons' output readers) keep running while the command waits for its node;
+    it fails after ``seconds``."""
+    with trio.fail_after(seconds):
         return await trio.to_thread.run_sync(
             lambda: run_cli(*argv, cwd=cwd), abandon_on_cancel=True
         )

@@ -53,7 +53,7 @@ class Run:
 async def p2pnode(cwd: Path, *argv: str) -> Run:
     """``p2pnode ARGV`` run in ``cwd``, in this process (tests/inprocess.py): these
     commands only ask a daemon and print; the daemons are real processes."""
-    done = await inprocess.p2pnode(*argv, cwd=cwd, timeout=CLI_TIMEOUT)
+    done = await inprocess.p2pnode(*argv, cwd=cwd, seconds=CLI_TIMEOUT)
     return Run(done.code, done.out, done.err)
 
 
