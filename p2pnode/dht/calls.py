@@ -12,12 +12,10 @@ a lookup takes each reply in its callback
 (:class:`~p2pnode.dht.lookup_driver.LookupDriver`), a liveness ping just
 updates the routing table from its callback.
 
-Timers are the receive loop's: it sleeps in one cancel scope until the
-core's next deadline and exposes that scope as :attr:`Calls.wake`; a new
-call whose deadline comes sooner pulls the scope's deadline in. The scope
-comes from a :data:`MoveOnAt`: ``trio.move_on_at``, or, on a network that
-keeps timers itself (:class:`Timing`, the simulator under its driver), a
-scope whose due deadline runs a callback instead of waking the sleeper.
+Timers are the node's: its network sleeps to the node's next wake-up in one
+timer (:meth:`~p2pnode.transport.net.Network.serve_datagrams`), exposed here as
+:attr:`Calls.wake`; a new call whose deadline comes sooner pulls the timer's
+deadline in.
 
 :meth:`Calls.flush` sends what the core queued, each datagram with the
 endpoint's ``sendto_nowait``: no pass of trio's scheduler per datagram and
@@ -30,16 +28,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import trio
 
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.dht.config import DhtStatistics
 from p2pnode.dht.rpc import Address, CallTimedOut, ReplyReceived, RpcCore
-from p2pnode.transport.net import DatagramEndpoint
+from p2pnode.transport.net import DatagramEndpoint, Wake
 
 
 class _NoReply(enum.Enum):
@@ -50,39 +47,6 @@ class _NoReply(enum.Enum):
 NO_REPLY = _NoReply.NO_REPLY
 #: Gets a call's raw reply value, or :data:`NO_REPLY`.
 OnResult = Callable[[Any], None]
-
-
-class Wake(Protocol):
-    """The timer a task sleeps to: a cancel scope's ``deadline``, settable."""
-
-    @property
-    def deadline(self) -> float: ...
-    @deadline.setter
-    def deadline(self, value: float) -> None: ...
-
-
-#: ``move_on_at(deadline, on_due)``: a cancel scope with ``deadline``; when it is due,
-#: either the scope is cancelled (its task wakes) or ``on_due(now)`` runs elsewhere
-#: and the deadline turns infinite (the task sleeps on). Owners handle both.
-MoveOnAt = Callable[[float, Callable[[float], None] | None], AbstractContextManager[Wake]]
-
-
-@runtime_checkable
-class Timing(Protocol):
-    """A network that keeps timers itself (:meth:`p2pnode.simnet.SimNetwork.move_on_at`):
-    a due timer runs its callback without a wake-up of the task that sleeps to it."""
-
-    def move_on_at(
-        self, deadline: float, on_due: Callable[[float], None] | None = None
-    ) -> AbstractContextManager[Wake]: ...
-
-
-def trio_move_on_at(
-    deadline: float, on_due: Callable[[float], None] | None = None
-) -> trio.CancelScope:
-    """The :data:`MoveOnAt` of every other network: ``trio.move_on_at`` (the scope is
-    cancelled when due; ``on_due`` is not used)."""
-    return trio.move_on_at(deadline)
 
 
 class _Result:
@@ -107,7 +71,7 @@ class Calls:
         self.stats = stats
         #: Where datagrams go out; set while the node runs.
         self.endpoint: DatagramEndpoint | None = None
-        #: The receive loop's timer scope while it sleeps (None while it works).
+        #: The node's timer while its network sleeps to it (None while the node works).
         self.wake: Wake | None = None
         #: When the receive loop must wake with no call pending (its other timers).
         self.idle_wake: Callable[[], float] | None = None
@@ -285,10 +249,6 @@ async def count_answers(
 __all__ = [
     "NO_REPLY",
     "Calls",
-    "MoveOnAt",
     "OnResult",
-    "Timing",
-    "Wake",
     "count_answers",
-    "trio_move_on_at",
 ]

@@ -6,12 +6,12 @@ Theory of operation: a :class:`~p2pnode.dht.lookup.Lookup` is sans-IO; a
 :meth:`~p2pnode.dht.gate.Gate.informing` so the routing table learns how the
 contact did) takes the reply where it lands, in the node's receive loop:
 parses it, hands it to the lookup and queues the requests that frees, which
-the receive loop's flush sends with its own datagrams. No task wakes per
-reply. The task that runs :meth:`LookupDriver.run` sleeps until the lookup
-is done or its next soft timeout (§6) is due, in one cancel scope whose
-deadline each round of requests moves. On a network that keeps timers
-(:class:`~p2pnode.dht.calls.Timing`, the simulator under its driver) a
-soft timeout runs from the network's task and this one sleeps on.
+the node's flush sends with its own datagrams. No task wakes per
+reply. Soft timeouts (§6) are the node's timer's: while a lookup runs it is
+in the node's ``lookups``, the node wakes at the earliest of their
+:meth:`LookupDriver.next_deadline` (a round of requests pulls that in) and
+calls :meth:`LookupDriver.timer_due`. The task that runs
+:meth:`LookupDriver.run` sleeps until the lookup is done: it wakes once.
 
 A reply that comes after the lookup ended (its requests run on to their
 reply or hard timeout for the routing table's sake) is ignored here. A
@@ -31,7 +31,7 @@ import trio
 
 from p2pnode.core.boundary import FailureBoundary
 from p2pnode.dht import rpcwire
-from p2pnode.dht.calls import NO_REPLY, Calls, MoveOnAt, Wake
+from p2pnode.dht.calls import NO_REPLY, Calls
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.lookup import Lookup, RecordCollector, RttEstimator
@@ -64,7 +64,8 @@ class LookupHost(Protocol):
     @property
     def wall_clock_ms(self) -> Callable[[], int]: ...
     @property
-    def move_on_at(self) -> MoveOnAt: ...
+    def lookups(self) -> dict[LookupDriver, None]:
+        """The lookups running: the node's timer runs their soft timeouts."""
 
     def drop(self, source: Address, reason: str, kind: str) -> None: ...
 
@@ -85,7 +86,6 @@ class LookupDriver:
         "_ended",
         "_host",
         "_pumping",
-        "_scope",
         "args",
         "collector",
         "lookup",
@@ -120,7 +120,6 @@ class LookupDriver:
         self._done = trio.Event()
         # True once run() returned: late results only tell the routing table.
         self._ended = False
-        self._scope: Wake | None = None
         # True while _pump sends: a call refused at once (max_pending) fails inside it.
         self._pumping = False
 
@@ -132,23 +131,27 @@ class LookupDriver:
         """
         host = self._host
         host.table.touch_range(self.lookup.target, trio.current_time())
+        host.lookups[self] = None
         try:
             self._pump(trio.current_time())
             host.calls.flush()
-            while not self._done.is_set():
-                deadline = self.lookup.next_deadline()
-                with host.move_on_at(
-                    math.inf if deadline is None else deadline, self._soft_timeout
-                ) as scope:
-                    self._scope = scope
-                    await self._done.wait()
-                self._scope = None
-                if not self._done.is_set():  # a soft timeout: slots free up
-                    self._pump(trio.current_time())
-                    host.calls.flush()
+            await self._done.wait()
         finally:
             self._ended = True
+            del host.lookups[self]
         return self.lookup, self.collector.records()
+
+    def next_deadline(self) -> float:
+        """When the next request of this lookup turns slow (inf: none pending)."""
+        if self._done.is_set():
+            return math.inf
+        deadline = self.lookup.next_deadline()
+        return math.inf if deadline is None else deadline
+
+    def timer_due(self, now: float) -> None:
+        """The node's timer: if a soft timeout is due, slots free up; the node flushes."""
+        if self.next_deadline() <= now:
+            self._pump(now)
 
     def _pump(self, now: float) -> None:
         """Mark slow requests, send what that and the replies freed; end when done."""
@@ -168,20 +171,16 @@ class LookupDriver:
         if lookup.done:
             self._done.set()
             return
-        scope = self._scope
-        if scope is not None:
+        wake = host.calls.wake
+        if wake is not None:
             # Only ever sooner: as answers come the next soft timeout moves later, and
-            # each move would cost trio's deadline heap an entry to push and one gone
-            # stale (a hundred thousand nodes' timers are in that heap). A wake-up that
-            # comes too soon finds nothing due and sleeps again to the right deadline.
+            # each move would cost the timer heap an entry to push and one gone stale
+            # (a hundred thousand nodes' timers are in one heap in the simulator). A
+            # wake-up that comes too soon finds nothing due and sleeps again to the
+            # right deadline.
             deadline = lookup.next_deadline()
-            if deadline is not None and deadline < scope.deadline:
-                scope.deadline = deadline
-
-    def _soft_timeout(self, now: float) -> None:
-        """A soft timeout run by a network that keeps timers (the scope stays open)."""
-        self._pump(now)
-        self._host.calls.flush()
+            if deadline is not None and deadline < wake.deadline:
+                wake.deadline = deadline
 
     def _on_result(self, c: Contact, value: Any) -> None:
         if self._ended or self._done.is_set():

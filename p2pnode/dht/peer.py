@@ -1,34 +1,33 @@
 """The trio DHT peer: a thin driver of the sans-IO RPC core over one datagram endpoint.
 
 Theory of operation: a :class:`DhtPeer` binds one datagram endpoint from a
-:class:`p2pnode.transport.net.Network` (real sockets or the simulator) and runs one
-long-lived loop in a nursery it owns: the receive loop (in the task that calls
-:meth:`DhtPeer.serve`, or in one that ``async with`` starts).
+:class:`p2pnode.transport.net.Network` (real sockets or the simulator) and is the
+network's :class:`~p2pnode.transport.net.DatagramReceiver` on it:
+:meth:`~p2pnode.transport.net.Network.serve_datagrams` runs it in the task that
+calls :meth:`DhtPeer.serve` (or in one that ``async with`` starts), handing it each
+datagram (:meth:`DhtPeer.datagram_received`) and running its timer
+(:meth:`DhtPeer.timer_due`) when :meth:`DhtPeer.next_wake` comes.
 Everything protocol-shaped happens in sans-IO objects it drives:
 
 * :class:`~p2pnode.dht.rpc.RpcCore` (docs/protocol/dht.md §2-3) holds the
   pending calls, matches replies by message id *and* address, and turns
-  each datagram into events. The receive loop feeds it every datagram, behind
+  each datagram into events. The node feeds it every datagram, behind
   :attr:`DhtPeer.boundary`, and dispatches the events through a table:
   requests go to the sans-IO :class:`~p2pnode.dht.handlers.RequestHandlers`
   and are answered inline (no task per request); a reply or a timeout goes
   to the callback its call registered. Datagrams the core queues are sent
   by whoever made them due.
-* A network whose endpoints hand datagrams to a callback (:class:`Delivering`,
-  the simulator under its driver) calls the same datagram handling directly,
-  sparing the receive loop a wake-up per datagram.
-* **Timers** are a query, not a cancel scope per call: the receive loop
-  sleeps in one cancel scope until the earliest of the core's
-  ``next_deadline()`` and the maintenance schedule, then runs
-  ``handle_timer(now)``. A call that needs an earlier wake-up pulls the
-  scope's deadline in. A network that keeps timers itself (:class:`Timing`,
-  the simulator under its driver) runs ``handle_timer`` from its own task
-  when the scope is due, and the receive loop sleeps on.
+* **Timers** are a query, not a cancel scope per call nor per lookup: the
+  network sleeps to one timer until the earliest of the core's
+  ``next_deadline()``, the maintenance schedule, rejoining and the running
+  lookups' soft timeouts, then the node runs them all (:meth:`DhtPeer.timer_due`).
+  A call or a lookup that needs an earlier wake-up pulls the timer's deadline in.
 * **Lookups** (§6) are driven from the sans-IO :class:`~p2pnode.dht.lookup.Lookup`
   by a :class:`~p2pnode.dht.lookup_driver.LookupDriver`, without a task per
   request nor a wake-up per reply: each request's callback hands its reply
-  to the lookup and queues the requests it frees, and the lookup's task
-  wakes at its own ``next_deadline()`` to mark slow nodes, or at its end.
+  to the lookup and queues the requests it frees, the node's timer marks
+  slow nodes at the lookup's ``next_deadline()``, and the lookup's task
+  wakes once, at its end.
   When a lookup ends, its outstanding calls run on to their reply or hard
   timeout for the routing table's sake only (a dead contact must fail to be
   evicted).
@@ -59,7 +58,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, Self
 
 import trio
 
@@ -67,7 +66,7 @@ from p2pnode.core.boundary import FailureBoundary, describe
 from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.core.identity import Identity
 from p2pnode.dht import rpcwire
-from p2pnode.dht.calls import NO_REPLY, Calls, MoveOnAt, Timing, count_answers, trio_move_on_at
+from p2pnode.dht.calls import NO_REPLY, Calls, count_answers
 from p2pnode.dht.config import DhtConfig, DhtStatistics, LogSummary
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
@@ -93,7 +92,7 @@ from p2pnode.dht.rpc import (
     RpcEvent,
 )
 from p2pnode.dht.snapshot import parse_snapshot, snapshot_contacts
-from p2pnode.transport.net import Address, DatagramEndpoint, Network
+from p2pnode.transport.net import Address, DatagramEndpoint, Network, Wake
 
 log = logging.getLogger("p2pnode.dht")
 
@@ -123,16 +122,6 @@ def _node_id_of(identity: Identity | None, node_id: bytes | None) -> bytes:
     if len(node_id) != 20:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, "node ids are 20 bytes")
     return node_id
-
-
-@runtime_checkable
-class Delivering(Protocol):
-    """A datagram endpoint that can hand each datagram to a callback from the
-    network's own task (the simulator's driver, :mod:`p2pnode.simnet`): no wake-up
-    of the receive loop per datagram. The receive loop still runs, for timers and
-    for whatever the endpoint delivers through ``recvfrom`` after all."""
-
-    def receive_with(self, handler: Callable[[bytes, Address], None] | None) -> None: ...
 
 
 def _table(node_id: bytes, config: DhtConfig) -> RoutingTable:
@@ -177,10 +166,6 @@ class DhtPeer:
         #: The wall clock (unix ms) that record expiry is measured on.
         self.wall_clock_ms = wall_clock_ms
         self._network = network
-        #: Where the node's timers come from (the network's own, if it keeps them).
-        self.move_on_at: MoveOnAt = (
-            network.move_on_at if isinstance(network, Timing) else trio_move_on_at
-        )
         self._bind_address = address
         self._rng: random.Random = rng if rng is not None else _OS_RANDOM
         self.table = _table(node_id, config)
@@ -197,18 +182,7 @@ class DhtPeer:
             timeout=config.rpc_hard_timeout,
             max_pending=config.max_pending,
         )
-        self.publisher = Publisher(
-            self.records,
-            self._lookup_value,
-            self._store,
-            wall_clock_ms=wall_clock_ms,
-            republish_interval=config.republish_interval,
-        )
-        self.schedule = MaintenanceSchedule(config.maintenance_interval, self._rng)
-        #: Joining again from the bootstrap and snapshot addresses when the table is empty.
-        self.rejoin = Rejoin(
-            self._rng, first_delay=config.rejoin_delay, max_delay=config.rejoin_max_delay
-        )
+        self._timed_work(config)
         self.calls = Calls(self.rpc, self.stats)
         self.calls.idle_wake = self._timers_wake
         self.gate = Gate(self, config)  # admission to the routing table (§5.1)
@@ -216,6 +190,24 @@ class DhtPeer:
         self._endpoint: DatagramEndpoint | None = None
         self._nursery: trio.Nursery | None = None
         self._running: AbstractAsyncContextManager[Self] | None = None
+
+    def _timed_work(self, config: DhtConfig) -> None:
+        """What the node's timer runs besides the calls' timeouts: republishing,
+        maintenance passes, rejoining, and the running lookups' soft timeouts."""
+        self.publisher = Publisher(
+            self.records,
+            self._lookup_value,
+            self._store,
+            wall_clock_ms=self.wall_clock_ms,
+            republish_interval=config.republish_interval,
+        )
+        self.schedule = MaintenanceSchedule(config.maintenance_interval, self._rng)
+        #: Joining again from the bootstrap and snapshot addresses when the table is empty.
+        self.rejoin = Rejoin(
+            self._rng, first_delay=config.rejoin_delay, max_delay=config.rejoin_max_delay
+        )
+        #: The lookups running (a dict for a fixed order): their soft timeouts.
+        self.lookups: dict[LookupDriver, None] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -257,10 +249,8 @@ class DhtPeer:
             async with trio.open_nursery() as nursery:
                 self._endpoint, self._nursery = endpoint, nursery
                 self.calls.endpoint = endpoint
-                if isinstance(endpoint, Delivering):
-                    endpoint.receive_with(self._take_delivered)
                 task_status.started(self)
-                await self._receive_loop(endpoint)
+                await self._network.serve_datagrams(endpoint, self)
         finally:
             self._nursery = self.calls.endpoint = None
             endpoint.close()
@@ -301,29 +291,15 @@ class DhtPeer:
 
     # ------------------------------------------------------------------ I/O
 
-    async def _receive_loop(self, endpoint: DatagramEndpoint) -> None:
-        # Runs until the nursery is cancelled. One cancel scope per timer wake-up,
-        # not one per datagram nor per call: Calls.call_nowait pulls the deadline in.
-        # A network that keeps timers runs _timer_due instead, and this task sleeps on.
-        while True:
-            with self.move_on_at(self._next_wake(), self._timer_due) as wake:
-                self.calls.wake = wake
-                while True:
-                    data, source = await endpoint.recvfrom()
-                    self._take_delivered(data, source)
-            self.calls.wake = None
-            self._handle_timer(trio.current_time())
+    # The network's DatagramReceiver: datagram_received, timer_due, next_wake, sleeping_in.
 
-    def _timer_due(self, now: float) -> None:
-        """The receive loop's timer, run by a network that keeps timers (:class:`Timing`)."""
-        self._handle_timer(now)
-        wake = self.calls.wake
-        if wake is not None:
-            wake.deadline = self._next_wake()
+    def sleeping_in(self, wake: Wake | None) -> None:
+        """The timer the network sleeps to (None while the node works): calls and
+        lookups pull its deadline in."""
+        self.calls.wake = wake
 
-    def _take_delivered(self, data: bytes, source: Address) -> None:
-        """One datagram, from the receive loop or handed over by the network itself
-        (:class:`Delivering`); never raises."""
+    def datagram_received(self, data: bytes, source: Address) -> None:
+        """One datagram from ``source``, handed over by the network; never raises."""
         now = trio.current_time()
         try:
             self._take_datagram(data, source, now)
@@ -331,18 +307,22 @@ class DhtPeer:
             self.boundary.contain(_text(source), "datagram", exc)
         self._summarise(now)
 
-    def _next_wake(self) -> float:
+    def next_wake(self) -> float:
+        """When :meth:`timer_due` should run next."""
         deadline = self.rpc.next_deadline()
         wake = self._timers_wake()
         return wake if deadline is None or deadline > wake else deadline
 
     def _timers_wake(self) -> float:
-        """When the receive loop must wake for anything but a pending call."""
-        return min(
+        """When the node must wake for anything but a pending call."""
+        wake = min(
             self.schedule.next_deadline(),
             self._summary.next_deadline(),
             self.rejoin.next_deadline(),
         )
+        for lookup in self.lookups:
+            wake = min(wake, lookup.next_deadline())
+        return wake
 
     def _summarise(self, now: float) -> None:
         line = self._summary.due(now, self.stats)
@@ -358,16 +338,20 @@ class DhtPeer:
         """Process one datagram from ``source`` at ``now`` and send what it calls for.
 
         Bad peer input is dropped and logged, not raised; anything else that
-        processing raises propagates (the receive loop contains it behind
+        processing raises propagates (:meth:`datagram_received` contains it behind
         :attr:`boundary`).
         """
         for event in self.rpc.receive_datagram_untrusted(data, source, now):
             _EVENT_HANDLERS[type(event)](self, event, now)
         self.calls.flush()
 
-    def _handle_timer(self, now: float) -> None:
+    def timer_due(self, now: float) -> None:
+        """Run what is due at ``now``: the calls' hard timeouts, the lookups' soft
+        ones, maintenance, rejoining, the log summary; then send what they queued."""
         for event in self.rpc.handle_timer(now):
             self.calls.on_timeout(event)
+        for lookup in list(self.lookups):
+            lookup.timer_due(now)
         if self.schedule.handle_timer(now):
             if self._quiet_pass(now):
                 self.schedule.finished()
@@ -553,7 +537,7 @@ class DhtPeer:
                 await self.find_node(self.node_id)
         finally:
             self.rejoin.finished(len(self.table), trio.current_time())
-            # The receive loop sleeps to a deadline set before this attempt: pull it in.
+            # The network sleeps to a deadline set before this attempt: pull it in.
             wake = self.calls.wake
             if wake is not None and self.rejoin.next_deadline() < wake.deadline:
                 wake.deadline = self.rejoin.next_deadline()

@@ -23,16 +23,17 @@ without a deadline of their own, so a datagram costs no cancel scope and no
 are the same as without the driver.
 
 An endpoint may also take its datagrams in a callback
-(:meth:`_SimDatagramEndpoint.receive_with`, what
-:class:`p2pnode.dht.peer.DhtPeer` does): the driver then calls it for each
-datagram as it falls due, and no receiver task wakes at all.
+(:meth:`_SimDatagramEndpoint.receive_with`): the driver then calls it for each
+datagram as it falls due, and no receiver task wakes at all. A
+:class:`~p2pnode.transport.net.DatagramReceiver` (the DHT node) run by
+:meth:`SimHost.serve_datagrams` takes its datagrams so.
 
 Timers likewise: :meth:`SimNetwork.move_on_at` is a cancel scope whose
 deadline, while the driver runs, the driver keeps (in buckets by due time,
 :mod:`p2pnode.simnet.timers`, not in trio's deadline heap with every other
 node's timers), and whose due callback, if it has one, runs from the driver's
-task instead of waking the scope's task (what :class:`p2pnode.dht.peer.DhtPeer`
-does for its receive loop and its lookups). Datagrams in flight are kept in
+task instead of waking the scope's task (:meth:`SimHost.serve_datagrams` so
+runs a receiver's timer). Datagrams in flight are kept in
 buckets by due time too.
 
 Otherwise each delivery is a pass of trio's scheduler (the driver's, then the
@@ -65,7 +66,14 @@ import trio.testing
 
 from p2pnode.simnet.streams import Pipe, SimListener, SimStream
 from p2pnode.simnet.timers import BucketQueue, SimTimer, TimerWheel
-from p2pnode.transport.net import Address, DatagramEndpoint, Network, StreamListener
+from p2pnode.transport.net import (
+    Address,
+    DatagramEndpoint,
+    DatagramReceiver,
+    Network,
+    StreamListener,
+    run_receiver,
+)
 
 _MAX_QUEUE = 512  # datagrams buffered per endpoint, like a socket receive buffer
 
@@ -354,6 +362,19 @@ class SimHost(Network):
     ) -> SimTimer | trio.CancelScope:
         """:meth:`SimNetwork.move_on_at` (a timer the driver keeps while it runs)."""
         return self.sim.move_on_at(deadline, on_due)
+
+    async def serve_datagrams(self, endpoint: DatagramEndpoint, receiver: DatagramReceiver) -> None:
+        """Run ``receiver`` on ``endpoint`` until cancelled. While :meth:`SimNetwork.drive`
+        runs, its datagrams and its timer are handed to it from the driver's task
+        (:meth:`_SimDatagramEndpoint.receive_with`, :meth:`move_on_at`): this task
+        does not wake for them. Without the driver, as any network does."""
+        if isinstance(endpoint, _SimDatagramEndpoint):
+            endpoint.receive_with(receiver.datagram_received)
+        try:
+            await run_receiver(endpoint, receiver, self.move_on_at)
+        finally:
+            if isinstance(endpoint, _SimDatagramEndpoint):
+                endpoint.receive_with(None)
 
     async def bind_datagram(self, address: Address) -> DatagramEndpoint:
         await trio.lowlevel.checkpoint()

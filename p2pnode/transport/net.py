@@ -16,6 +16,14 @@ Two implementations exist:
   latency, jitter, loss, partitions and killed hosts, driven by trio's
   (virtual) clock and a seeded :class:`random.Random`.
 
+A long-lived receiver of datagrams (the DHT node) is a
+:class:`DatagramReceiver`: callbacks for a datagram and for its timer, and
+the time it next wants the timer. :meth:`Network.serve_datagrams` runs it:
+one task reads the endpoint and sleeps to the receiver's timer in one cancel
+scope (a :class:`Wake`) that the receiver may pull in. The receiver never
+sees how it is run: the simulator's network runs the same callbacks from its
+own task (:meth:`p2pnode.simnet.SimHost.serve_datagrams`).
+
 Addresses are ``(host, port)`` tuples in both. Datagram delivery is
 best-effort, as UDP is: ``sendto`` never reports a lost datagram, and an
 unreachable destination is not an error. ``sendto_nowait`` sends without a
@@ -35,6 +43,9 @@ from __future__ import annotations
 import abc
 import logging
 import socket as _stdlib_socket
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import trio
 
@@ -106,8 +117,81 @@ class StreamListener(abc.ABC):
         """Stop listening."""
 
 
+class Wake(Protocol):
+    """The timer a task sleeps to: a cancel scope's ``deadline``, settable."""
+
+    @property
+    def deadline(self) -> float: ...
+    @deadline.setter
+    def deadline(self, value: float) -> None: ...
+
+
+class DatagramReceiver(Protocol):
+    """What :meth:`Network.serve_datagrams` drives: a datagram in, a timer due, and when
+    the timer is next due. None of the three may block; the first two never raise."""
+
+    def datagram_received(self, data: bytes, source: Address) -> None:
+        """One datagram from ``source``."""
+
+    def timer_due(self, now: float) -> None:
+        """The time :meth:`next_wake` gave has come (or passed: ``now``)."""
+
+    def next_wake(self) -> float:
+        """When :meth:`timer_due` should run next (inf: not until asked again)."""
+
+    def sleeping_in(self, wake: Wake | None) -> None:
+        """The timer its runner sleeps to until :meth:`next_wake` (None while the
+        receiver works): the receiver sets its ``deadline`` sooner when it needs to."""
+
+
+#: ``move_on_at(deadline, on_due)``: a cancel scope with ``deadline``. When it is due
+#: either the scope is cancelled (its task wakes), or ``on_due(now)`` runs from another
+#: task and the deadline turns infinite (the task sleeps on); :func:`run_receiver`
+#: handles both.
+MoveOnAt = Callable[[float, Callable[[float], None] | None], AbstractContextManager[Wake]]
+
+
+def trio_move_on_at(
+    deadline: float, on_due: Callable[[float], None] | None = None
+) -> trio.CancelScope:
+    """``trio.move_on_at``: the scope is cancelled when due (``on_due`` is not used)."""
+    return trio.move_on_at(deadline)
+
+
+async def run_receiver(
+    endpoint: DatagramEndpoint,
+    receiver: DatagramReceiver,
+    move_on_at: MoveOnAt = trio_move_on_at,
+) -> None:
+    """Hand ``receiver`` each datagram ``endpoint`` receives and run its timer, until
+    cancelled. One cancel scope per timer wake-up, not one per datagram."""
+    # The scope slept in now: on_due runs while it is open, from the network's task.
+    sleeping: list[Wake] = []
+
+    def on_due(now: float) -> None:
+        receiver.timer_due(now)
+        if sleeping:
+            sleeping[0].deadline = receiver.next_wake()
+
+    while True:
+        with move_on_at(receiver.next_wake(), on_due) as wake:
+            sleeping.append(wake)
+            receiver.sleeping_in(wake)
+            while True:
+                data, source = await endpoint.recvfrom()
+                receiver.datagram_received(data, source)
+        sleeping.clear()
+        receiver.sleeping_in(None)
+        receiver.timer_due(trio.current_time())
+
+
 class Network(abc.ABC):
     """Factory for endpoints, listeners and outbound streams."""
+
+    async def serve_datagrams(self, endpoint: DatagramEndpoint, receiver: DatagramReceiver) -> None:
+        """Run ``receiver`` on ``endpoint`` (bound by this network) until cancelled:
+        :func:`run_receiver` in this task."""
+        await run_receiver(endpoint, receiver)
 
     @abc.abstractmethod
     async def bind_datagram(self, address: Address) -> DatagramEndpoint:

@@ -73,13 +73,13 @@ async def test_every_provider_found_with_datagrams_handed_over_by_the_driver(
     # Under SimNetwork.drive the nodes take each datagram in a callback from the
     # driver's task (no receive loop wakes per datagram): the same DHT.
     handed: list[int] = [0]
-    take = DhtPeer._take_delivered
+    take = DhtPeer.datagram_received
 
     def counting(peer: DhtPeer, data: bytes, source: Address) -> None:
         handed[0] += 1
         take(peer, data, source)
 
-    monkeypatch.setattr(DhtPeer, "_take_delivered", counting)
+    monkeypatch.setattr(DhtPeer, "datagram_received", counting)
     rng = random.Random(24)
     async with dht_swarm(N // 2, seed=24) as (sim, nodes), trio.open_nursery() as nursery:
         await nursery.start(sim.drive)
