@@ -108,7 +108,7 @@ def test_on_asyncio_a_full_inbox_answers_busy_and_the_agent_goes_on(
     async def main() -> None:
         async with (
             node_serving(tmp_path) as node,
-            AgentClient(agent, data_dir=tmp_path, queue_size=1),
+            AgentClient(agent, data_dir=tmp_path, queue_size=1, concurrency=1),
         ):
             first = asyncio.create_task(node.request("asker", "slow", 1))
             await asyncio.sleep(0.05)  # handled, and waiting for release

@@ -25,23 +25,35 @@ Theory of operation:
 * :class:`AgentClient` connects, sends ``attach`` with the card the
   :class:`~p2pnode.agent.definition.Agent` definition describes, and then serves it:
   every complete line the node wrote is handled as soon as it is read,
-  before the reader waits again. Each ``envelope`` event goes to one handler
-  task (arrival order, as the node runs an in-process agent) and op replies
-  wake their callers by ``id``. The handler task runs the definition's own
-  dispatch, :meth:`Agent.handle`, so input validation and typed errors are
-  the same as in-process, and writes its :class:`~p2pnode.agent.definition.Reply` as a
-  ``reply`` line at once, from its own task.
+  before the reader waits again. Op replies wake their callers by ``id``;
+  ``envelope`` events go to the agent's handlers through :class:`HandlerInbox`,
+  which runs them as the node runs an in-process agent: envelopes start in
+  arrival order; notifications (every envelope that gets no answer) one at a
+  time, each after the previous one's handler ended; requests concurrently,
+  each in its own task, up to ``concurrency`` at once (then the inbox waits).
+  A handler runs the definition's own dispatch, :meth:`Agent.handle`, so input
+  validation and typed errors are the same as in-process, and writes its
+  :class:`~p2pnode.agent.definition.Reply` as a ``reply`` line at once, from its
+  own task.
+* A request's handler that runs past ``request_deadline`` (the node's own
+  30 s life of a forwarded request) is cancelled and answered ``TIMEOUT``, so
+  a hung handler holds its slot no longer than the node holds the request.
 * On asyncio the connection is an :class:`asyncio.Protocol` (lines are handled
-  in the loop pass that read them, and written without a task hop: one loop
-  pass per envelope); on trio it is anyio's socket stream
-  (:mod:`p2pnode.hosting.clientlink`). The protocol on the wire is the same.
-* The reader never waits for the handler: envelopes beyond ``queue_size``
-  waiting for it are refused here as the node refuses them (a request is
+  in the loop pass that read them, and written without a task hop), and each
+  handler's task starts eagerly (:func:`~p2pnode.hosting.aiohandoff.start_eagerly`):
+  one that answers without waiting is answered in the loop pass that read its
+  envelope. On trio it is anyio's socket stream
+  (:mod:`p2pnode.hosting.clientlink`), one task takes envelopes from the inbox
+  and each request gets a task in the client's task group. The protocol on
+  the wire is the same.
+* The reader never waits for a handler: envelopes beyond ``queue_size``
+  waiting to start are refused here as the node refuses them (a request is
   answered ``BUSY``, anything else is dropped and logged), so a handler that
   itself awaits a ``request`` cannot deadlock the connection.
-* Leaving ``async with`` detaches (the node withdraws the agent at once)
-  and closes the connection; if the process dies instead, the node sees
-  the socket close and withdraws the agent by itself.
+* Leaving ``async with`` detaches (the node withdraws the agent at once),
+  cancels the handlers still running and waits for them to end, and closes
+  the connection; if the process dies instead, the node sees the socket
+  close and withdraws the agent by itself.
 """
 
 from __future__ import annotations
@@ -53,16 +65,17 @@ import logging
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
 
 import anyio
 import anyio.abc
 import outcome
 import sniffio
 
-from p2pnode.agent.definition import Agent
+from p2pnode.agent.definition import Agent, Reply
 from p2pnode.agent.task import TERMINAL_STATES, Task, TaskState
 from p2pnode.agent.tools import Caller
 from p2pnode.core.card import AgentCard
@@ -92,6 +105,15 @@ logger = logging.getLogger("p2pnode.hosting.client")
 DETACH_TIMEOUT = 5.0
 #: Proposed tasks followed at once (each is a handle updated by the node's events).
 MAX_OPEN_TASKS = 10_000
+#: Request handlers of the agent that may wait at once: the node's own bound for the
+#: agents it hosts (``NodeConfig.agent_concurrency``).
+DEFAULT_CONCURRENCY = 64
+#: Seconds a request's handler may run before it is cancelled and answered TIMEOUT: the
+#: life the node gives a forwarded request (``AttachLimits.request_timeout``), after
+#: which it no longer takes a reply to it.
+REQUEST_DEADLINE = 30.0
+
+T = TypeVar("T")
 
 
 def socket_path(data_dir: Path | str | None = None) -> Path:
@@ -137,6 +159,84 @@ def _error(body: object) -> P2PError:
     )
 
 
+class HandlerInbox(Generic[T]):
+    """The envelopes waiting for the agent's handlers, and which may start now (sans-IO).
+
+    Envelopes start in arrival order. A request takes one of ``concurrency`` slots
+    until its handler ends; a notification (any envelope that gets no answer) starts
+    only while no other notification's handler runs. The first envelope that may not
+    start yet holds back every one behind it. At most ``queue_size`` wait to start:
+    :meth:`offer` refuses more.
+    """
+
+    __slots__ = ("_waiting", "concurrency", "notifying", "queue_size", "requests")
+
+    def __init__(self, queue_size: int, concurrency: int) -> None:
+        if queue_size < 1 or concurrency < 1:
+            raise LocalError(ErrorCode.CONFIG_ERROR, "queue_size and concurrency must be positive")
+        self._waiting: deque[tuple[T, bool]] = deque()
+        self.queue_size = queue_size
+        self.concurrency = concurrency
+        #: Request handlers running (started and not ended).
+        self.requests = 0
+        #: Whether a notification's handler runs.
+        self.notifying = False
+
+    def __len__(self) -> int:
+        """Envelopes waiting to start."""
+        return len(self._waiting)
+
+    def offer(self, item: T, request: bool) -> bool:
+        """Queue ``item`` (a request when ``request``); False when ``queue_size`` wait."""
+        if len(self._waiting) >= self.queue_size:
+            return False
+        self._waiting.append((item, request))
+        return True
+
+    def next_start(self) -> tuple[T, bool] | None:
+        """Take the next envelope, marked running, if it may start now (else None)."""
+        if not self._waiting:
+            return None
+        item, request = self._waiting[0]
+        if request:
+            if self.requests >= self.concurrency:
+                return None
+            self.requests += 1
+        elif self.notifying:
+            return None
+        else:
+            self.notifying = True
+        self._waiting.popleft()
+        return item, request
+
+    def ended(self, request: bool) -> None:
+        """A handler :meth:`next_start` started ended. Raises LocalError
+        (ILLEGAL_TRANSITION) when none of that kind runs."""
+        if request and self.requests > 0:
+            self.requests -= 1
+        elif not request and self.notifying:
+            self.notifying = False
+        else:
+            kind = "request" if request else "notification"
+            raise LocalError(ErrorCode.ILLEGAL_TRANSITION, f"no {kind} handler runs")
+
+    def clear(self) -> None:
+        """Drop every envelope waiting (the client closes)."""
+        self._waiting.clear()
+
+
+class _Running:
+    """(asyncio) A handler that waited: its task, and for a request, its deadline's timer."""
+
+    __slots__ = ("request", "task", "timed_out", "timer")
+
+    def __init__(self, request: bool) -> None:
+        self.request = request
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timed_out = False
+
+
 class _Call:
     """An op waiting for its reply (``task``: the handle a ``tasks.propose`` made)."""
 
@@ -152,7 +252,9 @@ class AgentClient:
     """One agent process attached to a node (see the module docstring).
 
     ``data_dir`` names the node's data directory, or ``path`` its
-    ``agent.sock``. ``queue_size`` envelopes may wait for the handler.
+    ``agent.sock``. ``queue_size`` envelopes may wait to start, ``concurrency``
+    request handlers run at once, each for ``request_deadline`` seconds at most.
+    Raises LocalError(CONFIG_ERROR) for a bound that is not positive.
     """
 
     def __init__(
@@ -162,12 +264,16 @@ class AgentClient:
         data_dir: Path | str | None = None,
         path: Path | str | None = None,
         queue_size: int = 256,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        request_deadline: float = REQUEST_DEADLINE,
     ) -> None:
+        if not request_deadline > 0:
+            raise LocalError(ErrorCode.CONFIG_ERROR, "request_deadline must be positive")
         self.agent = agent
         self.path = Path(path) if path is not None else socket_path(data_dir)
         #: The signed card the node published for the agent (its plain form), once attached.
         self.card: dict[str, Any] = {}
-        self._queue_size = queue_size
+        self._request_deadline = request_deadline
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
         self._lines = LineBuffer(MAX_LINE)
@@ -175,15 +281,15 @@ class AgentClient:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._closed = anyio.Event()
         self._failure: P2PError | None = None
-        # Envelopes waiting for the handler task (at most queue_size), and what wakes it.
-        self._inbox: deque[_Delivered] = deque()
-        self._inbox_ready: anyio.Event | None = None  # the handler task waits on it (trio)
-        # On asyncio the handler task runs while the inbox holds envelopes and starts
-        # eagerly (see _start_handling): None on other backends.
+        # Envelopes waiting for their handlers (at most queue_size), and what wakes the
+        # task that starts them on trio.
+        self._inbox = HandlerInbox[_Delivered](queue_size, concurrency)
+        self._inbox_ready: anyio.Event | None = None
+        # On asyncio every handler's task starts eagerly (see _pump): None elsewhere.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._context = contextvars.copy_context()
-        self._handling = False
-        self._handler: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()  # handlers that waited (asyncio)
+        self._stopping = False
         #: Tasks the agent proposed that have not ended, by id (their events update them).
         self._open_tasks: dict[str, TaskHandle] = {}
         #: The swarm's tools, resources and prompts, used as the agent.
@@ -251,6 +357,7 @@ class AgentClient:
         tb: TracebackType | None,
     ) -> bool | None:
         assert self._tasks is not None and self._link is not None
+        self._stopping = True  # no handler starts any more
         self._tasks.cancel_scope.cancel()
         try:
             # The body's own exception passes unwrapped (not in an ExceptionGroup of the
@@ -262,10 +369,11 @@ class AgentClient:
         finally:
             self._inbox.clear()
             with anyio.CancelScope(shield=True):
-                handler = self._handler
-                if handler is not None and not handler.done():
-                    handler.cancel()  # as the task group cancels the handler task on trio
-                    await asyncio.wait({handler})
+                running = set(self._running)
+                if running:  # as the task group cancels the handlers' tasks on trio
+                    for task in running:
+                        task.cancel()
+                    await asyncio.wait(running)
                 await self._link.aclose()
             self._end(LocalError(ErrorCode.CHANNEL_CLOSED, "the client is closed"))
 
@@ -426,61 +534,132 @@ class AgentClient:
         except EnvelopeError as exc:
             logger.warning("%s: unreadable envelope from the node: %s", self.agent_id, exc)
             return
-        if len(self._inbox) >= self._queue_size:
-            logger.warning("%s: %d envelopes wait: dropping", self.agent_id, self._queue_size)
-            if envelope.type is MessageType.REQUEST:
+        request = envelope.type is MessageType.REQUEST
+        if not self._inbox.offer((envelope, caller), request):
+            logger.warning("%s: %d envelopes wait: dropping", self.agent_id, len(self._inbox))
+            if request:
                 busy = RemoteError(ErrorCode.BUSY, f"agent {self.agent_id!r} is not keeping up")
                 refusals.append(_reply_line(envelope, MessageType.ERROR, busy.to_dict()))
             return
-        self._inbox.append((envelope, caller))
         if self._loop is not None:
-            if not self._handling:
-                self._start_handling()
-            return
+            self._pump()
+        else:
+            self._wake()
+
+    def _wake(self) -> None:
+        """(trio) The inbox changed: the task that starts handlers looks again."""
         ready = self._inbox_ready
         if ready is not None:
             self._inbox_ready = None
             ready.set()
 
     async def _handle_loop(self) -> None:
-        """The handler task on trio (and other non-asyncio backends)."""
+        """(trio, and other non-asyncio backends) Start handlers as the inbox allows: a
+        notification runs here, a request in a task of its own."""
+        assert self._tasks is not None
         while True:  # until the client closes (its task group is cancelled)
-            if not self._inbox:
+            start = self._inbox.next_start()
+            if start is None:
                 ready = self._inbox_ready = anyio.Event()
                 await ready.wait()
                 continue
-            await self._handle(*self._inbox.popleft())
+            (envelope, caller), request = start
+            if request:
+                self._tasks.start_soon(self._serve_request, envelope, caller)
+                continue
+            try:
+                await self._handle(envelope, caller)
+            finally:
+                self._inbox.ended(False)
 
-    def _start_handling(self) -> None:
-        """(asyncio) Handle the inbox in a task whose first step runs now, in the loop
-        pass that read the envelope: a handler that answers without waiting is
-        answered in that pass, with no pass spent waking a task (as the node hosts
-        asyncio agents, :mod:`p2pnode.hosting.aiohandoff`). The task ends once the inbox is
-        empty; one at a time, so envelopes are still handled in arrival order."""
-        assert self._loop is not None
-        self._handling = True
-        started = start_eagerly(self._loop, self._handle_inbox(), self._context)
-        if isinstance(started, outcome.Outcome):
-            self._handler_ended(started)
-            return
-        self._handler = started
-        started.add_done_callback(lambda task: self._handler_ended(outcome.capture(task.result)))
-
-    async def _handle_inbox(self) -> None:
+    async def _serve_request(self, envelope: Envelope, caller: Caller | None) -> None:
+        """(trio) One request's handler, cut at ``request_deadline``."""
         try:
-            while self._inbox:  # what arrives while a handler waits is handled next
-                await self._handle(*self._inbox.popleft())
+            with anyio.move_on_after(self._request_deadline) as scope:
+                reply = await self.agent.handle(envelope, caller)
+            if scope.cancelled_caught:
+                reply = self._timed_out(envelope)
+            if reply is not None:
+                await self._reply(envelope, reply.type, reply.payload)
         finally:
-            self._handling = False
+            self._inbox.ended(True)
+            self._wake()
 
-    def _handler_ended(self, result: outcome.Outcome[None]) -> None:
-        self._handler = None
+    def _pump(self) -> None:
+        """(asyncio) Start every envelope the inbox lets start, each handler in a task
+        whose first step runs now, in the loop pass that read the envelope (or in the
+        done callback of the handler that freed its turn): a handler that answers
+        without waiting is answered in that pass, with no pass spent waking a task
+        (as the node hosts asyncio agents, :mod:`p2pnode.hosting.aiohandoff`)."""
+        assert self._loop is not None
+        for _ in range(len(self._inbox)):  # bounded: each turn starts one, or stops
+            start = None if self._stopping else self._inbox.next_start()
+            if start is None:
+                return
+            (envelope, caller), request = start
+            running = _Running(request)
+            coro = self._serve_eagerly(envelope, caller, running)
+            started = start_eagerly(self._loop, coro, self._context)
+            if isinstance(started, outcome.Outcome):
+                self._settle(running, started)
+                continue
+            running.task = started
+            self._running.add(started)
+            if request:
+                running.timer = self._loop.call_later(
+                    self._request_deadline, self._time_out, running
+                )
+            started.add_done_callback(partial(self._waited, running))
+
+    async def _serve_eagerly(
+        self, envelope: Envelope, caller: Caller | None, running: _Running
+    ) -> None:
+        """(asyncio) One handler; a request's is cancelled by its timer at the deadline."""
+        try:
+            reply = await self.agent.handle(envelope, caller)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not running.timed_out or task is None or task.uncancel() > 0:
+                raise  # the client closes (or the cancel is someone else's)
+            reply = self._timed_out(envelope)
+        if reply is not None:
+            await self._reply(envelope, reply.type, reply.payload)
+
+    def _time_out(self, running: _Running) -> None:
+        running.timed_out = True
+        if running.task is not None:
+            running.task.cancel()
+
+    def _timed_out(self, envelope: Envelope) -> Reply:
+        """The answer of a request whose handler ran past its deadline (cancelled)."""
+        limit = self._request_deadline
+        logger.warning(
+            "%s: the handler of %s ran past %g s: cancelled", self.agent_id, envelope.id, limit
+        )
+        error = RemoteError(
+            ErrorCode.TIMEOUT,
+            f"the handler of agent {self.agent_id!r} ran past its deadline of {limit:g} s",
+            deadlineSeconds=limit,
+            agentId=self.agent_id,
+        )
+        return Reply(MessageType.ERROR, error.to_dict())
+
+    def _waited(self, running: _Running, task: asyncio.Task[None]) -> None:
+        """(asyncio) A handler that waited ended: its turn is free for the next."""
+        self._running.discard(task)
+        self._settle(running, outcome.capture(task.result))
+        self._pump()
+
+    def _settle(self, running: _Running, result: outcome.Outcome[None]) -> None:
+        if running.timer is not None:
+            running.timer.cancel()
+        self._inbox.ended(running.request)
         if isinstance(result, outcome.Error) and not isinstance(
             result.error, asyncio.CancelledError
         ):
             # Agent.handle contains what handlers raise: this is a defect of ours.
-            logger.error("%s: the handler task failed", self.agent_id, exc_info=result.error)
-            self._end(LocalError(ErrorCode.INTERNAL, "the handler task failed"))
+            logger.error("%s: a handler task failed", self.agent_id, exc_info=result.error)
+            self._end(LocalError(ErrorCode.INTERNAL, "a handler task failed"))
 
     async def _handle(self, envelope: Envelope, caller: Caller | None) -> None:
         reply = await self.agent.handle(envelope, caller)
