@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from p2pnode import Agent, Message, Node
 from p2pnode.core.envelope import MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.hosting import aiohandoff
 from p2pnode.hosting.client import DEFAULT_CONCURRENCY, REQUEST_DEADLINE, AgentClient, HandlerInbox
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.attach.session import AttachLimits
@@ -39,9 +40,7 @@ from tests.test_client_asyncio import node_serving, run
 #: An operation on the inbox: offer a request (True) or a notification (False), start
 #: the next envelope, or end the oldest running handler of a kind.
 _Op = tuple[str, bool]
-_ops = st.lists(
-    st.tuples(st.sampled_from(["offer", "start", "end"]), st.booleans()), max_size=200
-)
+_ops = st.lists(st.tuples(st.sampled_from(["offer", "start", "end"]), st.booleans()), max_size=200)
 
 
 @given(_ops, st.integers(1, 4), st.integers(1, 5))
@@ -151,12 +150,19 @@ async def timed(ask: Any) -> tuple[Any, float]:
 
 # -- asyncio: the Protocol link and eagerly started handler tasks -------------------------------
 
+#: Both ways a handler's task starts (aiohandoff.EAGER): its first step in the loop pass
+#: that read its envelope, or at the next pass through the public create_task.
+EAGER = pytest.mark.parametrize("eager", [True, False], ids=["eager", "public"])
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
+@EAGER
 def test_on_asyncio_a_hanging_handler_delays_no_other_request_and_closing_cancels_it(
-    factory: LoopFactory, tmp_path: Path
+    factory: LoopFactory, eager: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(aiohandoff, "EAGER", eager)
+
     async def main() -> None:
         worker = Worker()
         async with node_serving(tmp_path) as node:
@@ -224,9 +230,12 @@ def test_on_asyncio_the_concurrency_bound_holds_and_a_freed_slot_starts_the_next
 
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", LOOPS)
+@EAGER
 def test_on_asyncio_a_handler_past_its_deadline_is_cancelled_answered_timeout_and_frees_its_slot(
-    factory: LoopFactory, tmp_path: Path
+    factory: LoopFactory, eager: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(aiohandoff, "EAGER", eager)
+
     async def main() -> None:
         worker = Worker()
         client = AgentClient(worker.agent, data_dir=tmp_path, concurrency=1, request_deadline=0.3)
