@@ -16,25 +16,18 @@ from typing import Any
 
 import pytest
 import trio
-from hypothesis import given
-from hypothesis import strategies as st
 
 from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.identity import Identity
 from p2pnode.core.wire import pack
-from p2pnode.crdt.gossip import DeltaBatch, DeltaPush, GossipError
+from p2pnode.crdt.gossip import DeltaBatch, DeltaPush
 from p2pnode.crdt.ops import CounterAdd, RegisterSet, SetAdd
 from p2pnode.crdt.replica import Replica
 from p2pnode.node.frames import encode_envelope
 from p2pnode.node.observability import EventKind
 from p2pnode.runtime import Node
-from p2pnode.services.shared.docops import (
-    decode_gossip_payload_untrusted,
-    gossip_payload,
-    op_from_json,
-    value_to_json,
-)
+from p2pnode.services.shared.docops import gossip_payload
 from p2pnode.services.shared.service import STORE_FILE_NAME, SharedConfig, SharedState
 from tests.sim import (
     FAST_NODE,
@@ -352,47 +345,9 @@ async def test_watch_update_membership_and_async_with(autojump_clock: Any) -> No
                 await solo.subscribe("solo", "notes")
 
 
-@given(
-    st.recursive(
-        st.none() | st.binary() | st.text() | st.integers(),
-        lambda c: st.dictionaries(st.text(), c) | st.lists(c),
-    )
-)
-def test_gossip_payload_decoder_raises_only_gossip_errors(obj: Any) -> None:
-    try:
-        doc, frame = decode_gossip_payload_untrusted(obj)
-    except GossipError as exc:
-        assert exc.code is ErrorCode.MALFORMED_MESSAGE
-    else:
-        assert gossip_payload(doc, frame) == obj
-
-
 def test_shared_config_is_validated() -> None:
     with pytest.raises(LocalError) as info:
         SharedConfig(refresh_interval=0)
     assert info.value.code is ErrorCode.CONFIG_ERROR
     with pytest.raises(LocalError):
         SharedConfig(send_queue=0)
-
-
-def test_json_operations() -> None:
-    now = 1_700_000_000_000
-    assert op_from_json({"op": "counter.add", "path": "n", "amount": -2}, now_ms=now) == CounterAdd(
-        ("n",), -2
-    )
-    assert op_from_json({"op": "register.set", "path": ["a", "b"], "value": 1.5}, now_ms=now) == (
-        RegisterSet(("a", "b"), 1.5, now)
-    )
-    assert op_from_json({"op": "set.add", "path": ["s"], "element": 3}, now_ms=now) == SetAdd(
-        ("s",), 3
-    )
-    for bad in ({"op": "nope"}, {"op": "set.add", "path": [], "element": 1},
-                {"op": "set.add", "path": ["s"], "element": True},
-                {"op": "counter.add", "path": ["n"], "amount": "1"}, [1]):  # fmt: skip
-        with pytest.raises(LocalError) as info:
-            op_from_json(bad, now_ms=now)
-        assert info.value.code is ErrorCode.INVALID_ARGUMENT
-    assert value_to_json({"s": frozenset({"b", "a"}), "x": b"\x00"}) == {
-        "s": ["a", "b"],
-        "x": "AA==",
-    }
