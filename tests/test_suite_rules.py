@@ -15,7 +15,7 @@ import pytest
 import trio
 
 import tests.sim
-from tests.conftest import RealIOInAFastTest
+from tests.conftest import FIRST, GROUPS, RealIOInAFastTest
 from tests.sim import wait_until
 
 TESTS = Path(__file__).resolve().parent
@@ -100,3 +100,16 @@ def test_a_slow_test_may(real_io_tried: list[str]) -> None:
         sock.bind(("127.0.0.1", 0))
         assert sock.getsockname()[1] > 0
     assert real_io_tried == []
+
+
+def test_the_parallel_schedule_names_existing_tests() -> None:
+    # tests/conftest.py's GROUPS keep tests that must not overlap on one xdist worker,
+    # and FIRST starts the longest first: an entry naming a file that moved or went
+    # would silently stop doing either.
+    root = TESTS.parent
+    for prefix in [*GROUPS, *FIRST]:
+        path, _, test = prefix.partition("::")
+        assert (root / path).is_file(), prefix
+        if test:
+            assert f"def {test}(" in (root / path).read_text(encoding="utf-8"), prefix
+    assert GROUPS["tests/test_netns.py"] == "netns"
