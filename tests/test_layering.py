@@ -238,13 +238,10 @@ def violations(imports: tuple[Import, ...]) -> list[tuple[Import, Rule]]:
 #: kernel and into each other). The list can only shrink: a pair that no longer breaks
 #: a rule fails test_pending_imports_still_occur until it is removed here.
 PENDING = {
-    # Services reach past ServiceHost into the kernel (address helpers, the socket helper
-    # of the control socket, the concrete metrics).
+    # Services reach past ServiceHost into the kernel (the socket helper of the control
+    # socket, the concrete metrics).
     ("p2pnode.services.attach.service", "p2pnode.node.control"),
     ("p2pnode.services.metrics", "p2pnode.node.observability"),
-    ("p2pnode.services.tasks.executor", "p2pnode.node.router"),
-    ("p2pnode.services.tasks.negotiation", "p2pnode.node.router"),
-    ("p2pnode.services.tasks.service", "p2pnode.node.router"),
     # Services use each other's classes instead of protocols passed in.
     ("p2pnode.services.attach.service", "p2pnode.services.tools.client"),
     ("p2pnode.services.swarms.member", "p2pnode.services.shared.service"),

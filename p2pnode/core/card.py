@@ -54,7 +54,7 @@ from p2pnode.core.card_rules import (  # the card's limits and checks, re-export
     card_problems,
     is_address,
 )
-from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.identity import PUBLIC_KEY_BYTES, Identity, PeerId, verify_signature
 from p2pnode.core.jsonutil import b64decode, b64encode, dumps, loads_untrusted
 from p2pnode.core.wire import WireLimits, canonical_pack, pack, unpack_untrusted
@@ -71,6 +71,24 @@ TOOL_PREFIX = "tool:"
 def tool_capability(name: str) -> str:
     """The key agents offering tool ``name`` are found by (docs/protocol/tools.md §2)."""
     return TOOL_PREFIX + name
+
+
+def pinned_address(agent_id: str, peer_id: PeerId | str) -> str:
+    """The address naming ``agent_id`` of owner ``peer_id``: ``agent@peer`` (the card's
+    id and owner; docs/protocol/node.md "Agent ids and owners")."""
+    return f"{agent_id}@{peer_id}"
+
+
+def split_address(address: str) -> tuple[str, PeerId | None]:
+    """``(agent id, owner)`` of ``agent@peer`` (a full 32-character peer id after the last
+    ``@``); ``(address, None)`` for anything else, a bare agent id."""
+    agent_id, sep, peer_text = address.rpartition("@")
+    if not sep or not agent_id or len(peer_text) != 32:
+        return address, None
+    try:
+        return agent_id, PeerId.parse(peer_text)
+    except P2PError:
+        return address, None
 
 
 class Tier(enum.IntEnum):
@@ -436,5 +454,7 @@ __all__ = [
     "card_problems",
     "endorsement_message",
     "is_address",
+    "pinned_address",
+    "split_address",
     "tool_capability",
 ]

@@ -47,9 +47,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
-from p2pnode.core.card import AgentCard, Origin
+from p2pnode.core.card import AgentCard, Origin, pinned_address, split_address
 from p2pnode.core.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType, Metadata
-from p2pnode.core.errors import ErrorCode, LocalError, P2PError
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.identity import PeerId
 from p2pnode.node.policy import Policy, Verdict
 
@@ -194,23 +194,6 @@ class AmbiguousAgentError(LocalError):
             agent_id=agent_id,
             owners=addresses,
         )
-
-
-def pinned_address(agent_id: str, peer_id: PeerId | str) -> str:
-    """The address naming ``agent_id`` of owner ``peer_id``: ``agent@peer``."""
-    return f"{agent_id}@{peer_id}"
-
-
-def split_address(address: str) -> tuple[str, PeerId | None]:
-    """``(agent id, owner)`` of ``agent@peer`` (a full 32-character peer id after the last
-    ``@``); ``(address, None)`` for anything else, a bare agent id."""
-    agent_id, sep, peer_text = address.rpartition("@")
-    if not sep or not agent_id or len(peer_text) != 32:
-        return address, None
-    try:
-        return agent_id, PeerId.parse(peer_text)
-    except P2PError:
-        return address, None
 
 
 @dataclass(frozen=True, slots=True)

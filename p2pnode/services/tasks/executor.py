@@ -57,11 +57,10 @@ from p2pnode.agent.task import (
     parse_proposal_untrusted,
 )
 from p2pnode.agent.taskwork import TaskHandlers, Work
-from p2pnode.core.card import AgentCard, Origin
+from p2pnode.core.card import AgentCard, Origin, pinned_address
 from p2pnode.core.envelope import Envelope, MessageType, envelope_size
 from p2pnode.core.errors import ErrorCode, P2PError
 from p2pnode.node.limits import ReportGate
-from p2pnode.node.router import pinned_address
 from p2pnode.node.service import ServiceHost
 from p2pnode.services.tasks.negotiation import ExecTimer, ExecutorThread, TaskConfig, TaskStats
 

@@ -55,9 +55,9 @@ from p2pnode.agent.task import (
     TaskState,
     Update,
 )
+from p2pnode.core.card import pinned_address
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.limits import PeerQuota
-from p2pnode.node.router import pinned_address
 
 
 @dataclass(frozen=True, slots=True)

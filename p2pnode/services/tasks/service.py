@@ -53,10 +53,9 @@ from p2pnode.agent.task import (
     proposal_payload,
 )
 from p2pnode.agent.taskwork import TaskHandlers
-from p2pnode.core.card import AgentCard
+from p2pnode.core.card import AgentCard, pinned_address, split_address
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
-from p2pnode.node.router import pinned_address, split_address
 from p2pnode.node.service import ServiceHost
 from p2pnode.services.tasks.executor import SwarmRunner, TaskExecutor
 from p2pnode.services.tasks.negotiation import (
