@@ -35,7 +35,7 @@ from p2pnode.node.frames import (
     encode_envelope,
     encode_envelopes,
 )
-from p2pnode.node.routes import PendingRequest
+from p2pnode.node.routing import PendingRequest
 from p2pnode.runtime import Node
 from tests.sim import FAST_NODE, Inbox, met, open_swarm, wait_until
 from tests.strategies import envelopes

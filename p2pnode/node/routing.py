@@ -7,8 +7,11 @@ delivers to local agents' inboxes, hands intercepted payloads to services,
 matches replies to pending requests, and emits the events. It is given the
 parts it uses (registry, policy, links, events, envelope factory, failure
 boundary, discovery) and owns the rest of the routing state: pending
-requests, the duplicate window, HELLO arrivals and interceptors. The node
-module's docstring has the rules; docs/protocol/node.md has them in protocol
+requests, the duplicate window, HELLO arrivals and interceptors. Beside it, the
+pieces it alone uses: what an envelope holds on its way (:class:`Route`,
+:class:`PendingRequest`), the services' :class:`Interceptors`, and the discovery of
+targets the router does not know (:func:`find_agent`, :func:`find_provider`). The
+kernel module's docstring has the rules; docs/protocol/node.md has them in protocol
 terms.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -40,14 +44,15 @@ from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import parse_address
 from p2pnode.node.discovery import Discovery
 from p2pnode.node.frames import (
+    MAX_FRAME_BYTES,
     EnvelopeBatch,
     Hello,
     Refused,
     decode_frame_untrusted,
     encode_envelope,
+    encode_envelopes,
 )
 from p2pnode.node.inbox import LocalAgent as LocalAgent  # re-exported
-from p2pnode.node.interceptors import Interceptors
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
@@ -62,12 +67,11 @@ from p2pnode.node.router import (
     Refusal,
     Router,
     RoutingResult,
+    capability_refusal,
     pinned_address,
     silent_pass,
+    split_address,
 )
-from p2pnode.node.routes import PendingRequest as PendingRequest  # re-exported
-from p2pnode.node.routes import Route, frames_of
-from p2pnode.node.targets import find_agent, find_provider
 
 logger = logging.getLogger("p2pnode.node")
 
@@ -76,6 +80,148 @@ Handler = Callable[[Envelope], Awaitable[Any]]
 Taken = tuple[AgentCard, Ingress, int]
 #: The decisions of an ENVELOPES frame's envelopes (None: a frame of one).
 Decided = BurstDecisions[IngressDecision] | None
+
+
+# -- on the way ------------------------------------------------------------------------
+# A route waiting for its peer's batch to be written, the frames of a burst, a request
+# waiting for its reply.
+
+
+@dataclasses.dataclass(slots=True)
+class Route:
+    """An envelope routed to a remote agent, waiting for its peer's batch to be written."""
+
+    envelope: Envelope
+    target: AgentCard
+    start: float
+    result: RoutingResult | None = None
+
+    def done(self) -> RoutingResult:
+        assert self.result is not None, "results are read only after a successful write"
+        return self.result
+
+
+def frames_of(envelopes: list[Envelope]) -> list[bytes]:
+    """One ENVELOPES frame for a burst; one ENVELOPE frame each when there is one, or
+    when together they exceed the frame limit (the channel then refuses only the
+    envelope that is too large by itself)."""
+    if len(envelopes) > 1:
+        frame = encode_envelopes(envelopes)
+        if len(frame) <= MAX_FRAME_BYTES:
+            return [frame]
+    return [encode_envelope(e) for e in envelopes]
+
+
+class PendingRequest:
+    """A request waiting for its response (or for its deadline, on the trio clock)."""
+
+    __slots__ = ("deadline", "event", "reply", "stream", "targets")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.reply: Envelope | None = None
+        #: The parts of an answer streamed before the response (p2pnode.node.replystream).
+        self.stream: ReplyStream | None = None
+        # The agents that may answer (several for a broadcast); known once routing
+        # resolved the recipient.
+        self.targets: tuple[str, ...] | None = None
+        self.deadline = math.inf  # set once the request is on its way
+
+
+# -- interceptors ----------------------------------------------------------------------
+# Which service takes an envelope instead of its addressed agent, by message type or by
+# a marker key in a stream message's payload (Kernel.intercept_types, intercept_stream).
+
+
+class Interceptors:
+    """Interceptors by message type and by stream marker; a type wins over a marker."""
+
+    __slots__ = ("_by_marker", "_by_type")
+
+    def __init__(self) -> None:
+        self._by_marker: dict[str, Interceptor] = {}
+        self._by_type: dict[MessageType, Interceptor] = {}
+
+    def set_stream(self, marker: str, interceptor: Interceptor | None) -> None:
+        """Take (or, with None, give back) stream messages whose payload has ``marker``."""
+        if interceptor is None:
+            self._by_marker.pop(marker, None)
+        elif marker in self._by_marker:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"stream marker {marker!r} is taken")
+        else:
+            self._by_marker[marker] = interceptor
+
+    def set_types(self, types: Iterable[MessageType], interceptor: Interceptor | None) -> None:
+        """Take (or, with None, give back) every envelope of ``types``."""
+        types = list(types)
+        if interceptor is not None:
+            taken = [t.value for t in types if t in self._by_type]
+            if taken:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, f"message types taken: {taken}")
+        for type_ in types:
+            if interceptor is None:
+                self._by_type.pop(type_, None)
+            else:
+                self._by_type[type_] = interceptor
+
+    def of(self, envelope: Envelope) -> Interceptor | None:
+        """The interceptor that takes ``envelope``; None: its agent gets it."""
+        if self._by_type:
+            by_type = self._by_type.get(envelope.type)
+            if by_type is not None:
+                return by_type
+        if envelope.type is not MessageType.STREAM_DATA or not isinstance(envelope.payload, dict):
+            return None
+        for marker, interceptor in self._by_marker.items():
+            if marker in envelope.payload:
+                return interceptor
+        return None
+
+
+# -- unknown targets -------------------------------------------------------------------
+# Targets the router does not know yet: ask discovery, admit the cards it finds (through
+# the card intake, as any card), and decide again.
+
+
+async def find_agent(
+    agent_id: str, router: Router, discovery: Discovery, cards: CardIntake, now_ms: int
+) -> AgentCard:
+    """The card ``agent_id`` (or ``agent@peer``) routes to, after asking discovery.
+    Raises LocalError(AGENT_NOT_FOUND)."""
+    cards.learn_all(await discovery.find_agent(split_address(agent_id)[0]))
+    card = router.known_target(agent_id, now_ms)
+    if card is None:
+        raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
+    return card
+
+
+async def find_provider(
+    source: AgentCard,
+    capability: str,
+    router: Router,
+    discovery: Discovery,
+    cards: CardIntake,
+    clock_ms: Callable[[], int],
+) -> AgentCard:
+    """The agent ``source`` may send to for ``capability``, asking discovery when none is
+    known. Raises LocalError: CAPABILITY_NOT_FOUND, or policy's refusal of every
+    provider (TIER_VIOLATION, SANDBOX_VIOLATION, ...)."""
+    candidates = router.candidates(source, capability, clock_ms())
+    if not candidates:
+        for found in await discovery.find_providers(capability):
+            cards.learn(found)
+        candidates = router.candidates(source, capability, clock_ms())
+    if not candidates:
+        refused = router.refused(source, capability, clock_ms())
+        if refused:
+            # Offered, but policy refuses every provider: say so, not "not found".
+            raise capability_refusal(source, capability, refused)
+        raise LocalError(
+            ErrorCode.CAPABILITY_NOT_FOUND,
+            f"no reachable agent offers {capability!r}",
+            capability=capability,
+        )
+    return candidates[0]
 
 
 class Routing:
