@@ -1,4 +1,4 @@
-"""The bound on replies an agent's task writes itself (p2pnode.node.inlinewrite), on the
+"""The bound on replies an agent's task writes itself (p2pnode.node.agents.InlineWatch), on the
 virtual clock: a stuck write is cut within the wait, a quick one never is, and the
 watcher sleeps while nothing is written."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from p2pnode.core.lifetime import TaskOwner
-from p2pnode.node.inlinewrite import InlineWatch
+from p2pnode.node.agents import InlineWatch
 
 WAIT = 0.25
 

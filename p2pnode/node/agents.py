@@ -68,7 +68,6 @@ from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import KernelConfig
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.inbox import LOCAL, InboxBudget, Queued, RunningCall
-from p2pnode.node.inlinewrite import InlineWatch, Writer
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.replies import ReplyLimits, ReplyQueues
@@ -83,11 +82,105 @@ logger = logging.getLogger("p2pnode.node")
 CARD_CHECK_INTERVAL = 30.0
 #: Replies up to this many bytes may be written by the agent's own task (module docstring).
 INLINE_REPLY_BYTES = 64 * 1024
-#: Seconds such a reply may take to leave before its write is cut (p2pnode.node.inlinewrite).
+#: Seconds such a reply may take to leave before its write is cut (:class:`InlineWatch`).
 INLINE_REPLY_WAIT = 0.25
 
 
 T = TypeVar("T")
+
+
+# -- the bound on replies an agent's task writes itself, without a timer per reply -----
+
+
+@dataclass(slots=True)
+class Writer:
+    """One agent task's scope, and the number of the write it is in (0: none)."""
+
+    scope: trio.CancelScope
+    writing: int = 0
+
+
+class InlineWatch:
+    """Cancels writers stuck in one write for ``wait`` seconds; ``on_cut`` is told the
+    key of each writer cut. The watcher runs in ``owner``'s nursery, started with the
+    first write.
+
+    An agent's task writes a small reply itself when it can leave at once (the module
+    docstring). A peer that stopped reading can still block that write once its socket
+    buffer is full, and the agent must not wait on it for long. A cancel scope with a
+    deadline per reply would bound it, but registering and clearing a deadline costs
+    about a twentieth of a whole request's round trip. So each agent task runs in one
+    long-lived cancel scope (a :class:`Writer`), and numbers each write it starts; one
+    watcher task per node looks at the writers every ``wait / 2`` seconds while writes
+    are happening, and cancels a writer found in the same write at two looks in a row:
+    that write has been stuck for between ``wait / 2`` and ``wait`` seconds. Cancelling
+    a write cuts the channel (its stream state is unknown: p2pnode.transport.channel)
+    and loses the reply; the agent's task then opens a new scope and goes on with its
+    inbox.
+
+    The watcher sleeps on an event while no write happens (a node at rest, or a
+    simulated swarm on the virtual clock, wakes for nothing) and goes back to it after a
+    look that finds no write started or running since the one before. A write costs two
+    attribute stores and a flag test."""
+
+    def __init__(self, owner: TaskOwner, wait: float, on_cut: Callable[[str], None]) -> None:
+        self._owner = owner
+        self._wait = wait
+        self._on_cut = on_cut
+        self._writers: dict[str, Writer] = {}
+        self._started = 0  # writes started, ever: a look tells whether any came since
+        self._watching = False
+        self._wake = trio.Event()
+        self._running = False
+
+    def open(self, key: str, scope: trio.CancelScope) -> Writer:
+        """Register the task ``key`` (an agent id) running in ``scope``."""
+        writer = self._writers[key] = Writer(scope)
+        return writer
+
+    def close(self, key: str, writer: Writer) -> None:
+        """The task ``key`` left ``writer``'s scope."""
+        if self._writers.get(key) is writer:
+            del self._writers[key]
+
+    def begin(self, writer: Writer) -> None:
+        """``writer``'s task starts a write (end it with :meth:`end`)."""
+        started = self._started = self._started + 1
+        writer.writing = started
+        if not self._watching:
+            self._watching = True
+            if self._running:
+                self._wake.set()
+            elif self._owner.is_open:
+                self._running = True
+                self._owner.nursery.start_soon(self._watch)
+
+    @staticmethod
+    def end(writer: Writer) -> None:
+        writer.writing = 0
+
+    async def _watch(self) -> None:
+        try:
+            while True:
+                await self._look_while_writing()
+                self._watching = False
+                self._wake = trio.Event()
+                await self._wake.wait()
+        finally:
+            self._running = False
+            self._watching = False
+
+    async def _look_while_writing(self) -> None:
+        seen: dict[str, int] = {}
+        started = -1
+        while seen or started != self._started:
+            started = self._started
+            await trio.sleep(self._wait / 2)
+            for key, writer in list(self._writers.items()):
+                if writer.writing and seen.get(key) == writer.writing:
+                    writer.scope.cancel()  # its task is parked in that write (docstring)
+                    self._on_cut(key)
+            seen = {k: w.writing for k, w in self._writers.items() if w.writing}
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +312,7 @@ class AgentHost:
         self._reply_idle: dict[str, trio.Event] = {}
         #: Set when a local card changes, so the renewal timer looks again.
         self._cards_changed = trio.Event()
-        #: Cuts a reply an agent's task writes itself once it is stuck (inlinewrite).
+        #: Cuts a reply an agent's task writes itself once it is stuck (InlineWatch).
         self._inline = InlineWatch(owner, INLINE_REPLY_WAIT, self._reply_cut)
         #: Calls cancelled in all: at their deadline, or by their requester.
         self.calls_cut = 0
@@ -419,7 +512,7 @@ class AgentHost:
         """Read the inbox in arrival order until it closes; or, once the request this task
         is answering waits and the inbox is handed to a new reader, finish that call."""
         key = agent.card.id
-        while True:  # a fresh scope each time one was cancelled (inlinewrite, a call cut)
+        while True:  # a fresh scope each time one was cancelled (InlineWatch, a call cut)
             with trio.CancelScope() as scope:
                 reader = serving.reader = _Reader(self._inline.open(key, scope))
                 try:
@@ -659,4 +752,4 @@ def _withdrawn(agent_id: str) -> Agent:
     return agent
 
 
-__all__ = ["CARD_CHECK_INTERVAL", "AgentHost"]
+__all__ = ["CARD_CHECK_INTERVAL", "AgentHost", "InlineWatch", "Writer"]
