@@ -24,7 +24,7 @@ Theory of operation (seed R9; docs/protocol/gossip.md §8 and §9):
   peer set is rescanned every ``refresh_interval``; discovery runs every
   ``discovery_interval``. A peer that fails a delivery is left out for
   ``suspend`` seconds (anti-entropy repairs what it missed). Subscriptions
-  are saved in ``data_dir`` (:mod:`p2pnode.services.shared.subscriptions`).
+  are saved in ``data_dir/crdt-subscriptions.json`` (:class:`SubscriptionFile`).
 * **Frames.** Each gossip frame travels in a ``stream-data`` envelope from
   the member to the peer agent, payload ``{"crdt": doc, "frame": bin}``, sent
   with :meth:`Node.send` so egress policy, and on the receiver sender
@@ -53,8 +53,10 @@ Theory of operation (seed R9; docs/protocol/gossip.md §8 and §9):
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,14 +66,16 @@ import trio
 from p2pnode.core.card import AgentCard, Capability, Origin
 from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
+from p2pnode.core.identity import write_private_file
 from p2pnode.core.lifetime import TaskOwner
-from p2pnode.crdt.clock import VectorClock
+from p2pnode.crdt.clock import CRDTError, VectorClock
 from p2pnode.crdt.delta import Delta
 from p2pnode.crdt.gossip import GossipConfig, GossipError, GossipNode, GossipStats, decode_untrusted
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Replica
+from p2pnode.crdt.signing import ForgedDeltaError
 from p2pnode.crdt.store import AsyncCRDTStore
-from p2pnode.node.service import ServiceHost
+from p2pnode.node.service import EventSink, ServiceHost
 from p2pnode.services.shared.docops import (
     CAPABILITY_PREFIX,
     GOSSIP_MARKER,
@@ -86,13 +90,13 @@ from p2pnode.services.shared.peers import (
     mutual,
     refused_replicas,
 )
-from p2pnode.services.shared.report import report_rejected
-from p2pnode.services.shared.subscriptions import SUBSCRIPTIONS_FILE_NAME, SubscriptionFile
-from p2pnode.services.shared.watch import Watch
 
 logger = logging.getLogger("p2pnode.shared")
 
 STORE_FILE_NAME = "crdt.sqlite3"
+SUBSCRIPTIONS_FILE_NAME = "crdt-subscriptions.json"
+#: Subscriptions read back from the file at most (a longer file is cut).
+_MAX_SUBSCRIPTIONS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +131,135 @@ class _Outgoing:
     via: str  # local member agent sending it
     payload: dict[str, Any]
     gen: int  # local operations applied when queued; sent once that many are durable
+
+
+# -- change notifications --------------------------------------------------------------
+
+
+class Watch:
+    """Change notifications for one document: ``async for value in watch`` yields the
+    document's value after each change. Coalescing (bounded): a slow reader gets the
+    latest value, never a backlog. Close it (``with`` block) to stop.
+
+    Made by :meth:`SharedState.watch`, which passes how to read the document and what
+    to call when the watch closes.
+    """
+
+    def __init__(
+        self,
+        doc: str,
+        read: Callable[[str], dict[str, Any]],
+        on_close: Callable[[Watch], None],
+    ) -> None:
+        self.doc = doc
+        self._read = read
+        self._on_close = on_close
+        self._event = trio.Event()
+        self._closed = False
+
+    def notify(self) -> None:
+        """Mark the document changed (called by the shared-state service)."""
+        self._event.set()
+
+    def close(self) -> None:
+        """Stop: a pending or later ``__anext__`` ends the iteration."""
+        self._closed = True
+        self._event.set()
+        self._on_close(self)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if not self._closed:
+            await self._event.wait()
+        if self._closed:
+            raise StopAsyncIteration
+        self._event = trio.Event()
+        return self._read(self.doc)
+
+
+# -- subscriptions saved across restarts -----------------------------------------------
+
+
+class SubscriptionFile:
+    """The (agent, document) subscriptions of a node's agents, saved across restarts in
+    ``data_dir`` (nothing is saved without one)."""
+
+    def __init__(self, data_dir: Path | None) -> None:
+        self._data_dir = data_dir
+        self._lock = trio.Lock()
+
+    def load(self) -> list[tuple[str, str]]:
+        """The saved pairs; none when the file is missing or unreadable (logged)."""
+        if self._data_dir is None:
+            return []
+        path = self._data_dir / SUBSCRIPTIONS_FILE_NAME
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            logger.warning("ignoring unreadable %s: %s", path, exc)
+            return []
+        items = data.get("subscriptions") if isinstance(data, dict) else None
+        out = []
+        for item in items[:_MAX_SUBSCRIPTIONS] if isinstance(items, list) else []:
+            if isinstance(item, list) and len(item) == 2 and all(isinstance(s, str) for s in item):
+                out.append((item[0], item[1]))
+        return out
+
+    async def save(self, pairs: set[tuple[str, str]]) -> None:
+        """Save ``pairs`` and the saved ones (those of agents not hosted now are kept)."""
+        if self._data_dir is None:
+            return
+        pairs = pairs | set(self.load())
+        text = json.dumps({"subscriptions": sorted([list(p) for p in pairs])}, indent=1)
+        async with self._lock:
+            path = self._data_dir / SUBSCRIPTIONS_FILE_NAME
+            await trio.to_thread.run_sync(write_private_file, path, text.encode())
+
+
+# -- reporting the deltas the gossip core skipped --------------------------------------
+
+
+def report_rejected(
+    events: EventSink,
+    doc: str,
+    source: AgentCard,
+    envelope: Envelope,
+    rejected: tuple[CRDTError, ...],
+) -> int:
+    """Report the deltas of one frame from ``source`` that the core skipped (gossip.md
+    §6, §9); returns how many of them were forged. A forged one (``PEER_ID_MISMATCH``,
+    ``INVALID_SIGNATURE``) is a security event naming the peer that sent the frame (the
+    module docstring says why); the malformed ones are one error event per frame,
+    naming the source agent."""
+    peer = source.id
+    forged = [exc for exc in rejected if isinstance(exc, ForgedDeltaError)]
+    malformed = [exc for exc in rejected if not isinstance(exc, ForgedDeltaError)]
+    for exc in forged:
+        events.security(
+            exc.code,
+            f"forged CRDT update of {doc!r} from agent {peer} dropped: {exc.message}",
+            str(source.peer_id),
+            envelope,
+        )
+    if malformed:
+        events.error(
+            ErrorCode.CRDT_DESERIALIZATION_FAILED,
+            f"skipped {len(malformed)} bad CRDT update(s) of {doc!r} from agent {peer}: "
+            f"{malformed[-1].message}",
+            str(source.peer_id),
+            envelope,
+        )
+    return len(forged)
 
 
 @dataclass(slots=True)
