@@ -19,7 +19,8 @@ awaited.
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 #: Send one envelope (a node: an Envelope from a local agent; a client: ``to``, ``payload``).
 SEND: Final = "send"
@@ -59,4 +60,31 @@ TASK_HANDLE: Final = (
     "cancel",
 )
 
-__all__ = ["AGENT_SURFACE", "FIND", "REQUEST", "SEND", "SHARED", "TASKS", "TASK_HANDLE", "TOOLS"]
+
+
+@dataclass(slots=True)
+class Listing:
+    """What ``tools.list_tools``, ``list_resources`` and ``list_prompts`` return on every
+    object: ``items`` (each with its owner's ``agentId``; tool and prompt names qualified
+    ``agent.name``), owners that did not answer (agent id → error code), and how many
+    entries were dropped as malformed or past the limits."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    dropped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"items": self.items, "unreachable": self.unreachable, "dropped": self.dropped}
+
+
+__all__ = [
+    "AGENT_SURFACE",
+    "FIND",
+    "REQUEST",
+    "SEND",
+    "SHARED",
+    "TASKS",
+    "TASK_HANDLE",
+    "TOOLS",
+    "Listing",
+]

@@ -68,7 +68,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
+from typing import Any, Generic, Literal, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -76,6 +76,7 @@ import outcome
 import sniffio
 
 from p2pnode.agent.definition import Agent, Reply
+from p2pnode.agent.surface import Listing
 from p2pnode.agent.task import TERMINAL_STATES, Task, TaskState
 from p2pnode.agent.tools import Caller
 from p2pnode.core.card import AgentCard
@@ -95,9 +96,6 @@ from p2pnode.services.attach.wire import (
     encode_line,
     object_untrusted,
 )
-
-if TYPE_CHECKING:
-    from p2pnode.services.tools.client import Listing
 
 logger = logging.getLogger("p2pnode.hosting.client")
 
@@ -723,10 +721,6 @@ class Tools:
         self._client = client
 
     async def _listing(self, op: str) -> Listing:
-        # Imported here: the module that defines it loads trio, which a client on asyncio
-        # does not otherwise need.
-        from p2pnode.services.tools.client import Listing
-
         result = await self._client._call({"op": op})
         return Listing(result["items"], result["unreachable"], result["dropped"])
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from p2pnode.core.boundary import FailureBoundary, describe
 from p2pnode.core.envelope import MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.jsonutil import is_json_value, loads_untrusted
+from p2pnode.transport.localsocket import listen_owner_only
 
 logger = logging.getLogger("p2pnode.control")
 
@@ -51,26 +50,6 @@ async def _read_line(stream: trio.abc.Stream, buffer: bytearray) -> bytes | None
     line, _, rest = bytes(buffer).partition(b"\n")
     buffer[:] = rest
     return line
-
-
-def listen_owner_only(path: Path, backlog: int = 16) -> trio.SocketListener:
-    """A Unix stream socket listening at ``path`` with mode 0600 (only the owner may
-    connect), replacing what is there: the data directory's lock says no other
-    daemon uses it. Raises OSError."""
-    if path.exists() or path.is_symlink():
-        path.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # created 0600: no moment in which others may connect
-    try:
-        sock.bind(str(path))
-    except BaseException:
-        sock.close()
-        raise
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, 0o600)
-    sock.listen(backlog)
-    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
 
 def _encode(obj: Any) -> bytes:

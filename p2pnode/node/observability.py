@@ -306,6 +306,10 @@ class Observability:
     Raises LocalError(INVALID_ARGUMENT) for a size below 1.
     """
 
+    #: The routing latency histogram's upper bucket bounds (ms; the last bucket of
+    #: ``Metrics.routing_latency_buckets`` is above them), for exporters.
+    latency_bounds_ms: tuple[float, ...] = LATENCY_BUCKETS_MS
+
     def __init__(
         self,
         clock_ms: Callable[[], int],

@@ -3,9 +3,9 @@
 Theory of operation
 -------------------
 Nothing on the message path is instrumented for Prometheus: the node already
-folds every event into :class:`~p2pnode.node.observability.Metrics` counters
-(and the routing latency histogram's buckets), and keeps per-document gossip
-counters. A scrape reads those:
+folds every event into its metrics' counters (and the routing latency histogram's
+buckets), and keeps per-document gossip counters. A scrape reads those, through the
+protocols below (:class:`MetricsReader`, :class:`DocumentFigures`):
 
 * :class:`MetricsExporter` (a node service) serves the page with
   ``prometheus_client.start_http_server``, which answers each request on a
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -52,7 +52,6 @@ import trio
 
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.crdt.gossip import GossipStats
-from p2pnode.node.observability import LATENCY_BUCKETS_MS, Metrics
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -74,10 +73,46 @@ def check_metrics_extra() -> None:
         raise LocalError(ErrorCode.CONFIG_ERROR, MISSING_EXTRA)
 
 
+class MetricsFigures(Protocol):
+    """The node's aggregate metrics, one snapshot (the figures a page shows of it)."""
+
+    @property
+    def sent_by_type(self) -> Mapping[str, int]: ...
+    @property
+    def received_by_type(self) -> Mapping[str, int]: ...
+    @property
+    def routing_by_path(self) -> Mapping[str, int]: ...
+    @property
+    def routing_by_outcome(self) -> Mapping[str, int]: ...
+    @property
+    def security_by_code(self) -> Mapping[str, int]: ...
+    @property
+    def errors_by_code(self) -> Mapping[str, int]: ...
+    @property
+    def tool_invocations_by_tool(self) -> Mapping[str, int]: ...
+    @property
+    def audit_events(self) -> int: ...
+    @property
+    def tool_errors(self) -> int: ...
+    @property
+    def tool_duration_count(self) -> int: ...
+    @property
+    def tool_duration_sum_ms(self) -> float: ...
+    @property
+    def routing_latency_sum_ms(self) -> float: ...
+    @property
+    def routing_latency_buckets(self) -> tuple[int, ...]:
+        """Samples per latency bucket, not cumulative (one more than the bounds)."""
+
+
 class MetricsReader(Protocol):
     """The node's aggregate metrics (its observability)."""
 
-    def metrics(self) -> Metrics: ...
+    @property
+    def latency_bounds_ms(self) -> tuple[float, ...]:
+        """The routing latency histogram's upper bucket bounds, in ms."""
+
+    def metrics(self) -> MetricsFigures: ...
 
 
 class DocumentFigures(Protocol):
@@ -119,10 +154,12 @@ class DocumentScrape:
 class Scrape:
     """Plain data taken on the trio thread; read-only once made."""
 
-    metrics: Metrics
+    metrics: MetricsFigures
     status: dict[str, Any]
     documents: dict[str, DocumentScrape]
     frames_dropped: int
+    #: The routing latency histogram's upper bucket bounds (ms).
+    latency_bounds_ms: tuple[float, ...]
 
 
 def take_scrape(node: MetricsSource) -> Scrape:
@@ -137,7 +174,8 @@ def take_scrape(node: MetricsSource) -> Scrape:
             documents[doc] = DocumentScrape(
                 shared.statistics(doc), shared.lag(doc), len(shared.peers(doc))
             )
-    return Scrape(node.events.metrics(), status, documents, dropped)
+    events = node.events
+    return Scrape(events.metrics(), status, documents, dropped, events.latency_bounds_ms)
 
 
 def families(scrape: Scrape) -> list[Metric]:
@@ -157,7 +195,7 @@ def families(scrape: Scrape) -> list[Metric]:
                          m.routing_by_path))  # fmt: skip
     out.append(_labelled("p2pnode_routing_outcomes", "Routing decisions by outcome", "outcome",
                          m.routing_by_outcome))  # fmt: skip
-    out.append(_latency(m))
+    out.append(_latency(m, scrape.latency_bounds_ms))
     out.append(_labelled("p2pnode_security_events", "Security events by code", "code",
                          m.security_by_code))  # fmt: skip
     out.append(_labelled("p2pnode_errors", "Error events by code", "code", m.errors_by_code))
@@ -188,13 +226,13 @@ def _labelled(name: str, doc: str, label: str, counts: Iterable[Any]) -> Metric:
     return family
 
 
-def _latency(m: Metrics) -> Metric:
+def _latency(m: MetricsFigures, bounds_ms: tuple[float, ...]) -> Metric:
     from prometheus_client.core import HistogramMetricFamily
 
     buckets: list[tuple[str, float]] = []
     cumulative = 0
-    counts = m.routing_latency_buckets or (0,) * (len(LATENCY_BUCKETS_MS) + 1)
-    for bound, count in zip((*LATENCY_BUCKETS_MS, None), counts, strict=True):
+    counts = m.routing_latency_buckets or (0,) * (len(bounds_ms) + 1)
+    for bound, count in zip((*bounds_ms, None), counts, strict=True):
         cumulative += count
         buckets.append(("+Inf" if bound is None else repr(bound / 1000), cumulative))
     return HistogramMetricFamily(
@@ -332,6 +370,7 @@ __all__ = [
     "DocumentFigures",
     "DocumentScrape",
     "MetricsExporter",
+    "MetricsFigures",
     "MetricsReader",
     "MetricsSource",
     "NodeCollector",

@@ -54,6 +54,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from p2pnode import __version__
+from p2pnode.agent.surface import Listing
 from p2pnode.bridges.mcp.names import (
     META_AGENT,
     META_NAME,
@@ -65,7 +66,6 @@ from p2pnode.bridges.mcp.names import (
 )
 from p2pnode.bridges.mcp.stdio import pipe_stdio
 from p2pnode.core.errors import P2PError
-from p2pnode.services.tools.client import Listing
 
 logger = logging.getLogger("p2pnode.mcp")
 

@@ -42,6 +42,7 @@ import trio
 
 from p2pnode.agent.definition import Agent, Message
 from p2pnode.agent.definition import Reply as AgentReply
+from p2pnode.agent.surface import Listing
 from p2pnode.agent.task import TERMINAL_STATES, Task, TaskState
 from p2pnode.agent.tools import MCP_METHODS, Caller
 from p2pnode.core.boundary import describe
@@ -58,7 +59,6 @@ from p2pnode.core.identity import Identity
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Delta
-from p2pnode.node.control import listen_owner_only
 from p2pnode.node.service import ServiceHost
 from p2pnode.services.attach.session import (
     NEED_DATA,
@@ -86,7 +86,7 @@ from p2pnode.services.attach.wire import (
     error_line,
 )
 from p2pnode.services.shared.docops import check_doc_name, op_from_json, value_to_json
-from p2pnode.services.tools.client import Listing
+from p2pnode.transport.localsocket import listen_owner_only
 
 logger = logging.getLogger("p2pnode.agents")
 

@@ -21,11 +21,11 @@ access rules against that agent's authenticated card.
 from __future__ import annotations
 
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
+from p2pnode.agent.surface import Listing
 from p2pnode.agent.tools import (
     PLAIN_RESULT,
     PROMPTS_GET,
@@ -62,20 +62,6 @@ _KINDS = {
     "resources": (RESOURCES_LIST, MAX_RESOURCES),
     "prompts": (PROMPTS_LIST, MAX_PROMPTS),
 }
-
-
-@dataclass(slots=True)
-class Listing:
-    """What a listing found: ``items`` (each with its owner's ``agentId``; tool and
-    prompt names qualified ``agent.name``), owners that did not answer (agent id →
-    error code), and how many entries were dropped as malformed or past the limits."""
-
-    items: list[dict[str, Any]] = field(default_factory=list)
-    unreachable: dict[str, str] = field(default_factory=dict)
-    dropped: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"items": self.items, "unreachable": self.unreachable, "dropped": self.dropped}
 
 
 class ToolClient:
