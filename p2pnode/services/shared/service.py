@@ -75,6 +75,7 @@ from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Replica
 from p2pnode.crdt.signing import ForgedDeltaError
 from p2pnode.crdt.store import AsyncCRDTStore
+from p2pnode.crdt.types import ORMap
 from p2pnode.node.service import EventSink, ServiceHost
 from p2pnode.services.shared.docops import (
     CAPABILITY_PREFIX,
@@ -461,6 +462,11 @@ class SharedState(TaskOwner):
     def clock(self, doc: str) -> VectorClock:
         """This replica's vector clock for ``doc``."""
         return self.replica.clock(doc)
+
+    def root(self, doc: str) -> ORMap:
+        """This replica's CRDT state of ``doc``: its registers keep their writers (the
+        swarm document reads them). Raises LocalError(INVALID_ARGUMENT) if not held."""
+        return self.replica.document(doc).state.root
 
     def watch(self, doc: str) -> Watch:
         """Change notifications for ``doc`` (see :class:`Watch`)."""

@@ -37,7 +37,6 @@ from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.node.service import ServiceHost
-from p2pnode.services.shared.service import SharedState
 from p2pnode.services.swarms.coordinator import Participation, claim_after, successors
 from p2pnode.services.swarms.document import (
     ASSIGNED,
@@ -55,7 +54,7 @@ from p2pnode.services.swarms.document import (
     log_key,
     member_address,
 )
-from p2pnode.services.tasks.service import TaskService
+from p2pnode.services.swarms.protocols import Documents, Tasks
 
 logger = logging.getLogger("p2pnode.swarms")
 
@@ -175,8 +174,8 @@ class SwarmMembers:
     def __init__(
         self,
         host: ServiceHost,
-        tasks: TaskService,
-        shared: SharedState,
+        tasks: Tasks,
+        shared: Documents,
         stats: SwarmStats,
         coordination: Coordination,
     ) -> None:
@@ -209,7 +208,7 @@ class SwarmMembers:
     def authored(self, doc: str) -> dict[str, Any]:
         """This replica's ``doc`` with each register's writer (:func:`authored`)."""
         try:
-            return authored(self.shared.replica.document(doc).state.root)
+            return authored(self.shared.root(doc))
         except LocalError:
             return {}
 

@@ -43,7 +43,6 @@ from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.jsonutil import dumps
 from p2pnode.crdt.ops import RegisterSet
 from p2pnode.node.service import ServiceHost
-from p2pnode.services.shared.service import SharedState
 from p2pnode.services.swarms.coordinator import Coordinator, Orders, SwarmConfig, Verdict, invitees
 from p2pnode.services.swarms.document import (
     CANCELED,
@@ -57,8 +56,7 @@ from p2pnode.services.swarms.document import (
     log_key,
 )
 from p2pnode.services.swarms.member import SWARM_MARKER, SwarmMembers, SwarmNode, SwarmStats
-from p2pnode.services.tasks.executor import Joiner
-from p2pnode.services.tasks.service import TaskService
+from p2pnode.services.swarms.protocols import Documents, Joiner, Tasks
 
 logger = logging.getLogger("p2pnode.swarms")
 
@@ -145,8 +143,8 @@ class SwarmService:
     def __init__(
         self,
         host: ServiceHost,
-        tasks: TaskService,
-        shared: SharedState,
+        tasks: Tasks,
+        shared: Documents,
         config: SwarmConfig | None = None,
         *,
         rng: random.Random | None = None,
@@ -424,7 +422,7 @@ class SwarmService:
             return
         finally:
             term.inviting.discard(address)
-        accepted = handle.thread.accepts.get(card.id) or handle.thread.accepts.get(address)
+        accepted = handle.acceptance(card.id) or handle.acceptance(address)
         capacity = accepted.capacity if accepted is not None else 1
         external = accepted.load if accepted is not None else 0
         if self._coordinating.get(node.swarm) is term:

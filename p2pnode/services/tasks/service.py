@@ -106,6 +106,11 @@ class TaskHandle:
     def message(self) -> str:
         return self.thread.message
 
+    def acceptance(self, agent: str) -> Accepted | None:
+        """The ``task-accept`` ``agent`` sent (named as proposed to: an id or
+        ``agent@peer``); None if it did not accept."""
+        return self.thread.accepts.get(agent)
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
