@@ -49,7 +49,7 @@ from p2pnode.dht.records import (
 )
 from p2pnode.node.frames import encode_envelope, encode_envelopes, encode_hello
 from p2pnode.services.shared.docops import gossip_payload
-from p2pnode.services.tools.record import ToolInvocation
+from p2pnode.services.tools.audit import ToolInvocation
 from p2pnode.transport.noise import IK, XX, HandshakeState, KeyPair
 from p2pnode.transport.secure import PROLOGUE, SecureIdentity
 

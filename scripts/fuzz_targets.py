@@ -91,7 +91,7 @@ from p2pnode.dht.rpc import ReplyReceived, RpcCore
 from p2pnode.node.config import parse_address
 from p2pnode.node.frames import EnvelopeBatch, Hello, decode_frame_untrusted
 from p2pnode.services.shared.docops import decode_gossip_payload_untrusted, value_to_json
-from p2pnode.services.tools.record import ToolInvocation
+from p2pnode.services.tools.audit import ToolInvocation
 
 # --------------------------------------------------------------------------- cards, envelopes
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.core.errors import ErrorCode, RemoteError
-from p2pnode.services.tools.record import ToolInvocation
+from p2pnode.services.tools.audit import ToolInvocation
 from tests.strategies import ident_text, json_values
 
 records = st.builds(

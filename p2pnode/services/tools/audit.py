@@ -12,7 +12,7 @@ straight to the agent: :class:`ToolAudit` serves those methods on the node
 * Each use (``tools/call``, ``resources/read``, ``prompts/get``), allowed or
   refused, becomes a ``tool-invocation`` event with the caller, the owner,
   what was used, a digest of the arguments, the outcome and the latency
-  (R12.2), and a :class:`~p2pnode.agent.tools.ToolInvocation` record in a bounded
+  (R12.2), and a :class:`ToolInvocation` record in a bounded
   history (R13.4). A refusal by an access rule is also a security event.
   Listing is not audited: it shows a caller only what it may use.
   A use cancelled before it answered (its deadline passed, or its caller
@@ -35,11 +35,11 @@ from p2pnode.agent.definition import Agent, Reply
 from p2pnode.agent.tools import MCP_METHODS, PROMPTS_GET, RESOURCES_READ, TOOLS_CALL, Caller
 from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Envelope, MessageType
-from p2pnode.core.errors import ErrorCode, P2PError
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.jsonutil import dumps, is_json_value, loads_untrusted
 from p2pnode.core.registry import Registry
 from p2pnode.core.wire import canonical_pack, pack
 from p2pnode.node.service import EventSink, ServiceHost
-from p2pnode.services.tools.record import ToolInvocation
 
 #: Invocation records kept (the most recent).
 HISTORY_SIZE = 256
@@ -50,7 +50,80 @@ RECORDED_VALUE_BYTES = 4096
 #: Seconds a use may run unless its tool declares a deadline (NodeConfig.tool_deadline's
 #: default; the composition root passes the node's).
 TOOL_DEADLINE = 30.0
+#: Largest JSON text of one invocation record :meth:`ToolInvocation.from_json_untrusted` reads.
+MAX_RECORD_BYTES = 1024 * 1024
 _USES = frozenset({TOOLS_CALL, RESOURCES_READ, PROMPTS_GET})
+
+
+# -- the record of one use -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInvocation:
+    """What happened when a tool was called: the qualified tool, the calling agent, its
+    arguments and result (or error code), how long it took and when it started. One per
+    use in :meth:`ToolAudit.invocations` (seed R13.4-13.5, Property 34); its JSON form
+    round-trips exactly."""
+
+    tool: str
+    agent_id: str
+    arguments: Any
+    result: Any
+    error: str | None
+    duration_ms: float
+    started_at: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "agentId": self.agent_id,
+            "arguments": self.arguments,
+            "result": self.result,
+            "error": self.error,
+            "durationMs": self.duration_ms,
+            "startedAt": self.started_at,
+        }
+
+    def to_json(self) -> str:
+        """JSON text. Raises LocalError(INVALID_ARGUMENT) for non-JSON arguments or results."""
+        if not (is_json_value(self.arguments) and is_json_value(self.result)):
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "arguments and result must be JSON data")
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_json_untrusted(cls, text: str | bytes) -> ToolInvocation:
+        """Parse a record. Raises RemoteError(MALFORMED_MESSAGE)."""
+        try:
+            data = loads_untrusted(text, MAX_RECORD_BYTES)
+            if not isinstance(data, dict):
+                raise ValueError("a record is a JSON object")
+            if set(data) != set(_RECORD_KEYS):
+                raise ValueError("unexpected fields")
+            record = cls(*(data[k] for k in _RECORD_KEYS))
+            checks = (
+                isinstance(record.tool, str),
+                isinstance(record.agent_id, str),
+                record.error is None or isinstance(record.error, str),
+                _is_duration(record.duration_ms),
+                isinstance(record.started_at, int) and not isinstance(record.started_at, bool),
+                # What to_json() would refuse (NaN, infinities, integers past 64 bits) is
+                # refused here, so an accepted record always encodes again.
+                is_json_value(record.arguments),
+                is_json_value(record.result),
+            )
+            if not all(checks):
+                raise ValueError("wrongly typed field")
+        except (KeyError, ValueError, TypeError) as exc:
+            raise RemoteError(ErrorCode.MALFORMED_MESSAGE, f"bad tool invocation: {exc}") from None
+        return record
+
+
+_RECORD_KEYS = ("tool", "agentId", "arguments", "result", "error", "durationMs", "startedAt")
+
+
+def _is_duration(value: object) -> bool:
+    # A number JSON and msgpack both carry: finite, and an integer fits 64 bits.
+    return isinstance(value, int | float) and not isinstance(value, bool) and is_json_value(value)
 
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -322,4 +395,11 @@ class _Started:
     card: AgentCard | None
 
 
-__all__ = ["HISTORY_SIZE", "ToolAudit", "arguments_digest", "used_name"]
+__all__ = [
+    "HISTORY_SIZE",
+    "MAX_RECORD_BYTES",
+    "ToolAudit",
+    "ToolInvocation",
+    "arguments_digest",
+    "used_name",
+]
