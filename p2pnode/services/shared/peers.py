@@ -6,6 +6,12 @@ exchange ``stream-data`` both ways (and discover each other); one agent per
 remote node, so ``fanout`` counts distinct replicas. The replicas policy
 forbids are listed with the first member's refusal, and a document left
 without any peer because of them gets a convergence warning.
+
+A concept of its own, apart from :mod:`~p2pnode.services.shared.docops` (what a
+document's names, gossip payloads and JSON operations look like: a sans-IO protocol
+module other layers import) and from the driver in
+:mod:`~p2pnode.services.shared.service`: this is the rule choosing a document's gossip
+partners from the registry under policy, read against gossip.md §9 on its own.
 """
 
 from __future__ import annotations
