@@ -51,12 +51,18 @@ from p2pnode.node.discovery import DhtDiscovery, Discovery
 from p2pnode.node.kernel import Kernel
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.metrics import MetricsExporter
-from p2pnode.services.shared.service import SharedConfig, SharedState
+from p2pnode.services.shared.service import (
+    STORE_FILE_NAME,
+    SUBSCRIPTIONS_FILE_NAME,
+    SharedConfig,
+    SharedState,
+    Watch,
+)
 from p2pnode.services.swarms.coordinator import SwarmConfig
 from p2pnode.services.swarms.service import SwarmService
 from p2pnode.services.tasks.executor import Joiner
 from p2pnode.services.tasks.negotiation import TaskConfig
-from p2pnode.services.tasks.service import TaskService
+from p2pnode.services.tasks.service import TaskHandle, TaskService
 from p2pnode.services.tools.audit import ToolAudit
 from p2pnode.services.tools.client import ToolClient
 from p2pnode.transport.net import Network
@@ -248,4 +254,20 @@ async def open_node(
                     write_private_file(snapshot, dht.snapshot())
 
 
-__all__ = ["SNAPSHOT_FILE", "Node", "NodeConfig", "SwarmSlot", "open_node", "open_swarms"]
+# Besides its own names, the services' names that programs using a node meet (hosting,
+# the CLI) are public here: the files shared state keeps in the data directory, its
+# configuration, the service and a document's watch; the handle of a proposed task.
+__all__ = [
+    "SNAPSHOT_FILE",
+    "STORE_FILE_NAME",
+    "SUBSCRIPTIONS_FILE_NAME",
+    "Node",
+    "NodeConfig",
+    "SharedConfig",
+    "SharedState",
+    "SwarmSlot",
+    "TaskHandle",
+    "Watch",
+    "open_node",
+    "open_swarms",
+]

@@ -19,7 +19,10 @@ PACKAGE = Path(p2pnode.__file__).parent
 #: Most lines a function may take, ``def`` to the end of its body.
 MAX_LINES = 60
 #: The packages held to it (more join as they are cleaned).
-CHECKED_PACKAGES = ("core", "agent", "transport", "dht", "crdt", "simnet")
+CHECKED_PACKAGES = (
+    "core", "agent", "transport", "dht", "crdt", "simnet",
+    "node", "services", "runtime", "hosting", "bridges", "cli",
+)  # fmt: skip
 
 
 def too_long(source: str, filename: str, limit: int = MAX_LINES) -> list[str]:
@@ -36,8 +39,9 @@ def too_long(source: str, filename: str, limit: int = MAX_LINES) -> list[str]:
 
 @pytest.mark.parametrize("package", CHECKED_PACKAGES)
 def test_no_function_is_longer_than_the_limit(package: str) -> None:
-    files = sorted((PACKAGE / package).rglob("*.py"))
-    assert files, f"no modules in p2pnode/{package}"
+    base = PACKAGE / package  # a package, or a module (runtime)
+    files = sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
+    assert files and all(p.is_file() for p in files), f"no modules in p2pnode/{package}"
     found = [
         hit
         for path in files

@@ -46,8 +46,7 @@ from p2pnode.core.identity import (
 from p2pnode.core.jsonutil import b64encode
 from p2pnode.node.config import format_address, parse_address
 from p2pnode.node.control import CONTROL_SOCKET_NAME, control_call
-from p2pnode.runtime import SNAPSHOT_FILE
-from p2pnode.services.shared.service import STORE_FILE_NAME, SUBSCRIPTIONS_FILE_NAME
+from p2pnode.runtime import SNAPSHOT_FILE, STORE_FILE_NAME, SUBSCRIPTIONS_FILE_NAME
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -47,7 +47,7 @@ from p2pnode.node.control import (
 from p2pnode.node.logs import configure_logging
 from p2pnode.node.policy import PolicyConfig
 from p2pnode.runtime import Node, NodeConfig, open_node
-from p2pnode.services.attach.service import AGENT_SOCKET_NAME
+from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
 from p2pnode.services.metrics import check_metrics_extra
 from p2pnode.services.shared.docops import op_from_json, value_to_json
 from p2pnode.transport.net import Address, DatagramEndpoint, StreamListener, TrioNetwork

@@ -48,9 +48,8 @@ import trio
 from p2pnode.agent.task import TERMINAL_STATES, Selection, Task, TaskState, valid_id
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.jsonutil import loads_untrusted
-from p2pnode.runtime import Node, open_swarms
-from p2pnode.services.swarms.document import doc_name
-from p2pnode.services.tasks.service import TaskHandle
+from p2pnode.runtime import Node, TaskHandle, open_swarms
+from p2pnode.services.swarms import doc_name
 
 Op = Callable[[dict[str, Any]], Any]
 Control = Callable[[argparse.Namespace, dict[str, Any]], Any]
@@ -78,7 +77,7 @@ def _task_from(obj: object) -> Task:
 
 def _describe(handle: TaskHandle) -> dict[str, Any]:
     thread = handle.thread
-    accepted = thread.accepts.get(thread.assignee or "")
+    accepted = handle.acceptance(handle.assignee or "")
     out: dict[str, Any] = {
         "taskId": handle.task_id,
         "state": handle.state.value,
@@ -94,17 +93,23 @@ def _describe(handle: TaskHandle) -> dict[str, Any]:
     return out
 
 
+def _sender(node: Node, request: dict[str, Any]) -> str:
+    return str(request.get("from") or node.default_agent())
+
+
 def task_ops(node: Node) -> dict[str, Op]:
     """The control operations of the module docstring, for ``node``."""
-    handles: OrderedDict[str, TaskHandle] = OrderedDict()
+    return {**_proposal_ops(node), **_swarm_ops(node)}
 
-    def sender(request: dict[str, Any]) -> str:
-        return str(request.get("from") or node.default_agent())
+
+def _proposal_ops(node: Node) -> dict[str, Op]:
+    """``task.*``: propose, and wait on or cancel what this daemon proposed."""
+    handles: OrderedDict[str, TaskHandle] = OrderedDict()
 
     async def propose(request: dict[str, Any]) -> Any:
         deadline = request.get("deadline")
         handle = await node.tasks.propose(
-            sender(request),
+            _sender(node, request),
             str(request["to"]),
             _task_from(request.get("task")),
             deadline=float(deadline) if deadline is not None else None,
@@ -135,9 +140,15 @@ def task_ops(node: Node) -> dict[str, Op]:
         await handle.cancel()
         return _describe(handle)
 
+    return {"task.propose": propose, "task.wait": wait, "task.cancel": cancel}
+
+
+def _swarm_ops(node: Node) -> dict[str, Op]:
+    """``swarm.*``: open a swarm, follow one by its document, cancel one."""
+
     async def swarm_open(request: dict[str, Any]) -> Any:
         service = await open_swarms(node)
-        handle = await service.open(sender(request), request["plan"])
+        handle = await service.open(_sender(node, request), request["plan"])
         return {"swarm": handle.swarm, "doc": handle.doc, "total": handle.progress[1]}
 
     async def swarm_status(request: dict[str, Any]) -> Any:
@@ -164,14 +175,7 @@ def task_ops(node: Node) -> dict[str, Op]:
         await service.cancel(str(request["swarm"]))
         return {"swarm": request["swarm"], "canceled": True}
 
-    return {
-        "task.propose": propose,
-        "task.wait": wait,
-        "task.cancel": cancel,
-        "swarm.open": swarm_open,
-        "swarm.status": swarm_status,
-        "swarm.cancel": swarm_cancel,
-    }
+    return {"swarm.open": swarm_open, "swarm.status": swarm_status, "swarm.cancel": swarm_cancel}
 
 
 # -- the commands ---------------------------------------------------------------------------------

@@ -77,7 +77,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
+from p2pnode import RoutingResult
 from p2pnode.agent.definition import Agent, agent_for_handler, as_agent
+from p2pnode.agent.surface import Listing
 from p2pnode.agent.task import Task, TaskState
 from p2pnode.core.card import AgentCard, Capability
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
@@ -100,18 +102,17 @@ from p2pnode.hosting.aioguest import (
     resolve,
     settle,
 )
-from p2pnode.node.router import RoutingResult
-from p2pnode.node.routing import Handler
-from p2pnode.runtime import NodeConfig
-from p2pnode.services.shared.service import SharedConfig, SharedState, Watch
-from p2pnode.services.tools.client import Listing
+from p2pnode.runtime import NodeConfig, SharedConfig, SharedState, Watch
 from p2pnode.transport.net import Address, Network
 
 if TYPE_CHECKING:
     from p2pnode import Node
-    from p2pnode.services.tasks.service import TaskHandle
+    from p2pnode.runtime import TaskHandle
 
 logger = logging.getLogger("p2pnode.hosting.aio")
+
+#: An agent given as a plain envelope handler (the trio node's ``add_agent`` takes one).
+Handler = Callable[[Envelope], Awaitable[Any]]
 
 T = TypeVar("T")
 
