@@ -193,9 +193,11 @@ class Coordinator:
             # pending or escalated sub-tasks are decided afresh at the next tick
         if view.status == CANCELED:
             self.status = CANCELED
-        elif all(s.status == DONE for s in self.subs):
+        elif view.status == COMPLETED and view.complete:
             self.status = COMPLETED
             self.outcome = view.outcome
+        # Every result in but no admitted ``completed``: the first tick journals it (the
+        # term that finished may have stopped, or its record sorted before some results).
 
     # -- what the participants say ------------------------------------------------------------
 
@@ -461,15 +463,24 @@ class Participation:
     failures: dict[int, tuple[int, str]] = field(default_factory=dict)
     finished: int = 0
 
-    def assigned(self, items: Iterable[tuple[int, int]]) -> None:
+    def assigned(self, items: Iterable[tuple[int, int]]) -> list[int]:
         """Take assignments (from a message or the journal), skipping what it already
-        runs, queued or finished."""
+        runs, queued or finished. A kept result of the sub-task now stands for the later
+        attempt assigned to it (the coordinator takes a result only for an attempt it
+        knows: an earlier one may be from a term it does not count); returns those
+        indices, to be sent again."""
         queued = {i for i, _ in self.queue}
+        relabeled: list[int] = []
         for index, attempt in items:
+            kept = self.results.get(index)
+            if kept is not None and kept[0] < attempt:
+                self.results[index] = (attempt, kept[1])
+                relabeled.append(index)
             if index in self.running or index in queued or index in self.results:
                 continue
             self.queue.append((index, attempt))
             queued.add(index)
+        return relabeled
 
     def next(self) -> tuple[int, int] | None:
         """The next sub-task to start, if it has room."""

@@ -322,6 +322,9 @@ class SwarmView:
     terms: dict[int, set[str]] = field(default_factory=dict)
     #: Journal records (or their entries) that break a rule, by key: ignored.
     breaches: dict[str, Breach] = field(default_factory=dict)
+    #: An admitted ``completed`` read before every result was: it holds until they are
+    #: (an overlapping term's records, sorting later, hold the rest), or a later status.
+    completing: bool = False
 
     @property
     def done(self) -> int:
@@ -491,12 +494,13 @@ def admit(view: SwarmView, opener: str, key: str, record: Record, writer: str) -
     refused = (len(record.assigned) - len(clean.assigned) + len(record.done) - len(late.done)
                + len(record.failed) - len(late.failed))  # fmt: skip
     if record.status is not None:
-        if record.status == COMPLETED and not view.complete:
-            refused += 1
-        else:
+        view.completing = record.status == COMPLETED and not view.complete
+        if not view.completing:
             view.status = record.status
+    if view.completing and view.complete:
+        view.status, view.completing = COMPLETED, False
     if refused:
-        rule = f"{refused} entries not by the assignee, to a non-member or completing early"
+        rule = f"{refused} entries not by the assignee or to a non-member"
         view.breaches[key] = Breach("log/" + key, writer, rule)
 
 
@@ -531,6 +535,7 @@ class DocReader:
         #: Breaches outside the journal (``coord``, ``cancel``, ``plan``), by where.
         self.breaches: dict[str, Breach] = {}
         self._coord_seen: object = None
+        self._coord_refused = False
         self._last = ""
 
     @property
@@ -563,7 +568,7 @@ class DocReader:
                 admit(self.view, self.opener, key, record, writer)
         if new:
             self._last = max(self._last, new[-1][0])
-        self._read_coord(value.get("coord"))
+        self._read_coord(value.get("coord"), bool(new))
         view = self.view
         if view.status == COMPLETED and view.outcome is None and view.complete:
             try:  # never the journaled outcome: the same aggregation here
@@ -599,22 +604,28 @@ class DocReader:
             return lease, "written by another peer"
         return lease, claim_breach(self.view, self.opener, lease.epoch, lease.agent)
 
-    def _read_coord(self, text: object) -> None:
-        """Take the ``coord`` register only when the rules admit its claim."""
-        if text == self._coord_seen:
+    def _read_coord(self, text: object, grown: bool) -> None:
+        """Take the ``coord`` register only when the rules admit its claim. A claim
+        refused is checked again when the journal grew (``grown``): whether its
+        claimant is a live member depends on records that may still be in flight."""
+        if text == self._coord_seen and not (grown and self._coord_refused):
             return
+        self._coord_refused = False
         lease, why = self.check_coord(text)
         if lease is None or self.view is None:
             self.bad += why is not None
             self._coord_seen = text
-        elif why is None:
+            return
+        where = f"coord/{lease.epoch:010d}:{lease.agent}"
+        if why is None:
             self._coord_seen = text
             self.coord = lease
+            self.breaches.pop(where, None)
         elif not (why.startswith("epoch") and lease.epoch == max(self.view.terms, default=0) + 2):
             # (A claim one epoch ahead of this replica may wait on a record in flight.)
             assert isinstance(text, Authored)
             self._coord_seen = text
-            where = f"coord/{lease.epoch:010d}:{lease.agent}"
+            self._coord_refused = True
             self.breaches[where] = Breach("coord", text.writer, why)
 
     def _new_records(self, log: object) -> list[tuple[str, Record, str]]:

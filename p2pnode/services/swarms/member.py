@@ -330,7 +330,8 @@ class SwarmMembers:
             except (RemoteError, KeyError, TypeError, ValueError):
                 self.stats.bad_messages += 1
                 return
-            part.core.assigned(items)
+            for index in part.core.assigned(items):
+                part.sent.pop(index, None)  # sent again at the next read, as this attempt
             part.poke()
         elif op in ("end", "report") and self.nursery is not None:
             self.nursery.start_soon(self.refresh, node)
@@ -392,7 +393,8 @@ class SwarmMembers:
         mine = [(i, s.attempt) for i, s in enumerate(view.subtasks)
                 if s.status == ASSIGNED and s.assignee == me]  # fmt: skip
         before = part.core.load
-        part.core.assigned(mine)
+        for index in part.core.assigned(mine):
+            part.sent.pop(index, None)  # sent again below, as the attempt now assigned
         if part.core.load != before:
             part.poke()
         lease = node.plan.lease if node.plan is not None else 1.0

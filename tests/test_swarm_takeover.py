@@ -1,0 +1,133 @@
+"""An honest takeover under the swarm document's rules (docs/protocol/tasks.md §4.6, §5):
+terms that overlap in one epoch (a successor that had not yet read the first claim) each
+journal their part; the swarm still completes once every result is in, readers take a
+claim once the records that admit it arrive, a takeover coordinator journals the
+completion a stopped term left out, and a kept result follows its sub-task's later
+attempt."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pnode.services.swarms.coordinator import Coordinator, Participation, Verdict
+from p2pnode.services.swarms.document import (
+    COMPLETED,
+    WORKING,
+    Authored,
+    CoordLease,
+    DocReader,
+    Record,
+    fold_checked,
+    log_key,
+)
+from tests.test_swarm_integrity import (
+    HONEST,
+    OPENER,
+    OWNER,
+    P1,
+    P2,
+    PLAN,
+    W1,
+    W2,
+    N,
+    document,
+    read,
+    rec,
+    term,
+)
+
+JOINS = [[W1, ["sq"], 1], [W2, ["sq"], 1]]
+FIRST = [[i, W1 if i % 2 == 0 else W2, 1] for i in range(N)]
+
+
+def overlapping() -> list[tuple[str, str, str, str]]:
+    """The opener dies with every sub-task assigned; w1 and w2 both claim epoch 2 (w2 had
+    not read w1's claim). w1's term (sorting first) takes half the results and says
+    ``completed`` once it absorbed the rest from w2's term, which sorts after it."""
+    t1, a, b = term(1, OPENER), term(2, W1), term(2, W2)
+    return [
+        (t1, "0000000001", rec(j=JOINS, a=FIRST), OWNER),
+        (a, "0000000001", rec(d=[[i, 1, FIRST[i][1], i * i] for i in range(0, N, 2)]), P1),
+        (a, "0000000002", rec(s=COMPLETED), P1),
+        (b, "0000000001", rec(d=[[i, 1, FIRST[i][1], i * i] for i in range(1, N, 2)]), P2),
+    ]
+
+
+def test_a_completion_from_an_overlapping_term_holds_until_every_result_is_in() -> None:
+    view = read(overlapping()).view
+    assert view is not None and view.complete
+    assert view.status == COMPLETED and view.outcome == HONEST and view.breaches == {}
+    assert sorted(view.terms[2]) == [W1, W2]
+    # Without the other term's results the swarm is not complete, whatever was said.
+    early = read(overlapping()[:3]).view
+    assert early is not None and early.status == WORKING and early.done == N // 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.permutations(range(4)))
+def test_overlapping_terms_fold_the_same_in_any_arrival_order(order: list[int]) -> None:
+    entries = overlapping()
+    reader = DocReader()
+    for count in range(1, 5):
+        reader.read_untrusted(document([entries[i] for i in order[:count]], None))
+    assert reader.view is not None and reader.view.status == COMPLETED
+    assert reader.view.outcome == HONEST
+
+
+def test_a_later_status_replaces_a_held_completion() -> None:
+    t1 = term(1, OPENER)
+    entries = [
+        (t1, "0000000001", rec(j=JOINS, a=FIRST), OWNER),
+        (t1, "0000000002", rec(s=COMPLETED), OWNER),
+        (t1, "0000000003", rec(s="input-required"), OWNER),
+        (t1, "0000000004", rec(d=[[i, 1, FIRST[i][1], i * i] for i in range(N)]), OWNER),
+    ]
+    view = read(entries).view
+    assert view is not None and view.complete and view.status == "input-required"
+
+
+def test_a_refused_claim_is_taken_once_the_records_admitting_it_arrive() -> None:
+    claim = Authored(CoordLease(W2, 2, 0).to_json(), P2)
+    t1 = term(1, OPENER)
+    reader = DocReader()
+    reader.read_untrusted(document([(t1, "0000000001", rec(a=FIRST[:1]), OWNER)], claim))
+    assert reader.coord is None and reader.breaches  # w2 is no member yet
+    reader.read_untrusted(document([(t1, "0000000002", rec(j=JOINS), OWNER)], claim))
+    assert reader.coord == CoordLease(W2, 2, 0) and reader.breaches == {}
+
+
+def test_a_takeover_journals_the_completion_a_stopped_term_left_out() -> None:
+    t1 = term(1, OPENER)
+    entries = [
+        (f"{t1}/0000000001", Record.from_json_untrusted({"j": JOINS, "a": FIRST}, N), OWNER),
+        (f"{t1}/0000000002", Record.from_json_untrusted(
+            {"d": [[i, 1, FIRST[i][1], i * i] for i in range(N)]}, N), OWNER),
+    ]  # fmt: skip
+    view = fold_checked(N, OPENER, entries)
+    assert view.complete and view.status == WORKING
+    heir = Coordinator(PLAN, W2, 2, now=0.0, view=view)
+    heir.tick(0.0)
+    taken = heir.take_record()
+    assert taken is not None and taken[1].status == COMPLETED
+    entries.append((f"{log_key(2, W2)}/{taken[0]}", taken[1], P2))
+    done = fold_checked(N, OPENER, entries)
+    assert done.status == COMPLETED and done.breaches == {}
+
+
+def test_a_kept_result_follows_the_later_attempt_assigned_to_it() -> None:
+    part = Participation("w1", capacity=1)
+    part.assigned([(0, 1)])
+    assert part.next() == (0, 1)
+    part.succeeded(0, 1, 0)
+    # A new coordinator never counted attempt 1 (its term was refused) and assigns
+    # attempt 3 to the same participant: the result is not run again, it is sent as 3.
+    assert part.assigned([(0, 3)]) == [0]
+    assert part.results == {0: (3, 0)} and part.next() is None
+    assert part.assigned([(0, 2)]) == []  # never back to an earlier attempt
+    core = Coordinator(PLAN, W2, 2, now=0.0)
+    core.join(W1, {"sq"}, 1, now=0.0, now_ms=0)
+    core.tick(0.0)
+    index, attempt = next((i, s.attempt) for i, s in enumerate(core.subs) if s.assignee == W1)
+    assert core.result(W1, index, attempt + 5, 0) is Verdict.REFUSED  # not its attempt
+    assert core.result(W1, index, attempt, index * index) is Verdict.ACCEPTED
