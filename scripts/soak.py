@@ -11,8 +11,8 @@ What it does:
    loop (a ``counter.add`` on the document from a random node every
    ``--gossip-every`` seconds);
 3. churn: at every minute a ``--churn`` fraction of the nodes (10%, never the
-   first; ``--churn 0``: none) is stopped, alternately with SIGTERM and SIGKILL, and started again on
-   its data directory (same identity, new port);
+   first; ``--churn 0``: none) is stopped, alternately with SIGTERM and SIGKILL,
+   and started again on its data directory (same identity, new port);
 4. at the end of every minute prints, for every node, its resident memory (MB,
    VmRSS) and open descriptors (entries of /proc/PID/fd), marking a node that
    restarted in that minute with ``*``, and the requests and updates that
