@@ -33,7 +33,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,7 +43,8 @@ import trio
 from p2pnode.agent.definition import Agent, Message
 from p2pnode.agent.definition import Reply as AgentReply
 from p2pnode.agent.surface import Listing
-from p2pnode.agent.task import TERMINAL_STATES, Task, TaskState
+from p2pnode.agent.task import TERMINAL_STATES, Task
+from p2pnode.agent.taskwork import TaskThread
 from p2pnode.agent.tools import MCP_METHODS, Caller
 from p2pnode.core.boundary import describe
 from p2pnode.core.card import Origin
@@ -133,29 +134,11 @@ class ToolUse(Protocol):
     ) -> dict[str, Any]: ...
 
 
-class ProposedTask(Protocol):
-    """A task the agent proposed, as its proposer holds it (a TaskHandle)."""
-
-    @property
-    def task_id(self) -> str: ...
-
-    @property
-    def state(self) -> TaskState: ...
-
-    @property
-    def assignee(self) -> str | None: ...
-
-    @property
-    def progress(self) -> float | None: ...
-
-    @property
-    def message(self) -> str: ...
+class ProposedTask(TaskThread, Protocol):
+    """A task the agent proposed, as its proposer holds it (a TaskHandle): what it is
+    now, and its outcome once it ended."""
 
     def outcome(self) -> Any: ...
-
-    def updates(self) -> AsyncIterator[TaskState]: ...
-
-    async def cancel(self, reason: str = "") -> None: ...
 
 
 class Proposer(Protocol):
