@@ -69,6 +69,12 @@ from p2pnode.services.swarms.document import (
     peer_of,
 )
 
+#: How many leases a takeover coordinator gives each live participant to find it and
+#: beat to it before journaling it dead (docs/protocol/tasks.md §5): the new ``coord``
+#: spreads by gossip, in the 50-agent simulation up to 10 s (5 leases of 2 s) after it
+#: was written.
+TAKEOVER_LEASES = 8
+
 
 @dataclass(frozen=True, slots=True)
 class SwarmConfig:
@@ -168,10 +174,13 @@ class Coordinator:
 
     def _resume(self, view: SwarmView, now: float) -> None:
         """Take over from the journal's fold: results and assignments stay; every live
-        participant gets a fresh lease."""
+        participant gets a takeover lease (:data:`TAKEOVER_LEASES` leases): the new
+        ``coord`` reaches participants by gossip, some of them seconds later, and one
+        that has not read it yet beats the old coordinator, not this one."""
+        first_lease = now + self.plan.lease * TAKEOVER_LEASES
         for agent, member in view.members.items():
             self._parts[agent] = _Participant(
-                member.capabilities, member.capacity, now + self.plan.lease, alive=member.alive
+                member.capabilities, member.capacity, first_lease, alive=member.alive
             )
         for index, seen in enumerate(view.subtasks):
             sub = self.subs[index]
