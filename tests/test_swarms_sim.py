@@ -140,8 +140,8 @@ def fifty_agents() -> list[tuple[int, str, tuple[str, ...]]]:
             marks=pytest.mark.xfail(
                 strict=False,
                 reason="known defect: under the swarm document's integrity rules a takeover "
-                "still stalls in about one run of four (results of attempts the new term "
-                "does not know are refused, and the witness never sees the swarm settle)",
+                "still stalls in some runs, 2 of 14 when last measured (results of attempts "
+                "the new term does not know are refused; the witness never sees it settle)",
             ),
         ),
     ],
