@@ -52,8 +52,10 @@ _leave_task: Callable[[asyncio.AbstractEventLoop, asyncio.Task[Any]], None] | No
 )
 
 #: Whether :func:`start_eagerly` runs a handler's first step inside the trio tick (asyncio's
-#: private ``_enter_task``/``_leave_task``; see the module docstring). Measured with
-#: scripts/bench_node.py's asyncio rows: EAGER_FIGURE. False: the public ``loop.create_task``.
+#: private ``_enter_task``/``_leave_task``; see the module docstring). Measured: a request
+#: from an asyncio program to an asyncio-hosted agent of the same node takes 232 us with it
+#: and 383 us with the public ``loop.create_task`` (medians of 3 runs of 5 x 2,000 requests
+#: each way, back to back on one machine). False: the public ``loop.create_task``.
 EAGER = (
     _enter_task is not None
     and _leave_task is not None
