@@ -326,7 +326,11 @@ async def test_a_peer_that_goes_silent_is_dropped_after_the_idle_timeout(
                         await channel.receive_message()
 
             nursery.start_soon(mute_peer)
-            return await connect_secure(ours, client, expected_peer_id=server.peer_id)
+            # As a node's links do: the link's watchdog, not the channel, times out.
+            quiet = ChannelConfig(idle_timeout=None)
+            return await connect_secure(
+                ours, client, expected_peer_id=server.peer_id, config=quiet
+            )
 
         async def on_frame(peer: object, data: bytes) -> None:
             raise AssertionError("the mute peer sends nothing")

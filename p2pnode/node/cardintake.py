@@ -36,8 +36,13 @@ class CardIntake:
         policy: Policy,
         events: Observability,
         clock_ms: Callable[[], int],
+        *,
+        on_fresh: Callable[[PeerId], None] | None = None,
     ) -> None:
+        """``on_fresh`` is told the owner of each card merged as new or newer: a fresh
+        card shows its peer is up (node/links.py resets that peer's dial budget)."""
         self._local_peer_id = local_peer_id
+        self._on_fresh = on_fresh
         self._registry = registry
         self._policy = policy
         self._events = events
@@ -57,13 +62,15 @@ class CardIntake:
             )
             return False
         try:
-            self._registry.merge_remote(card, self._clock_ms())
+            fresh = self._registry.merge_remote(card, self._clock_ms())
         except RemoteError as exc:
             if "holder" in exc.details:
                 self._note_collision(card, exc, peer)
             else:
                 self._events.security(exc.code, exc.message, peer, None)
             return False
+        if fresh and self._on_fresh is not None:
+            self._on_fresh(card.peer_id)
         owners = self._registry.owners(card.id)
         if len(owners) > 1 and not (
             owners[0].peer_id == card.peer_id and self._registry.is_pinned(card.id)

@@ -32,8 +32,13 @@ Theory of operation (seed R3, Properties 10-12):
   only a peer that is gone (or stuck) hits the idle timeout.
 * Transport loss while idle: the link redials in the background (IK, since
   it knows the peer's static key) with the same backoff, and closes after
-  ``max_redials`` failures. The node drops closed links; the next send makes
-  a new one.
+  ``max_redials`` failures or ``redial_window`` seconds without a channel,
+  whichever comes first: a peer that vanished is given up within a bound
+  (idle timeout, a watchdog period, the redial window) whatever its
+  addresses do with a SYN. :meth:`PeerLink.redial_now` cuts a backoff wait
+  short (the node heard the peer is back). The node drops closed links; the
+  next send makes a new one. Why the link closed (:attr:`PeerLink.loss`,
+  :attr:`PeerLink.last_dial_error`) is kept for the one line the node logs.
 * Simultaneous opens: when a second channel to the same peer arrives while
   one is open, both ends send on the channel dialed by the lower peer id, so
   both converge on the same connection. The other one is still read (frames
@@ -126,6 +131,8 @@ class RetryPolicy:
     max_delay: float = 5.0
     max_redials: int = 6
     dial_timeout: float = 5.0
+    #: Seconds a lost link keeps redialing (a dial in progress is cut at its end).
+    redial_window: float = 10.0
     retire_grace: float = 10.0
     write_timeout: float = 30.0
     queue_size: int = 1024
@@ -192,6 +199,14 @@ StateListener = Callable[["PeerLink", ChannelState], None]
 DropListener = Callable[["PeerLink", int], None]
 
 
+def describe_loss(exc: BaseException) -> str:
+    """What a transport failure says, never empty and never ``None``."""
+    if isinstance(exc, trio.TooSlowError):
+        return "timed out"
+    text = exc.message if isinstance(exc, P2PError) else str(exc)
+    return text or type(exc).__name__
+
+
 async def close_quietly(channel: SecureChannel) -> None:
     """Close ``channel`` at once, without waiting on the peer (trio's aclose_forcefully)."""
     with trio.CancelScope() as scope:
@@ -233,6 +248,12 @@ class PeerLink:
         self._channel_dialed_by: PeerId | None = None
         self._connected = trio.Event()
         self._dialing = False
+        self._wake = trio.Event()  # set to cut a redial backoff short
+        #: Why the last channel was lost (None: never lost), and why the last dial failed.
+        self.loss: str | None = None
+        self.last_dial_error: str | None = None
+        #: True once the link closed because its redials failed (not closed by this node).
+        self.gave_up = False
         self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
         self._queued = 0  # frames handed to the writer and not yet written
         self._queued_bytes = 0  # their size
@@ -336,8 +357,8 @@ class PeerLink:
                     await self._on_frame(self.peer_id, data)
         except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             if channel is self._channel:
-                logger.info("link to %s lost: %s", self.peer_id, exc)
-                self._channel_lost(channel)
+                logger.debug("link to %s lost: %s", self.peer_id, exc)
+                self._channel_lost(channel, f"channel closed ({describe_loss(exc)})")
 
     def _dropped(self, envelopes: int) -> None:
         self.frames_dropped += 1
@@ -361,11 +382,9 @@ class PeerLink:
             writing = now - self._write_since if self._write_since is not None else 0.0
             silent = now - self._last_heard
             if writing >= self._retry.write_timeout:
-                logger.info("%s read nothing for %.1f s: channel dropped", self.peer_id, writing)
-                self._channel_lost(channel)
+                self._channel_lost(channel, f"it read nothing for {writing:.1f} s")
             elif self._idle_timeout is not None and silent >= self._idle_timeout:
-                logger.info("nothing from %s for %.1f s: channel dropped", self.peer_id, silent)
-                self._channel_lost(channel)
+                self._channel_lost(channel, f"nothing heard for {silent:.1f} s")
             elif self._idle_timeout is not None and now - self._last_said >= self._idle_timeout / 3:
                 self._last_said = now
                 self._nursery.start_soon(self._keepalive, channel)
@@ -375,11 +394,13 @@ class PeerLink:
             with trio.fail_after(self._retry.write_timeout):
                 await channel.send_message(KEEPALIVE)
         except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-            self._channel_lost(channel)
+            self._channel_lost(channel, "a keepalive could not be written")
 
-    def _channel_lost(self, channel: SecureChannel) -> None:
+    def _channel_lost(self, channel: SecureChannel, why: str = "write failed") -> None:
         if channel is not self._channel:
             return
+        logger.debug("channel to %s dropped: %s", self.peer_id, why)
+        self.loss = why
         self._channel = None
         self._nursery.start_soon(close_quietly, channel)
         if self.state is ChannelState.OPEN:
@@ -392,25 +413,38 @@ class PeerLink:
             self._dialing = True
             self._nursery.start_soon(self._dial_loop)
 
+    def redial_now(self) -> None:
+        """Cut the current redial backoff short (the peer showed it is back)."""
+        self._wake.set()
+
     async def _dial_loop(self) -> None:
         try:
-            delays = [0.0, *self._retry.delays(self._retry.max_redials - 1)]
-            for delay in delays:
-                await trio.sleep(delay)
+            retry = self._retry
+            end = trio.current_time() + retry.redial_window
+            for delay in [0.0, *retry.delays(retry.max_redials - 1)]:
+                with trio.move_on_after(delay):
+                    await self._wake.wait()
+                self._wake = trio.Event()
                 if self._channel is not None or self.state is ChannelState.CLOSED:
                     return
+                left = end - trio.current_time()
+                if left <= 0:
+                    break
                 try:
-                    with trio.fail_after(self._retry.dial_timeout):
+                    with trio.fail_after(min(retry.dial_timeout, left)):
                         channel = await self._dialer()
                 except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                    logger.info("dial %s failed: %s", self.peer_id, exc)
+                    self.last_dial_error = describe_loss(exc)
+                    logger.debug("dial %s failed: %s", self.peer_id, self.last_dial_error)
                     continue
                 if self.closed:
                     await close_quietly(channel)
                     return
                 self.adopt(channel, self._local_peer_id)
                 return
-            await self.aclose()
+            if self._channel is None:
+                self.gave_up = True
+                await self.aclose()
         finally:
             self._dialing = False
 
@@ -455,8 +489,8 @@ class PeerLink:
                 await self._write(channel, frames)
             except LocalError:
                 raise  # a frame over the size limit: the caller's fault, the channel is fine
-            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
-                self._channel_lost(channel)  # fall through to the retrying writer
+            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._channel_lost(channel, f"write failed ({describe_loss(exc)})")
             else:
                 return
             finally:
@@ -553,15 +587,21 @@ class PeerLink:
                 last_error = exc
             except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 last_error = exc
-                self._channel_lost(channel)
+                self._channel_lost(channel, f"write failed ({describe_loss(exc)})")
             else:
                 return None
         return LocalError(
             ErrorCode.DELIVERY_FAILED,
-            f"delivery to {self.peer_id} failed ({self.state.value}): {last_error}",
+            f"delivery to {self.peer_id} failed ({self.state.value}): {self._why(last_error)}",
             peer=str(self.peer_id),
             retries=self._retry.max_retries,
         )
+
+    def _why(self, error: BaseException | None) -> str:
+        """Why a delivery failed, in words (never ``None``)."""
+        if error is not None:
+            return describe_loss(error)
+        return self.last_dial_error or self.loss or "the link closed"
 
     async def aclose(self) -> None:
         """Close the link and its channel."""

@@ -74,6 +74,10 @@ class KernelConfig:
     #: Failed connection attempts to one peer a minute (dials and redials, any address;
     #: an attempt that reaches the peer is not counted).
     dials_per_minute: int = 8
+    #: Once a peer's dials_per_minute are spent, one probe attempt still passes per this
+    #: many seconds without any attempt, so a peer that restarts is reached about this
+    #: soon after its return (docs/protocol/node.md "Channels").
+    dial_probe_interval: float = 1.0
     #: Envelopes one peer may send a second, and in a burst (None: no limit). The
     #: default admits what one link carries at full speed (pipelined send_many), so the
     #: cap bounds a flood's cost without throttling honest bulk traffic.
@@ -92,6 +96,8 @@ class KernelConfig:
             problems.append("inbox_size, dedup_window and max_peers must be positive")
         if self.agent_concurrency < 1:
             problems.append("agent_concurrency must be positive")
+        if not 0 < self.dial_probe_interval <= 60:
+            problems.append("dial_probe_interval must be more than 0 and at most 60")
         if not 0 < self.tool_deadline <= MAX_DEADLINE:
             problems.append(f"tool_deadline must be more than 0 and at most {MAX_DEADLINE:g}")
         if problems:

@@ -116,6 +116,7 @@ class Kernel(TaskOwner):
             self.events,
             on_frame,  # frames go to the routing driver, made just below
             lambda: self.hosting.hello_bytes(),  # the agent host, made below
+            on_departed=lambda peer, why: self.routing.peer_departed(peer, why),
         )
         self.routing = self._make_routing(discovery)
         #: What services are told of agents hosted and removed (watch_agents).
@@ -513,9 +514,10 @@ class Kernel(TaskOwner):
         it reached (AGENT_NOT_FOUND when it reached none). Raises RemoteError with
         the responder's code when it answers with an ``error`` envelope,
         LocalError(TIMEOUT) when no answer comes within ``config.request_timeout``
-        (checked every eighth of it, so up to 12.5% later), and what :meth:`send`
-        raises. A request given up (timed out, or cancelled) to one agent is cancelled
-        at its owner (p2pnode.node.callcancel).
+        (checked every eighth of it, so up to 12.5% later), LocalError(DELIVERY_FAILED)
+        at once when the recipient's peer leaves meanwhile (its link closed after failed
+        redials), and what :meth:`send` raises. A request given up (timed out, or
+        cancelled) to one agent is cancelled at its owner (p2pnode.node.callcancel).
         """
         meta = metadata
         if capability:
@@ -536,10 +538,13 @@ class Kernel(TaskOwner):
             await pending.event.wait()  # set by the reply, or when it expires
         finally:
             del self.routing.pending[envelope.id]
-            if pending.reply is None and len(targets) == 1 and recipient != "*":
+            gone = pending.error is not None  # its owner left: nobody to tell
+            if pending.reply is None and not gone and len(targets) == 1 and recipient != "*":
                 # Given up (timed out, or cancelled): the owner may cancel the handler.
                 self._cancel_abandoned(envelope, targets[0] if capability else recipient)
         reply = pending.reply
+        if reply is None and pending.error is not None:
+            raise pending.error  # DELIVERY_FAILED: the owner's peer left
         if reply is None:
             raise LocalError(ErrorCode.TIMEOUT, f"no response to {envelope.id} from {recipient}")
         if pending.stream is not None and reply.type is MessageType.RESPONSE:

@@ -20,7 +20,15 @@ log line a minute, not one per input.
   ``per_window`` per ``window`` seconds, so the addresses a peer announces
   (its HELLO, its card) cannot turn this node into an amplifier that
   connects to them over and over. An attempt that reaches the expected peer
-  is given back: only failed attempts use the budget.
+  is given back: only failed attempts use the budget. Once the budget is
+  spent one *probe* still passes per ``probe_interval`` (no attempt of any
+  kind in the last ``probe_interval`` seconds), so a peer that comes back is
+  reached within about that long of its return; in any span of T <= window
+  seconds a peer thus costs at most ``per_window + T / probe_interval``
+  attempts. A peer that shows it is back (an inbound channel, a HELLO, a
+  fresh card) is :meth:`~DialBudget.reset`: its next attempt always passes.
+* :class:`FailureSummary`: repeated failures of one kind per source, logged
+  as one line per ``REPORT_INTERVAL`` with a count instead of one per failure.
 * :class:`TokenBucket`: a peer's envelope rate after the handshake,
   ``rate`` per second with bursts of ``burst``.
 * :class:`PeerQuota`: work held for a peer (task proposals its agents made to
@@ -39,6 +47,7 @@ from p2pnode.dht.routing import host_key
 __all__ = [
     "REPORT_INTERVAL",
     "DialBudget",
+    "FailureSummary",
     "HandshakeSlots",
     "PeerQuota",
     "ReportGate",
@@ -99,16 +108,28 @@ class HandshakeSlots:
 
 
 class DialBudget:
-    """At most ``per_window`` connection attempts per peer in any ``window`` seconds."""
+    """At most ``per_window`` connection attempts per peer in any ``window`` seconds,
+    plus one probe per ``probe_interval`` once those are spent (see the module docstring)."""
 
-    __slots__ = ("_attempts", "max_peers", "per_window", "refused", "window")
+    __slots__ = ("_attempts", "max_peers", "per_window", "probe_interval", "refused", "window")
 
-    def __init__(self, per_window: int, window: float = 60.0, *, max_peers: int = 4096) -> None:
-        """Raises LocalError(CONFIG_ERROR) unless the limits are positive."""
-        if per_window < 1 or window <= 0 or max_peers < 1:
+    def __init__(
+        self,
+        per_window: int,
+        window: float = 60.0,
+        *,
+        probe_interval: float | None = None,
+        max_peers: int = 4096,
+    ) -> None:
+        """``probe_interval`` None: no probes. Raises LocalError(CONFIG_ERROR) unless the
+        limits are positive."""
+        if per_window < 1 or not window > 0 or max_peers < 1:
             raise LocalError(ErrorCode.CONFIG_ERROR, "dial budget limits must be positive")
+        if probe_interval is not None and not 0 < probe_interval <= window:
+            raise LocalError(ErrorCode.CONFIG_ERROR, "dial probe interval must be in (0, window]")
         self.per_window = per_window
         self.window = window
+        self.probe_interval = probe_interval
         self.max_peers = max_peers
         self._attempts: dict[bytes, deque[float]] = {}
         #: Attempts refused since the start.
@@ -123,11 +144,30 @@ class DialBudget:
             times = self._attempts[peer] = deque()
         while times and times[0] <= now - self.window:
             times.popleft()
-        if len(times) >= self.per_window:
+        if len(times) >= self.per_window and not self._probe_due(times, now):
             self.refused += 1
             return False
         times.append(now)
         return True
+
+    def _probe_due(self, times: deque[float], now: float) -> bool:
+        # Spent out, but nothing tried for a probe interval: one attempt more. It is
+        # kept in the window like any other, so probes never add to the regular ones.
+        interval = self.probe_interval
+        return interval is not None and now - times[-1] >= interval
+
+    def next_allowed(self, peer: bytes, now: float) -> float:
+        """The earliest time (>= ``now``) at which :meth:`allow` would pass for ``peer``."""
+        times = self._attempts.get(peer)
+        if not times:
+            return now
+        live = [t for t in times if t > now - self.window]
+        if len(live) < self.per_window:
+            return now
+        later = live[len(live) - self.per_window] + self.window  # the window frees a slot
+        if self.probe_interval is not None:
+            later = min(later, live[-1] + self.probe_interval)
+        return max(now, later)
 
     def refund(self, peer: bytes) -> None:
         """Give back ``peer``'s latest attempt: it reached the peer it was meant for.
@@ -139,6 +179,10 @@ class DialBudget:
         times = self._attempts.get(peer)
         if times:
             times.pop()
+
+    def reset(self, peer: bytes) -> None:
+        """Forget ``peer``'s attempts: it showed it is back, so the next attempt passes."""
+        self._attempts.pop(peer, None)
 
     def _forget(self, now: float) -> None:
         # Peers whose attempts are all older than the window hold no budget.
@@ -191,11 +235,47 @@ class ReportGate:
         last = self._last.get(source)
         if last is not None and now - last < self.interval:
             return False
+        self.mark(source, now)
+        return True
+
+    def mark(self, source: str, now: float) -> None:
+        """Note that ``source`` was reported at ``now``."""
         self._last.pop(source, None)
         if len(self._last) >= self.max_sources:
             del self._last[next(iter(self._last))]
         self._last[source] = now
-        return True
+
+
+class FailureSummary:
+    """Failures of one kind per source, reported as one line per ``interval`` with a count.
+
+    :meth:`note` counts a failure and says when a report is due: the first failure
+    of a source at once (count 1), later ones when ``interval`` has passed since
+    the last report, with how many failed since then. :meth:`hold` marks a source
+    as just reported (another line said it all), so its next report comes an
+    interval later. At most ``max_sources`` sources (the oldest forgotten first).
+    """
+
+    __slots__ = ("_counts", "_gate")
+
+    def __init__(self, interval: float = REPORT_INTERVAL, *, max_sources: int = 1024) -> None:
+        self._gate = ReportGate(interval, max_sources=max_sources)
+        self._counts: dict[str, int] = {}
+
+    def note(self, source: str, now: float) -> int:
+        """Count one failure of ``source``; the failures to report now (0: none due)."""
+        count = self._counts.pop(source, 0) + 1
+        if self._gate.due(source, now):
+            return count
+        if len(self._counts) >= self._gate.max_sources:
+            del self._counts[next(iter(self._counts))]
+        self._counts[source] = count
+        return 0
+
+    def hold(self, source: str, now: float) -> int:
+        """Mark ``source`` as reported at ``now``; returns the failures it had counted."""
+        self._gate.mark(source, now)
+        return self._counts.pop(source, 0)
 
 
 # -- held work per peer (the task service's proposals) ------------------------------------------

@@ -16,13 +16,25 @@ Limits against floods (node/limits.py; defaults in KernelConfig, docs/SECURITY.m
   ``hello_addresses``, and every dial attempt to a peer (any address, any
   redial) that does not reach it spends its ``dials_per_minute`` budget. So a peer that announces
   16 addresses and hangs up costs a handful of connection attempts a minute,
-  not one per address per redial. Addresses (and Noise static keys from
+  not one per address per redial; once they are spent, one probe per
+  ``dial_probe_interval`` still goes to the first address that comes up (a
+  link's redials span longer than that, so each round of them holds a
+  probe). A peer that shows it is back (:meth:`LinkManager.peer_returned`:
+  an inbound channel from it, its HELLO, a fresh card of it) has its budget
+  reset and its link's backoff cut short. Addresses (and Noise static keys from
   cards) are kept for at most ``max_peers`` peers, those without a link
   forgotten first, and dropped with a peer's closed link: peers that come and
   go with fresh identities leave nothing behind.
 * Each link gets the envelope rate limit and the queue bound of
   :class:`~p2pnode.node.channels.LinkLimits`; drops are reported once a minute
   per peer.
+
+Presence and quiet logs: a link that was open and closes because its redials
+failed is a *departure*: one INFO line ("peer X left: why, N agents
+unreachable"), the registry told, and ``on_departed(peer, why)`` called (the
+routing driver fails the requests pending on that peer). Channel states go to
+DEBUG; failed dials to a peer with no link redialing are summarised, one line
+per peer per minute with a count (:class:`~p2pnode.node.limits.FailureSummary`).
 """
 
 from __future__ import annotations
@@ -46,9 +58,10 @@ from p2pnode.node.channels import (
     LinkLimits,
     PeerLink,
     close_quietly,
+    describe_loss,
 )
 from p2pnode.node.config import KernelConfig, parse_address
-from p2pnode.node.limits import DialBudget, HandshakeSlots, ReportGate
+from p2pnode.node.limits import DialBudget, FailureSummary, HandshakeSlots, ReportGate
 from p2pnode.node.observability import Observability
 from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.transport.net import Address, Network, StreamListener
@@ -61,6 +74,9 @@ logger = logging.getLogger("p2pnode.node")
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 ACCEPT_PAUSE = 0.1
 ACCEPT_PAUSE_MAX = 1.0
+
+#: Told that a peer left (its link closed after failed redials), and why.
+DepartureListener = Callable[[PeerId, str], object]
 
 
 class LinkManager(TaskOwner):
@@ -76,6 +92,7 @@ class LinkManager(TaskOwner):
         events: Observability,
         on_frame: FrameHandler,
         hello: Callable[[], bytes],
+        on_departed: DepartureListener | None = None,
     ) -> None:
         self._secure = secure_identity
         self._network = network
@@ -84,6 +101,7 @@ class LinkManager(TaskOwner):
         self._events = events
         self._on_frame = on_frame
         self._hello = hello
+        self._on_departed = on_departed
         # Links enforce the idle timeout themselves (a watchdog, not a cancel scope per read).
         self._channel_config = dataclasses.replace(config.channel, idle_timeout=None)
         self._links: dict[PeerId, PeerLink] = {}
@@ -95,7 +113,13 @@ class LinkManager(TaskOwner):
             config.max_handshakes_per_host,
             limit_loopback=config.limit_loopback,
         )
-        self.dials = DialBudget(config.dials_per_minute, 60.0, max_peers=config.max_peers)
+        self.dials = DialBudget(
+            config.dials_per_minute,
+            60.0,
+            probe_interval=config.dial_probe_interval,
+            max_peers=config.max_peers,
+        )
+        self._dial_failures = FailureSummary(max_sources=config.max_peers)
         self._limits = LinkLimits(
             envelope_rate=config.envelope_rate,
             envelope_burst=config.envelope_burst,
@@ -140,9 +164,18 @@ class LinkManager(TaskOwner):
         return link
 
     def learn_addresses(self, peer_id: PeerId, addresses: list[Address]) -> None:
-        """Addresses a peer announced for itself (in its HELLO)."""
+        """Addresses a peer announced for itself (in its HELLO, which shows it is back)."""
+        self.peer_returned(peer_id)
         if addresses:
             self._remember(peer_id, addresses)
+
+    def peer_returned(self, peer_id: PeerId) -> None:
+        """``peer_id`` showed it is (back) up: its dial budget is reset, and a link
+        waiting out a redial backoff dials at once."""
+        self.dials.reset(peer_id.raw)
+        link = self._links.get(peer_id)
+        if link is not None and link.state in (ChannelState.CONNECTING, ChannelState.RECONNECTING):
+            link.redial_now()
 
     def _remember(self, peer_id: PeerId, addresses: list[Address]) -> None:
         """Keep ``addresses`` (first first, no repeats) for ``peer_id``: at most
@@ -154,13 +187,27 @@ class LinkManager(TaskOwner):
         _bound(self._addresses, self._config.max_peers, self._links)
 
     def _on_state(self, link: PeerLink, state: ChannelState) -> None:
-        _log_state(link, state)
+        logger.debug("channel to %s: %s", link.peer_id, state.value)
         # The registry's liveness of the peer's agent-id claims (registry.py, "Agent
         # ids and owners"): a link closes for good only once its redials failed.
         if state is ChannelState.OPEN:
             self._registry.note_reachable(link.peer_id)
         elif state is ChannelState.CLOSED and not self._closing:
             self._registry.note_unreachable(link.peer_id)
+            if link.gave_up and link.loss is not None:
+                self._departed(link)
+
+    def _departed(self, link: PeerLink) -> None:
+        """The one line a neighbour logs when a peer leaves, and the routing driver told."""
+        peer = link.peer_id
+        self._dial_failures.hold(str(peer), trio.current_time())  # this line says it
+        error = link.last_dial_error
+        redials = f"redials failed ({error})" if error else "no redial succeeded"
+        why = f"{link.loss}; {redials}"
+        agents = self._registry.cards_of(peer)
+        logger.info("peer %s left: %s; %d agents unreachable", peer, why, agents)
+        if self._on_departed is not None:
+            self._on_departed(peer, f"peer {peer} left: {why}")
 
     def _on_drop(self, link: PeerLink, envelopes: int) -> None:
         self.envelopes_dropped += envelopes
@@ -202,22 +249,47 @@ class LinkManager(TaskOwner):
         return addresses
 
     async def _dial(self, peer_id: PeerId) -> SecureChannel:
-        last: BaseException | None = None
-        for address in self._addresses_of(peer_id):
-            if not self.dials.allow(peer_id.raw, trio.current_time()):
+        """One attempt per known address of ``peer_id`` while its budget allows.
+        Raises LocalError(CHANNEL_CLOSED) saying why none reached it."""
+        last: str | None = None
+        addresses = self._addresses_of(peer_id)
+        for address in addresses:
+            now = trio.current_time()
+            if not self.dials.allow(peer_id.raw, now):
+                wait = self.dials.next_allowed(peer_id.raw, now) - now
                 raise LocalError(
                     ErrorCode.CHANNEL_CLOSED,
-                    f"cannot reach {peer_id}: {self._config.dials_per_minute} connection "
-                    f"attempts a minute spent ({last})",
+                    f"cannot reach {peer_id}: its {self._config.dials_per_minute} connection "
+                    f"attempts a minute are spent, next in {wait:.1f} s"
+                    + (f" (last: {last})" if last else ""),
                 )
             try:
                 channel = await self._dial_address(address, peer_id)
             except (P2PError, OSError, trio.BrokenResourceError) as exc:
-                last = exc
+                last = describe_loss(exc)
+                self._dial_failed(peer_id, last)
             else:
                 self.dials.refund(peer_id.raw)  # it was the peer's own address
                 return channel
-        raise LocalError(ErrorCode.CHANNEL_CLOSED, f"cannot reach {peer_id}: {last}")
+        why = last if last is not None else "no address known"
+        raise LocalError(ErrorCode.CHANNEL_CLOSED, f"cannot reach {peer_id}: {why}")
+
+    def _dial_failed(self, peer_id: PeerId, why: str) -> None:
+        """Count a failed attempt; summarised once a minute per peer, except while a
+        link that was open redials (its departure line says how that ended)."""
+        link = self._links.get(peer_id)
+        if link is not None and link.state is ChannelState.RECONNECTING:
+            return
+        count = self._dial_failures.note(str(peer_id), trio.current_time())
+        if count == 1:
+            logger.info("cannot reach %s: %s", peer_id, why)
+        elif count:
+            logger.info(
+                "cannot reach %s: %d connection attempts failed in the last minute (last: %s)",
+                peer_id,
+                count,
+                why,
+            )
 
     async def _dial_address(self, address: Address, peer_id: PeerId | None) -> SecureChannel:
         stream = await self._network.connect_stream(address)
@@ -309,6 +381,7 @@ class LinkManager(TaskOwner):
             # The node closed while this handshake ran: nobody will read the channel.
             await close_quietly(channel)
             return
+        self.peer_returned(peer_id)
         self.link(peer_id).adopt(channel, peer_id)
 
 
@@ -332,7 +405,3 @@ def remote_host(stream: trio.abc.Stream) -> str | None:
     if isinstance(address, tuple) and address and isinstance(address[0], str):
         return address[0]
     return None
-
-
-def _log_state(link: PeerLink, state: ChannelState) -> None:
-    logger.info("channel to %s: %s", link.peer_id, state.value)

@@ -115,11 +115,15 @@ def frames_of(envelopes: list[Envelope]) -> list[bytes]:
 class PendingRequest:
     """A request waiting for its response (or for its deadline, on the trio clock)."""
 
-    __slots__ = ("deadline", "event", "reply", "stream", "targets")
+    __slots__ = ("deadline", "error", "event", "peer", "reply", "stream", "targets")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.reply: Envelope | None = None
+        #: Why no reply can come (the owner's peer left), set instead of ``reply``.
+        self.error: LocalError | None = None
+        #: The peer the request was written to (None: local, a broadcast, or not yet sent).
+        self.peer: PeerId | None = None
         #: The parts of an answer streamed before the response (p2pnode.node.replystream).
         self.stream: ReplyStream | None = None
         # The agents that may answer (several for a broadcast); known once routing
@@ -260,7 +264,9 @@ class Routing:
         self._max_peers = max_peers
         self._seen = BoundedSet(dedup_window)
         #: Admits the cards peers present.
-        self.cards = CardIntake(links.local_peer_id, registry, policy, events, clock_ms)
+        self.cards = CardIntake(
+            links.local_peer_id, registry, policy, events, clock_ms, on_fresh=links.peer_returned
+        )
         self._hellos: dict[PeerId, trio.Event] = {}
         self.interceptors = Interceptors()
 
@@ -300,6 +306,22 @@ class Routing:
             return exc.code
         return None
 
+    def peer_departed(self, peer_id: PeerId, why: str) -> int:
+        """Fail at once the requests pending on ``peer_id``, whose link closed for good:
+        no answer can come (DELIVERY_FAILED saying ``why``). Returns how many."""
+        failed = 0
+        for request_id, pending in self.pending.items():
+            if pending.peer != peer_id or pending.reply is not None or pending.error is not None:
+                continue
+            pending.error = LocalError(
+                ErrorCode.DELIVERY_FAILED,
+                f"no response to {request_id}: {why}",
+                peer=str(peer_id),
+            )
+            pending.event.set()
+            failed += 1
+        return failed
+
     async def expire_requests(self, interval: float) -> None:
         """Wake requests whose deadline passed, every ``interval`` seconds, forever."""
         # One timer for all pending requests instead of a cancel scope per request, which
@@ -338,6 +360,9 @@ class Routing:
         if isinstance(routed, RoutingResult):
             return routed
         peer_id = routed.target.peer_id
+        pending = self.pending.get(envelope.id)
+        if pending is not None:  # set before the write: the peer may leave during it
+            pending.peer = peer_id
         try:
             await self._links.link(peer_id).send_many([encode_envelope(routed.envelope)])
         except P2PError as exc:

@@ -65,8 +65,10 @@ class ChannelConfig:
     #: The whole handshake must finish within this time.
     handshake_timeout: float = 10.0
     #: ``receive_message`` fails when no byte arrives for this long (None: wait
-    #: forever). Arming it costs one trio cancel scope per blocking receive.
-    idle_timeout: float | None = 300.0
+    #: forever). Arming it costs one trio cancel scope per blocking receive. A node's
+    #: links check it themselves and send a keepalive after a third of it without
+    #: sending, so a peer that vanished is noticed within this plus a quarter of it.
+    idle_timeout: float | None = 12.0
     #: A frame whose first byte arrived must be complete within this time.
     frame_timeout: float = 30.0
     #: A message whose header arrived must be complete within this time.
