@@ -27,7 +27,7 @@ import trio
 
 from p2pnode.cli.demo_swarm import CAPABILITY, WORKER_AGENT, swarm_check
 from p2pnode.cli.process import NodeProcess
-from p2pnode.core.errors import ErrorCode, P2PError
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 
 # (agent id, tier, capability): planetary agents keep their assigned tiers.
 ROSTER: list[tuple[str, int, str]] = [
@@ -263,37 +263,76 @@ class Demo:
         self.say(f"stopped {len(nodes)} node processes")
 
     async def main(self) -> bool:
+        """Run the scenario; the summary is printed only when it ran to its end (an
+        interrupted demo's checks are not all run: it claims none)."""
         self.prepare()
-        try:
-            async with trio.open_nursery() as nursery:
-                try:
-                    await self.start(nursery, self.nodes[0], None)
-                    for node in [*self.nodes[1:], self.oracle, *self.workers]:
-                        await self.start(nursery, node, self.nodes[0].address)
-                    await self.run_scenario()
-                except P2PError as exc:
-                    self.check("demo", False, str(exc))
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await self.stop()
-                    nursery.cancel_scope.cancel()
-        finally:
-            passed = sum(ok for _, ok, _ in self.checks)
-            self.say(f"summary: {passed}/{len(self.checks)} checks passed with "
-                     f"{len(self.nodes)} nodes")  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            try:
+                await self.start(nursery, self.nodes[0], None)
+                for node in [*self.nodes[1:], self.oracle, *self.workers]:
+                    await self.start(nursery, node, self.nodes[0].address)
+                await self.run_scenario()
+            except P2PError as exc:
+                self.check("demo", False, str(exc))
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.stop()
+                nursery.cancel_scope.cancel()
+        passed = sum(ok for _, ok, _ in self.checks)
+        self.say(f"summary: {passed}/{len(self.checks)} checks passed with "
+                 f"{len(self.nodes)} nodes")  # fmt: skip
         return bool(self.checks) and all(ok for _, ok, _ in self.checks)
+
+
+def _demo_root(args: argparse.Namespace) -> Path | None:
+    """``--data-dir``, where the demo keeps its nodes' directories, or None (a temporary
+    one). It must be new or empty: the demo never writes into a node's own directory."""
+    if not args.data_dir:
+        return None
+    root = Path(args.data_dir)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise LocalError(
+            ErrorCode.CONFIG_ERROR,
+            f"{root} is not an empty directory: the demo keeps its nodes' directories "
+            "in a new or empty one",
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _run_demo(args: argparse.Namespace, root: Path) -> int:
+    demo = Demo(args.nodes, root)
+    interrupted = False
+    try:
+        ok = trio.run(demo.main)
+    except* KeyboardInterrupt:
+        interrupted = True
+    if interrupted:
+        passed = sum(ok for _, ok, _ in demo.checks)
+        print(f"p2pnode: interrupted: the demo stopped its nodes after {len(demo.checks)} "
+              f"checks ({passed} passed); the rest did not run", file=sys.stderr)  # fmt: skip
+        return 130
+    return 0 if ok else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.nodes < 2:
         print("p2pnode: error: --nodes must be at least 2", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="p2pnode-demo-") as root:
-        ok = trio.run(Demo(args.nodes, Path(root)).main)
-    return 0 if ok else 1
+    root = _demo_root(args)
+    if root is not None:
+        return _run_demo(args, root)
+    with tempfile.TemporaryDirectory(prefix="p2pnode-demo-") as temporary:
+        return _run_demo(args, Path(temporary))
 
 
 def add_demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser("demo", help="run a multi-node swarm on 127.0.0.1 and show it working")
     demo.add_argument("--nodes", type=int, default=5, help="number of node processes (>= 2)")
+    # --data-dir (a global option) is where the nodes' directories go, kept afterwards.
+    demo.description = (
+        "Run a swarm of node processes on 127.0.0.1 and check that it works. With "
+        "--data-dir (a new or empty directory) the nodes' directories are kept "
+        "there; by default they live in a temporary directory, removed at the end."
+    )
     demo.set_defaults(handler=cmd_demo)

@@ -23,6 +23,7 @@ from p2pnode import __version__
 from p2pnode.cli.datalock import hold_data_dir
 from p2pnode.cli.mcp import add_mcp_commands
 from p2pnode.cli.node import add_node_commands
+from p2pnode.cli.options import add_json
 from p2pnode.core.a2a import to_a2a
 from p2pnode.core.boundary import describe
 from p2pnode.core.card import AgentCard
@@ -92,18 +93,9 @@ def _node_addresses(args: argparse.Namespace) -> tuple[str, ...]:
     on the data directory advertises, else none."""
     if args.address:
         return tuple(format_address(parse_address(a)) for a in args.address)
-    control = _data_dir(args) / CONTROL_SOCKET_NAME
-    if not control.exists():
-        return ()  # no node has run there (a stale socket is caught below)
-
-    async def ask() -> Any:
-        with trio.fail_after(NODE_QUERY_TIMEOUT):
-            return await control_call(control, {"op": "status"})
-
-    try:
-        status = trio.run(ask)
-    except (P2PError, trio.TooSlowError):
-        return ()  # no node runs there
+    status = _ask_node(args, {"op": "status"})
+    if status is None:
+        return ()
     return tuple(str(a) for a in status.get("addresses", ()))
 
 
@@ -148,6 +140,12 @@ def cmd_init(args: argparse.Namespace) -> int:
             ErrorCode.CONFIG_ERROR,
             f"{', '.join(map(str, existing))} already exist; use --force to replace them",
         )
+    identity = Identity.generate()
+    agent_id = args.agent_id or default_agent_id(identity.peer_id)
+    template = starter_template(agent_id, args.name or agent_id.upper(), args.tier)
+    # Checked as `run` checks it, before anything is written or moved: a card that the
+    # next `run` would refuse is refused here.
+    card_from_template(template, identity, wall_clock_ms())
     # The lock keeps a running daemon's state from being moved under it.
     with hold_data_dir(data_dir, data_dir / CONTROL_SOCKET_NAME):
         if existing:
@@ -155,10 +153,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             # CRDT store belongs to the old peer id): it is kept, out of the way.
             folder = _move_aside(data_dir, existing)
             print(f"moved the previous identity and its state to {folder}")
-        identity = Identity.generate()
         save_identity(identity, key_path, overwrite=True)
-        agent_id = args.agent_id or default_agent_id(identity.peer_id)
-        template = starter_template(agent_id, args.name or agent_id.upper(), args.tier)
         write_private_file(card_path, (json.dumps(template, indent=2) + "\n").encode())
     print(f"peer id   {identity.peer_id}")
     print(f"identity  {key_path}")
@@ -175,7 +170,35 @@ def cmd_id(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ask_node(args: argparse.Namespace, request: dict[str, Any]) -> Any:
+    """The answer of the node running on the data directory, or None if none answers."""
+    control = _data_dir(args) / CONTROL_SOCKET_NAME
+    if not control.exists():
+        return None  # no node has run there (a stale socket is caught below)
+
+    async def ask() -> Any:
+        with trio.fail_after(NODE_QUERY_TIMEOUT):
+            return await control_call(control, request)
+
+    try:
+        return trio.run(ask)
+    except (P2PError, trio.TooSlowError):
+        return None  # no node runs there, or it does not host the agent
+
+
 def cmd_card_show(args: argparse.Namespace) -> int:
+    if not args.file:
+        # The card the running node publishes (its addresses, its revision), if one runs.
+        agent_id = read_card_file(_card_path(args)).get("id")
+        published = _ask_node(args, {"op": "card", "agent": agent_id})
+        if published is not None:
+            _print_json(published)
+            return 0
+        print(
+            f"p2pnode: note: no node runs on {_data_dir(args)}: this is {CARD_FILE_NAME} "
+            "signed now; a running node adds its addresses",
+            file=sys.stderr,
+        )
     card, _ = _signed_card(args)
     _print_json(card.to_dict())
     return 0
@@ -269,16 +292,20 @@ def build_parser() -> argparse.ArgumentParser:
     init.set_defaults(handler=cmd_init)
 
     ident = sub.add_parser("id", help="print this node's peer id")
-    ident.add_argument("--json", action="store_true", help="peer id and public key as JSON")
+    add_json(ident, "the peer id and public key")
     ident.set_defaults(handler=cmd_id)
 
     card = sub.add_parser("card", help="show, validate, sign or export agent cards")
     card_sub = card.add_subparsers(dest="card_command", required=True, metavar="ACTION")
-    show = card_sub.add_parser("show", help="print the signed card of this node")
+    show = card_sub.add_parser(
+        "show",
+        help="print the signed card of this node: the running node's, if one runs (else "
+        "the card file signed now, without addresses)",
+    )
     show.add_argument("file", nargs="?", help="card file (default: the data dir's card.json)")
     show.set_defaults(handler=cmd_card_show)
     validate = card_sub.add_parser("validate", help="check a card file, listing every problem")
-    validate.add_argument("file")
+    validate.add_argument("file", metavar="FILE", help="the card file (a template or signed)")
     validate.set_defaults(handler=cmd_card_validate)
     sign = card_sub.add_parser("sign", help="sign a card file with this node's identity")
     sign.add_argument("file", nargs="?", help="card file (default: the data dir's card.json)")

@@ -34,6 +34,7 @@ import anyio
 from p2pnode.agent.definition import Agent
 from p2pnode.agent.tools import Access
 from p2pnode.bridges.mcp import require_sdk
+from p2pnode.cli.options import add_log_level
 from p2pnode.core.cardfile import read_card_file
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import Identity, default_data_dir
@@ -330,7 +331,9 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "offers, over MCP, every tool, resource and prompt that agent may use in the swarm.",
     )
     serve.add_argument(
-        "--agent-id", default=DEFAULT_SERVE_AGENT, help=f"default: {DEFAULT_SERVE_AGENT}"
+        "--agent-id",
+        default=DEFAULT_SERVE_AGENT,
+        help=f"id of the agent the server attaches as (default: {DEFAULT_SERVE_AGENT})",
     )
     serve.add_argument("--tier", type=int, choices=range(4), default=3, help="tier 0-3")
     serve.add_argument("--sandbox", help="sandbox id of the agent")
@@ -348,7 +351,7 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="serve streamable HTTP on the loopback instead of stdio (clients send the "
         f"bearer token written to {TOKEN_FILE} in the data directory)",
     )
-    serve.add_argument("--log-level", default="WARNING")
+    add_log_level(serve, "WARNING")
     serve.set_defaults(handler=cmd_mcp_serve)
 
     publish = mcp_sub.add_parser(
@@ -368,7 +371,7 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
             metavar=kind.upper(),
             help=f"allow {what} (repeatable; every kind given must hold)",
         )
-    publish.add_argument("--log-level", default="INFO")
+    add_log_level(publish, "INFO")
     publish.add_argument("command", nargs=argparse.REMAINDER, help="the server's command")
     publish.set_defaults(handler=cmd_mcp_publish)
 

@@ -21,6 +21,7 @@ from p2pnode.agent.definition import Agent
 from p2pnode.cli.datalock import hold_data_dir
 from p2pnode.cli.demo import add_demo_command
 from p2pnode.cli.mcp import add_run_options, start_mcp_servers
+from p2pnode.cli.options import add_acting_agent, add_json, add_log_level
 from p2pnode.cli.tasks import add_task_commands, task_ops
 from p2pnode.cli.tools import add_tool_commands, tool_ops
 from p2pnode.core.boundary import describe
@@ -31,7 +32,7 @@ from p2pnode.core.cardfile import (
     read_card_file,
     starter_template,
 )
-from p2pnode.core.envelope import Envelope, wall_clock_ms
+from p2pnode.core.envelope import Envelope, MessageType, wall_clock_ms
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import default_data_dir, load_identity, load_or_create_identity
 from p2pnode.core.jsonutil import b64decode
@@ -109,7 +110,11 @@ def _node_ops(node: Node) -> dict[str, Any]:
         result = await node.send(envelope)
         return {"id": result.envelope_id, "path": result.path, "targets": list(result.targets)}
 
-    ops: dict[str, Op] = {"status": status, "find": find, "send": send}
+    async def card(request: dict[str, Any]) -> Any:
+        agent = request.get("agent")
+        return node.local_agent(str(agent) if agent else node.default_agent()).to_dict()
+
+    ops: dict[str, Op] = {"status": status, "find": find, "send": send, "card": card}
     ops.update(_doc_ops(node))
     ops.update(tool_ops(node))
     ops.update(task_ops(node))
@@ -514,7 +519,7 @@ def _add_doc_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         cmd.add_argument("doc", help="document name")
         if update:
             cmd.add_argument("update", metavar="UPDATE", help="the operation as JSON (see below)")
-        cmd.add_argument("--agent", help="local member agent (default: the first)")
+        add_acting_agent(cmd, "the local agent that is the document's member (default: the first)")
         cmd.set_defaults(handler=cmd_doc)
 
 
@@ -522,9 +527,17 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Register ``run``, ``status``, ``find``, ``send``, ``doc``, ``tools``, ``resources``,
     ``prompts``, ``task``, ``swarm`` and ``demo``."""
     run = sub.add_parser("run", help="run a node until SIGINT or SIGTERM (one per data directory)")
-    run.add_argument("--listen", default="127.0.0.1:0", help="TCP and UDP address (host:port)")
+    run.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="TCP and UDP address to listen on (default: 127.0.0.1:0, a free port on the "
+        "loopback; the ready line names it)",
+    )
     run.add_argument("--advertise-host", help="host to publish in cards (for 0.0.0.0 listeners)")
-    run.add_argument("--bootstrap", action="append", metavar="HOST:PORT", help="repeatable")
+    run.add_argument(
+        "--bootstrap", action="append", metavar="HOST:PORT", help="a node to join by (repeatable)"
+    )
     run.add_argument("--bootstrap-file", help="file of host:port lines (# comments)")
     run.add_argument(
         "--agent",
@@ -547,27 +560,36 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (needs p2pnode[metrics])",
     )
-    run.add_argument("--log-level", default="INFO")
+    add_log_level(run, "INFO")
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
     run.set_defaults(handler=cmd_run)
 
     status = sub.add_parser("status", help="show a running node's state")
-    status.add_argument("--json", action="store_true")
+    add_json(status, "the node's whole status")
     status.set_defaults(handler=cmd_status)
 
     find = sub.add_parser("find", help="find agents offering a capability")
-    find.add_argument("capability")
     find.add_argument(
-        "--agent", help="local agent whose view to show (its sandbox rules; default: the first)"
+        "capability",
+        metavar="CAPABILITY",
+        help="a capability id (echo), or tool:NAME for the agents offering tool NAME",
     )
-    find.add_argument("--json", action="store_true")
+    add_acting_agent(find, "local agent whose view to show (its sandbox rules; default: the first)")
+    add_json(find, "the cards found")
     find.set_defaults(handler=cmd_find)
 
     send = sub.add_parser("send", help="send an envelope and print the response")
     send.add_argument("target", help="agent id, capability (with --capability) or *")
-    send.add_argument("--type", default="request")
-    send.add_argument("--payload", default="null", help="JSON payload")
-    send.add_argument("--from", dest="sender", help="local agent sending (default: the first)")
+    send.add_argument(
+        "--type",
+        default="request",
+        choices=[t.value for t in MessageType],
+        metavar="TYPE",
+        help="envelope type, one of: %(choices)s (default: request, which waits for and "
+        "prints the response)",
+    )
+    send.add_argument("--payload", default="null", help="JSON payload (default: null)")
+    add_acting_agent(send, "local agent sending (default: the first)", dest="sender", old="--from")
     send.add_argument("--capability", action="store_true", help="TARGET is a capability id")
     send.set_defaults(handler=cmd_send)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from collections import OrderedDict
@@ -46,9 +47,11 @@ from typing import Any
 import trio
 
 from p2pnode.agent.task import TERMINAL_STATES, Selection, Task, TaskState, valid_id
+from p2pnode.cli.options import add_acting_agent, add_json
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.jsonutil import loads_untrusted
 from p2pnode.runtime import Node, TaskHandle, open_swarms
+from p2pnode.services.shared.docops import doc_capability
 from p2pnode.services.swarms import doc_name
 
 Op = Callable[[dict[str, Any]], Any]
@@ -158,6 +161,15 @@ def _swarm_ops(node: Node) -> dict[str, Op]:
         service = await open_swarms(node)
         if service.members.get(swarm) is None:
             doc = doc_name(swarm)
+            # A swarm nobody replicates is unknown: say so now rather than subscribing
+            # and waiting for a document that will not come.
+            if not node.shared.subscriptions().get(doc) and not await node.find(
+                doc_capability(doc)
+            ):
+                raise LocalError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"no swarm {swarm!r} known: no reachable agent replicates its document {doc}",
+                )
             if not node.shared.subscriptions().get(doc):
                 await node.shared.subscribe(node.default_agent(), doc)
             service.members.node(swarm, doc)
@@ -193,6 +205,25 @@ def _progress_line(done: int, total: int, status: str, width: int = 30) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {status}"
 
 
+def _cli(args: argparse.Namespace, *words: str) -> str:
+    """A command line to suggest, with the ``--data-dir`` this one was given."""
+    where = f" --data-dir {shlex.quote(args.data_dir)}" if args.data_dir else ""
+    return " ".join([f"p2pnode{where}", *words])
+
+
+def _interruptible(follow: Callable[[], int], note: Callable[[], str]) -> int:
+    """Run ``follow``; on Ctrl-C print ``note()`` (what goes on in the node, and how to stop
+    it) as one line and return 130, the shell's code for an interrupted command."""
+    interrupted = False
+    try:
+        return follow()
+    except* KeyboardInterrupt:
+        interrupted = True
+    assert interrupted
+    print(f"p2pnode: interrupted: {note()}", file=sys.stderr)
+    return 130
+
+
 def cmd_task_propose(args: argparse.Namespace, control: Control) -> int:
     task = _task_from(_json_arg(args.task, "--task"))
     request = {
@@ -200,7 +231,23 @@ def cmd_task_propose(args: argparse.Namespace, control: Control) -> int:
         "deadline": args.deadline, "capability": args.capability, "selection": args.selection,
         "justification": args.justification,
     }  # fmt: skip
-    answer = control(args, request)
+    proposed: list[str] = []
+
+    def note() -> str:
+        if not proposed:
+            return "no task was awarded (a proposal under way may still be awarded in the node)"
+        cancel = _cli(args, "task cancel", proposed[0])
+        return f"task {proposed[0]} goes on in the node; `{cancel}` cancels it"
+
+    def follow() -> int:
+        answer = control(args, request)
+        proposed.append(str(answer["taskId"]))
+        return _follow_task(args, control, answer)
+
+    return _interruptible(follow, note)
+
+
+def _follow_task(args: argparse.Namespace, control: Control, answer: dict[str, Any]) -> int:
     if not args.json:
         print(f"{answer['taskId']}: accepted by {answer['assignee']}", file=sys.stderr)
     last: tuple[Any, ...] = ()
@@ -219,6 +266,12 @@ def cmd_task_propose(args: argparse.Namespace, control: Control) -> int:
         error = answer.get("error") or {}
         print(f"{answer['state']}: {error.get('code')}: {error.get('message')}", file=sys.stderr)
     return 0 if answer["state"] in (TaskState.COMPLETED, TaskState.WORKING) else 1
+
+
+def cmd_task_cancel(args: argparse.Namespace, control: Control) -> int:
+    answer = control(args, {"op": "task.cancel", "taskId": args.task_id})
+    print(f"task {args.task_id}: {answer['state']}", file=sys.stderr)
+    return 0
 
 
 def _table(status: dict[str, Any]) -> list[str]:
@@ -257,7 +310,26 @@ def cmd_swarm_run(args: argparse.Namespace, control: Control) -> int:
     except OSError as exc:
         raise LocalError(ErrorCode.CONFIG_ERROR, f"cannot read {args.plan}: {exc}") from None
     plan = _json_arg(text, args.plan)
-    opened = control(args, {"op": "swarm.open", "from": args.sender, "plan": plan})
+    opened: list[str] = []
+
+    def note() -> str:
+        if not opened:
+            return "no swarm was opened (one being opened may still open in the node)"
+        swarm = opened[0]
+        return (
+            f"swarm {swarm} goes on in the node; `{_cli(args, 'swarm status', swarm)}` "
+            f"follows it, `{_cli(args, 'swarm cancel', swarm)}` cancels it"
+        )
+
+    def follow() -> int:
+        answer = control(args, {"op": "swarm.open", "from": args.sender, "plan": plan})
+        opened.append(str(answer["swarm"]))
+        return _follow_swarm(args, control, answer)
+
+    return _interruptible(follow, note)
+
+
+def _follow_swarm(args: argparse.Namespace, control: Control, opened: dict[str, Any]) -> int:
     swarm = opened["swarm"]
     if not args.json:
         print(f"swarm {swarm}: {opened['total']} sub-tasks", file=sys.stderr)
@@ -315,13 +387,24 @@ def add_task_commands(sub: argparse._SubParsersAction[Any], control: Control) ->
     propose.add_argument("--task", required=True, help="the task as JSON")
     propose.add_argument("--deadline", type=float, help="seconds to answer (default 10)")
     propose.add_argument("--capability", action="store_true", help="TARGET is a capability")
-    propose.add_argument("--selection", choices=[s.value for s in Selection],
-                         default=Selection.FIRST_ACCEPT.value)  # fmt: skip
+    propose.add_argument(
+        "--selection",
+        choices=[s.value for s in Selection],
+        default=Selection.FIRST_ACCEPT.value,
+        help="how to pick among agents that accept (default: %(default)s)",
+    )
     propose.add_argument("--justification", help="escalation justification (L2/L3 to L0/L1)")
-    propose.add_argument("--from", dest="sender", help="local agent proposing (default: first)")
+    add_acting_agent(
+        propose, "local agent proposing (default: the first)", dest="sender", old="--from"
+    )
     propose.add_argument("--no-wait", action="store_true", help="return once it is awarded")
-    propose.add_argument("--json", action="store_true")
+    add_json(propose, "the task's outcome")
     propose.set_defaults(handler=bind(cmd_task_propose))
+    cancel_task = task.add_parser("cancel", help="cancel a task this node proposed")
+    cancel_task.add_argument(
+        "task_id", metavar="TASK_ID", help="the task's id (`task propose` prints it)"
+    )
+    cancel_task.set_defaults(handler=bind(cmd_task_cancel))
 
     swarm = sub.add_parser("swarm", help="run swarms of agents").add_subparsers(
         dest="swarm_command", required=True
@@ -333,17 +416,19 @@ def add_task_commands(sub: argparse._SubParsersAction[Any], control: Control) ->
         '"lease": seconds, "subtasks": [{"id", "description", "capabilities", '
         '"complexity", "input"}, ...]}',
     )
-    run.add_argument("plan", metavar="PLAN.json")
-    run.add_argument("--from", dest="sender", help="local agent opening it (default: first)")
+    run.add_argument("plan", metavar="PLAN.json", help="the plan file (see above)")
+    add_acting_agent(
+        run, "local agent opening it (default: the first)", dest="sender", old="--from"
+    )
     run.add_argument("--interval", type=float, default=0.5, help="seconds between updates")
-    run.add_argument("--json", action="store_true")
+    add_json(run, "the swarm's final status")
     run.set_defaults(handler=bind(cmd_swarm_run))
     status = swarm.add_parser("status", help="a swarm's sub-tasks, members and outcome")
-    status.add_argument("swarm", metavar="ID")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("swarm", metavar="ID", help="the swarm's id (`swarm run` prints it)")
+    add_json(status, "the swarm's status")
     status.set_defaults(handler=bind(cmd_swarm_status))
     cancel = swarm.add_parser("cancel", help="cancel a swarm this node opened")
-    cancel.add_argument("swarm", metavar="ID")
+    cancel.add_argument("swarm", metavar="ID", help="the swarm's id")
     cancel.set_defaults(handler=bind(cmd_swarm_cancel))
 
 

@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from p2pnode.agent.toolwire import split_qualified
+from p2pnode.cli.options import add_acting_agent, add_hidden_alias, add_json
 from p2pnode.core.card import AgentCard
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.control import Op
@@ -318,8 +319,8 @@ def _add_action(
     agent_help: str = CALLER_HELP,
 ) -> argparse.ArgumentParser:
     action = actions.add_parser(name, help=text, description=text)
-    action.add_argument("--agent", metavar="LOCAL_AGENT", help=agent_help)
-    action.add_argument("--json", action="store_true", help="print the node's answer as JSON")
+    add_acting_agent(action, agent_help)
+    add_json(action)
     action.set_defaults(handler=handler)
     return action
 
@@ -353,13 +354,13 @@ def add_tool_commands(
     read = _add_action(
         actions, "read", "print a resource's content (a blob in base64)", commands.resources_read
     )
-    read.add_argument("uri", metavar="URI")
+    read.add_argument("uri", metavar="URI", help="the resource's URI (as `resources list` shows)")
     read.add_argument(
-        "--from",
-        dest="owner",
+        "--owner",
         metavar="AGENT",
-        help="the agent to read it from (default: the first known whose card lists URI)",
+        help="the remote agent to read it from (default: the first known whose card lists URI)",
     )
+    add_hidden_alias(read, "--from", "owner")
 
     prompts = sub.add_parser("prompts", help="list and get the swarm's prompts")
     actions = prompts.add_subparsers(dest="prompts_command", required=True, metavar="ACTION")
