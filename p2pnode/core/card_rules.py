@@ -31,7 +31,7 @@ MAX_URI_CHARS = 128
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: A resource URI: a scheme, a colon, no white space, MAX_URI_CHARS in all.
 URI_PATTERN = re.compile(r"^(?=.{1,128}$)[A-Za-z][A-Za-z0-9+.-]*:\S+$")
-DEFAULT_CARD_TTL_MS = 60 * 60 * 1000
+DEFAULT_CARD_TTL_MS = 10 * 60 * 1000  # renewed at half: a dead agent leaves within it
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _ADDRESS_PATTERN = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
 ENDPOINT_TRANSPORTS = frozenset({"local", "tcp+noise", "websocket"})

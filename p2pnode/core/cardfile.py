@@ -51,7 +51,7 @@ def starter_template(agent_id: str, name: str, tier: int = 3) -> dict[str, Any]:
                 "outputSchema": {"type": "object"},
             }
         ],
-        "ttlSeconds": 3600,
+        "ttlSeconds": DEFAULT_CARD_TTL_MS // 1000,
     }
 
 

@@ -30,6 +30,12 @@ Rules (seed Requirement 1, Properties 1-5):
   (held and rival) per owning peer, and no card whose expiry lies more than
   ``max_lifetime_ms`` ahead; both refusals are ``INVALID_CARD``.
 * ``prune_expired(now_ms)`` drops remote cards past their expiry, as above.
+* A signed withdrawal (:mod:`p2pnode.core.withdrawal`) ends its owner's claim at
+  once (:meth:`withdraw`) and is remembered until the withdrawn card would have
+  expired, so an older card of that owner met again is not taken back
+  (:meth:`merge_remote` returns False for it). At most ``max_cards_per_peer``
+  withdrawals are remembered per owner and ``max_cards`` in all (the ones
+  expiring soonest are forgotten first).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from p2pnode.core.card import AgentCard, Origin
 from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.core.identity import Identity, PeerId
 from p2pnode.core.wire import WireLimits, pack, unpack_untrusted
+from p2pnode.core.withdrawal import Withdrawal
 
 DEFAULT_MAX_CARDS = 100_000
 #: Cards one peer may have in the registry (a node's HELLO carries at most 64).
@@ -72,6 +79,9 @@ class Registry:
         #: Contested ids whose holder is not preferred over the live rivals (resolve).
         self._unpinned: set[str] = set()
         self._by_capability: dict[str, set[str]] = {}
+        #: Withdrawals remembered, by owner and agent id (see :meth:`withdraw`).
+        self._withdrawn: dict[PeerId, dict[str, Withdrawal]] = {}
+        self._withdrawals = 0
         self._max_cards = max_cards
         self._max_per_peer = max_cards_per_peer
         self._max_lifetime_ms = max_lifetime_ms
@@ -119,6 +129,8 @@ class Registry:
                 f"{self._max_lifetime_ms // 1000} s)",
                 max_lifetime_s=self._max_lifetime_ms // 1000,
             )
+        if self.is_withdrawn(card, now_ms):
+            return False  # its owner withdrew it: an old copy, not news
         existing = self._cards.get(card.id)
         if existing is not None and existing.origin is Origin.LOCAL:
             raise RemoteError(
@@ -266,6 +278,55 @@ class Registry:
             self._end_claim(agent_id, peer_id, now_ms)
         return gone
 
+    def withdraw(self, withdrawal: Withdrawal, now_ms: int) -> bool:
+        """Apply a verified ``withdrawal``: end its owner's claim on the id when the card
+        held is older, and remember it until it expires. Returns True when a card was
+        dropped. An expired withdrawal changes nothing."""
+        if withdrawal.is_expired(now_ms):
+            return False
+        known = self._withdrawn.get(withdrawal.peer_id, {}).get(withdrawal.agent_id)
+        if known is None:
+            self._bound_withdrawals(self._withdrawn.get(withdrawal.peer_id, {}), now_ms)
+            self._withdrawals += 1
+        if known is None or known.revision < withdrawal.revision:
+            self._withdrawn.setdefault(withdrawal.peer_id, {})[withdrawal.agent_id] = withdrawal
+        card = self.find_owned(withdrawal.agent_id, withdrawal.peer_id)
+        if card is None or card.origin is Origin.LOCAL or not withdrawal.ends(card):
+            return False
+        return self._end_claim(withdrawal.agent_id, withdrawal.peer_id, now_ms)
+
+    def _bound_withdrawals(self, mine: dict[str, Withdrawal], now_ms: int) -> None:
+        """Make room for one more withdrawal of an owner (``mine``): expired ones go
+        first, then the soonest-expiring one of that owner (over its quota) or of the
+        owner with the most (over the total)."""
+        if len(mine) < self._max_per_peer and self._withdrawals < self._max_cards:
+            return
+        self._expire_withdrawals(now_ms)
+        pool = mine
+        if len(mine) < self._max_per_peer:
+            if self._withdrawals < self._max_cards:
+                return
+            pool = max(self._withdrawn.values(), key=len)
+        del pool[min(pool, key=lambda i: pool[i].expires_at)]
+        self._withdrawals -= 1
+
+    def _expire_withdrawals(self, now_ms: int) -> None:
+        for owner, kept in list(self._withdrawn.items()):
+            for agent_id in [i for i, w in kept.items() if w.is_expired(now_ms)]:
+                del kept[agent_id]
+                self._withdrawals -= 1
+            if not kept:
+                del self._withdrawn[owner]
+
+    def is_withdrawn(self, card: AgentCard, now_ms: int) -> bool:
+        """True when a withdrawal remembered here ends ``card`` (see :meth:`withdraw`)."""
+        known = self._withdrawn.get(card.peer_id, {}).get(card.id)
+        return known is not None and not known.is_expired(now_ms) and known.ends(card)
+
+    def withdrawn_count(self) -> int:
+        """Withdrawals remembered (bounded as the module docstring says)."""
+        return self._withdrawals
+
     def note_unreachable(self, peer_id: PeerId) -> None:
         """``peer_id`` cannot be reached (the link to it closed and redials failed): its
         claims are not live until :meth:`note_reachable`. Kept only for a peer with
@@ -297,6 +358,7 @@ class Registry:
         for card in expired:
             self._end_claim(card.id, card.peer_id, now_ms)
         self._unreachable &= self._ids_of.keys()  # only owners of cards are remembered
+        self._expire_withdrawals(now_ms)
         return [c.id for c in expired]
 
     def _put(self, card: AgentCard) -> None:

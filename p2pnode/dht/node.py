@@ -10,21 +10,30 @@ peer's :class:`~p2pnode.dht.publish.Publisher`. Readers accept a provider
 only when the publisher's own card for that agent, fetched and verified,
 lists the capability. Each card or provider record read is one input behind
 the peer's failure boundary: one that fails to decode is skipped alone.
+
+An owner withdraws an agent (:meth:`DhtNode.withdraw`, §4.5) by publishing, at
+the card's revision + 1, the signed withdrawal under the card key and provider
+records without addresses under its provider keys: the merge keeps the higher
+revision, so the withdrawal replaces the card wherever it is stored, and
+readers skip the agent (and tell :attr:`DhtNode.on_withdrawal`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import trio
 
 from p2pnode.core.card import AgentCard
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.identity import PeerId
+from p2pnode.core.withdrawal import Withdrawal, is_withdrawal_untrusted
 from p2pnode.dht.config import DhtConfig, DhtStatistics
 from p2pnode.dht.peer import DhtPeer
 from p2pnode.dht.publish import card_makers
 from p2pnode.dht.records import (
+    MAX_TTL_MS,
     MAX_VALUE_BYTES,
     ProviderInfo,
     RecordKind,
@@ -42,6 +51,9 @@ class DhtNode(DhtPeer):
 
     Use as ``async with DhtNode(net, identity=..., ...) as node:``.
     """
+
+    #: Told each verified withdrawal a read meets (the node drops the card it holds).
+    on_withdrawal: Callable[[Withdrawal], object] | None = None
 
     async def provide(self, card: AgentCard) -> int:
         """Publish ``card`` and a provider record for each of its capabilities.
@@ -65,6 +77,46 @@ class DhtNode(DhtPeer):
             self.publisher.keep(key, kind, make)
         return await self.publisher.publish([(key, make) for key, _, make in makers])
 
+    async def withdraw(self, card: AgentCard, withdrawal: Withdrawal) -> int:
+        """Replace ``card``'s records by its ``withdrawal`` (§4.5), kept republished until
+        it expires as the card's were. Returns the number of stores accepted.
+
+        Raises LocalError(INVALID_CARD) unless both are this node's own.
+        """
+        identity = self.identity
+        if identity is None or withdrawal.public_key != identity.public_key:
+            raise LocalError(ErrorCode.INVALID_CARD, "can only withdraw our own card")
+        if not withdrawal.ends(card):
+            raise LocalError(ErrorCode.INVALID_CARD, f"the withdrawal does not end {card.id!r}")
+        ttl = min(self.config.record_ttl_ms, MAX_TTL_MS)
+
+        def maker(kind: RecordKind, key: bytes, payload: bytes) -> Callable[[], SignedRecord]:
+            def make() -> SignedRecord:
+                expires = min(withdrawal.expires_at, self.wall_clock_ms() + ttl)
+                return SignedRecord.create(
+                    identity, kind, key, withdrawal.revision, expires, payload
+                )
+
+            return make
+
+        ck = card_key(card.peer_id, card.id)
+        makers = [(ck, RecordKind.CARD, maker(RecordKind.CARD, ck, withdrawal.to_bytes()))]
+        for cap in [agent_capability(card.id), *sorted(card.provider_keys())]:
+            empty = ProviderInfo(cap, card.id, ()).to_bytes()
+            key = capability_key(cap)
+            makers.append((key, RecordKind.PROVIDER, maker(RecordKind.PROVIDER, key, empty)))
+        accepted = 0
+
+        async def put(key: bytes, make: Callable[[], SignedRecord]) -> None:
+            nonlocal accepted
+            accepted += await self.publisher.put_records(key, [make()])
+
+        async with trio.open_nursery() as nursery:  # a leaving node has little time
+            for key, kind, make in makers:
+                self.publisher.keep(key, kind, make)
+                nursery.start_soon(put, key, make)
+        return accepted
+
     async def find_card(self, peer_id: PeerId, agent_id: str) -> AgentCard | None:
         """The newest verified card of agent ``agent_id`` owned by ``peer_id``, or None."""
         key = card_key(peer_id, agent_id)
@@ -73,9 +125,16 @@ class DhtNode(DhtPeer):
         return card if card is not None and card.id == agent_id else None
 
     def _card_from(self, recs: list[SignedRecord], peer_id: PeerId) -> AgentCard | None:
+        """The newest card of ``recs`` by ``peer_id``, unless a withdrawal among them ends it."""
         best: AgentCard | None = None
+        withdrawn = -1  # the highest revision withdrawn
         for r in recs:
             if r.kind is not RecordKind.CARD or r.publisher != peer_id:
+                continue
+            if is_withdrawal_untrusted(r.payload):
+                withdrawal = self._withdrawal_from(r)
+                if withdrawal is not None:
+                    withdrawn = max(withdrawn, withdrawal.revision)
                 continue
             try:
                 card = AgentCard.from_bytes_untrusted(r.payload)
@@ -87,7 +146,24 @@ class DhtNode(DhtPeer):
                 continue
             if best is None or card.revision > best.revision:
                 best = card
-        return best
+        return best if best is not None and best.revision >= withdrawn else None
+
+    def _withdrawal_from(self, record: SignedRecord) -> Withdrawal | None:
+        """The verified withdrawal a card record holds (its publisher's own, live), told
+        to :attr:`on_withdrawal`; None (counted, reported) for a bad one."""
+        try:
+            withdrawal = Withdrawal.from_bytes_untrusted(record.payload)
+        except Exception as exc:  # one record, one input (see the module docstring)
+            self.stats.records_rejected += 1
+            self.boundary.contain(str(record.publisher), "withdrawal record", exc)
+            return None
+        if withdrawal.public_key != record.public_key or withdrawal.is_expired(
+            self.wall_clock_ms()
+        ):
+            return None
+        if self.on_withdrawal is not None:
+            self.on_withdrawal(withdrawal)
+        return withdrawal
 
     async def find_providers(self, capability: str, *, limit: int = 20) -> list[AgentCard]:
         """Verified cards of agents that provide ``capability`` (at most ``limit``)."""

@@ -211,6 +211,11 @@ class DhtPeer:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def is_running(self) -> bool:
+        """True between entering ``async with`` and leaving it."""
+        return self._running is not None
+
     async def __aenter__(self) -> Self:
         running = self._run()
         peer = await running.__aenter__()

@@ -64,6 +64,7 @@ from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.identity import Identity
 from p2pnode.core.lifetime import TaskOwner
 from p2pnode.core.registry import Registry
+from p2pnode.core.withdrawal import Withdrawal
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import KernelConfig
 from p2pnode.node.frames import encode_hello
@@ -317,6 +318,7 @@ class AgentHost:
         #: Calls cancelled in all: at their deadline, or by their requester.
         self.calls_cut = 0
         self._repeats = 0  # calls registered under a request id already running
+        self._left = False  # leave() ran: the node is stopping
 
     # -- hosting ----------------------------------------------------------------------------
 
@@ -404,7 +406,44 @@ class AgentHost:
             self._done.pop(agent_id, None)
             self._registry.unregister(agent_id)
             self._on_removed(agent_id)
-            self._owner.nursery.start_soon(self._announce, None)
+            withdrawal = Withdrawal.of(agent.card, self._identity, self._clock_ms())
+            self._owner.nursery.start_soon(self._withdraw, [(agent.card, withdrawal)])
+
+    async def leave(self) -> None:
+        """Withdraw every local agent (the node is stopping): one HELLO with their signed
+        withdrawals and no cards to every connected peer, and the withdrawals to
+        discovery, all within ``config.leave_timeout``. Agents keep answering meanwhile;
+        once left, card changes are no longer announced."""
+        if self._left:
+            return
+        self._left = True
+        now = self._clock_ms()
+        gone = [(a.card, Withdrawal.of(a.card, self._identity, now)) for a in self.agents.values()]
+        if gone:
+            with trio.move_on_after(self._config.leave_timeout):
+                await self._withdraw(gone, cards=[])
+
+    async def _withdraw(
+        self,
+        gone: list[tuple[AgentCard, Withdrawal]],
+        cards: list[AgentCard] | None = None,
+    ) -> None:
+        """Tell connected peers (a HELLO of ``cards``, by default the current ones, with the
+        withdrawals) and discovery, concurrently, that the agents of ``gone`` left."""
+        if cards is None:
+            cards = [a.card for a in self.agents.values()]
+        withdrawals = [w for _, w in gone]
+        hello = encode_hello(cards, self._advertised_addresses(), withdrawals)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_hello, hello)
+            for card, withdrawal in gone:
+                nursery.start_soon(self._withdraw_from_discovery, card, withdrawal)
+
+    async def _withdraw_from_discovery(self, card: AgentCard, withdrawal: Withdrawal) -> None:
+        try:
+            await self._routing.discovery.withdraw(card, withdrawal)
+        except P2PError as exc:
+            self._events.error(exc.code, f"withdrawing {card.id}: {exc.message}")
 
     async def add_capability(self, agent_id: str, capability: Capability) -> AgentCard:
         """See :meth:`p2pnode.node.kernel.Kernel.add_capability`."""
@@ -476,9 +515,18 @@ class AgentHost:
         except P2PError as exc:
             self._events.error(exc.code, f"renewing the card of {card.id}: {exc.message}")
 
-    async def _announce(self, card: AgentCard | None) -> None:
+    async def _announce(self, card: AgentCard) -> None:
         """Send connected peers a HELLO of the current cards, and provide ``card``."""
-        hello = self.hello_bytes()
+        if self._left:
+            return
+        await self._send_hello(self.hello_bytes())
+        try:
+            await self._routing.discovery.provide(card)
+        except P2PError as exc:
+            self._events.error(exc.code, f"publishing {card.id}: {exc.message}")
+
+    async def _send_hello(self, hello: bytes) -> None:
+        """Write ``hello`` to every open link, each within ``config.request_timeout``."""
         for link in self._links:
             if link.state is ChannelState.OPEN:
                 with trio.move_on_after(self._config.request_timeout):
@@ -486,16 +534,12 @@ class AgentHost:
                         await link.send(hello)
                     except P2PError as exc:
                         logger.info("card update to %s failed: %s", link.peer_id, exc)
-        if card is None:
-            return
-        try:
-            await self._routing.discovery.provide(card)
-        except P2PError as exc:
-            self._events.error(exc.code, f"publishing {card.id}: {exc.message}")
 
     def hello_bytes(self) -> bytes:
-        """A HELLO frame of the local agents' cards and the node's addresses."""
-        return encode_hello([a.card for a in self.agents.values()], self._advertised_addresses())
+        """A HELLO frame of the local agents' cards (none once the node left) and the
+        node's addresses."""
+        cards = [] if self._left else [a.card for a in self.agents.values()]
+        return encode_hello(cards, self._advertised_addresses())
 
     # -- inboxes ----------------------------------------------------------------------------
 

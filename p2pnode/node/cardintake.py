@@ -16,6 +16,7 @@ from p2pnode.core.card import AgentCard
 from p2pnode.core.errors import ErrorCode, RemoteError
 from p2pnode.core.identity import PeerId
 from p2pnode.core.registry import Registry
+from p2pnode.core.withdrawal import Withdrawal
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Policy
 from p2pnode.node.router import BoundedSet
@@ -123,6 +124,30 @@ class CardIntake:
         listed = {c.id for c in cards if c.peer_id == peer_id}
         for agent_id in self._registry.withdraw_missing(peer_id, listed, self._clock_ms()):
             logger.info("peer %s withdrew its claim on agent id %r", peer_id, agent_id)
+
+    def withdraw_from(self, peer_id: PeerId, withdrawals: tuple[Withdrawal, ...]) -> None:
+        """Apply the withdrawals of a HELLO from ``peer_id``: only its own agents'."""
+        for withdrawal in withdrawals:
+            if withdrawal.peer_id != peer_id:
+                self._events.security(
+                    ErrorCode.SENDER_MISMATCH,
+                    f"peer {peer_id} sent the withdrawal of {withdrawal.agent_id} owned by "
+                    f"{withdrawal.peer_id}",
+                    str(peer_id),
+                    None,
+                )
+                continue
+            self.withdraw(withdrawal)
+
+    def withdraw(self, withdrawal: Withdrawal) -> bool:
+        """Apply a verified withdrawal (from a HELLO or a DHT read): its owner's card of
+        the agent leaves the registry at once. True when a card was dropped."""
+        if withdrawal.peer_id == self._local_peer_id:
+            return False  # our own, read back from the DHT
+        dropped = self._registry.withdraw(withdrawal, self._clock_ms())
+        if dropped:
+            logger.info("agent %s@%s left", withdrawal.agent_id, withdrawal.peer_id)
+        return dropped
 
     def _note_collision(self, card: AgentCard, exc: RemoteError, peer: str | None) -> None:
         """An agent id claimed by two owners: one warning (a security event naming both)

@@ -50,7 +50,11 @@ class KernelConfig:
     channel: ChannelConfig = field(default_factory=ChannelConfig)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     request_timeout: float = 10.0
-    card_ttl_seconds: int = 3600
+    #: A card's lifetime: renewed at half of it, so a node that died without a word
+    #: leaves every holder's ``find`` within it (docs/protocol/data-model.md "Lifetime").
+    card_ttl_seconds: int = 600
+    #: Seconds a stopping node spends telling peers and the DHT its agents left.
+    leave_timeout: float = 2.0
     inbox_size: int = 256
     #: Request handlers of one local agent that may wait at once; past it a request waits
     #: in the inbox, and finding the inbox full it is refused BUSY (docs/protocol/node.md
@@ -88,8 +92,8 @@ class KernelConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.request_timeout <= 0:
-            problems.append("request_timeout must be positive")
+        if self.request_timeout <= 0 or self.leave_timeout <= 0:
+            problems.append("request_timeout and leave_timeout must be positive")
         if not 60 <= self.card_ttl_seconds <= 30 * 86400:
             problems.append("card_ttl_seconds must be from 60 to 2592000")
         if self.inbox_size < 1 or self.dedup_window < 1 or self.max_peers < 1:

@@ -3,11 +3,13 @@
 Every application message on a node-to-node channel is one msgpack array
 ``[kind, body]``:
 
-* ``[0, {"cards": [card bytes, ...], "addresses": ["host:port", ...]}]`` —
-  HELLO, sent by both sides right after the handshake and again whenever the
-  sender's local cards change. Each card must be owned by the authenticated
-  peer; the receiver rejects the whole frame otherwise. Addresses that are
-  not ``host:port`` (port 0-65535) are dropped.
+* ``[0, {"cards": [card bytes, ...], "addresses": ["host:port", ...],
+  "withdrawn"?: [withdrawal bytes, ...]}]`` — HELLO, sent by both sides right
+  after the handshake and again whenever the sender's local cards change
+  (with ``withdrawn`` when it stopped hosting agents: signed withdrawals,
+  p2pnode.core.withdrawal). Each card and withdrawal must be owned by the
+  authenticated peer; the receiver rejects the whole frame otherwise.
+  Addresses that are not ``host:port`` (port 0-65535) are dropped.
 * ``[1, envelope plain form]`` — ENVELOPE (see the data-model chapter).
 * ``[2, [envelope plain form, ...]]`` — ENVELOPES: several envelopes in one
   message, as :meth:`Node.send_many` writes a burst for one peer. Each one is
@@ -46,6 +48,7 @@ from p2pnode.core.wire import (
     pack,
     unpack_untrusted,
 )
+from p2pnode.core.withdrawal import Withdrawal
 
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_HELLO_CARDS = 64
@@ -64,10 +67,12 @@ class FrameError(RemoteError):
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """A peer's current cards and listening addresses."""
+    """A peer's current cards and listening addresses, and the withdrawals of the agents
+    it stopped hosting (each still to be checked against the sending peer)."""
 
     cards: tuple[AgentCard, ...]
     addresses: tuple[str, ...]
+    withdrawals: tuple[Withdrawal, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +99,15 @@ class EnvelopeBatch:
 Frame = Hello | Envelope | EnvelopeBatch
 
 
-def encode_hello(cards: list[AgentCard], addresses: list[str]) -> bytes:
-    return pack([FrameKind.HELLO, {"cards": [c.to_bytes() for c in cards], "addresses": addresses}])
+def encode_hello(
+    cards: list[AgentCard], addresses: list[str], withdrawals: list[Withdrawal] | None = None
+) -> bytes:
+    """A HELLO frame; the ``withdrawn`` key only when there are withdrawals, so a HELLO
+    without any reads as it always did."""
+    body: dict[str, Any] = {"cards": [c.to_bytes() for c in cards], "addresses": addresses}
+    if withdrawals:
+        body["withdrawn"] = [w.to_bytes() for w in withdrawals]
+    return pack([FrameKind.HELLO, body])
 
 
 def encode_envelope(envelope: Envelope) -> bytes:
@@ -174,8 +186,17 @@ def _decode_hello_untrusted(body: Any) -> Hello:
         if not isinstance(raw, bytes):
             raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello card must be bytes")
         cards.append(AgentCard.from_bytes_untrusted(raw))
+    raw_withdrawals = body.get("withdrawn", [])
+    if not isinstance(raw_withdrawals, list) or len(raw_withdrawals) > MAX_HELLO_CARDS:
+        raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello withdrawals must be a short list")
+    withdrawals = []
+    for raw in raw_withdrawals:
+        if not isinstance(raw, bytes):
+            raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello withdrawal must be bytes")
+        withdrawals.append(Withdrawal.from_bytes_untrusted(raw))
     # Only what a node can dial: anything else is dropped here, not handed on.
-    return Hello(tuple(cards), tuple([a for a in addresses if is_address(a)][:16]))
+    dialable = tuple([a for a in addresses if is_address(a)][:16])
+    return Hello(tuple(cards), dialable, tuple(withdrawals))
 
 
 def decode_frame_untrusted(data: bytes) -> Frame:

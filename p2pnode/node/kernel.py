@@ -119,6 +119,7 @@ class Kernel(TaskOwner):
             on_departed=lambda peer, why: self.routing.peer_departed(peer, why),
         )
         self.routing = self._make_routing(discovery)
+        self.routing.discovery.watch_withdrawals(self.routing.cards.withdraw)
         #: What services are told of agents hosted and removed (watch_agents).
         self._added_hooks: list[Callable[[Agent], None]] = []
         self._removed_hooks: list[Callable[[str], None]] = []
@@ -180,8 +181,16 @@ class Kernel(TaskOwner):
             await trio.sleep_forever()
 
     async def _stop(self) -> None:
+        await self.leave()
         await self.links.close_all()
         self.hosting.close_inboxes()
+
+    async def leave(self) -> None:
+        """Withdraw every local agent, as a stopping node does (closing the node does it
+        too): connected peers drop their cards at once, and the DHT's records of them
+        are replaced by signed withdrawals (docs/protocol/node.md "Leaving"). Bounded
+        by ``config.leave_timeout``; call it before closing the discovery service."""
+        await self.hosting.leave()
 
     def report_input_failure(self, source: str, what: str, exc: Exception) -> None:
         """A security event for an input from ``source`` that a failure boundary dropped."""
@@ -203,6 +212,7 @@ class Kernel(TaskOwner):
     @discovery.setter
     def discovery(self, discovery: Discovery) -> None:
         self.routing.discovery = discovery
+        discovery.watch_withdrawals(self.routing.cards.withdraw)
 
     @property
     def threads(self) -> ThreadStore:
@@ -438,7 +448,8 @@ class Kernel(TaskOwner):
     async def find(self, capability: str, viewer: str | None = None) -> list[AgentCard]:
         """Agents offering ``capability`` that local agent ``viewer`` (default: the first)
         may discover: the registry, refreshed from the DHT, filtered by the viewer's
-        sandbox rules as capability routing is (seed R10.4). Unfiltered on a node
+        sandbox rules as capability routing is (seed R10.4). Agents withdrawn, expired
+        or whose owner is known unreachable are not returned. Unfiltered on a node
         that hosts no agent (there is no viewer).
 
         Raises LocalError(AGENT_NOT_FOUND) when ``viewer`` is not a local agent.
@@ -448,7 +459,8 @@ class Kernel(TaskOwner):
             if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
                 self.routing.cards.learn(card)
         now = self._clock_ms()
-        cards = [c for c in self.registry.find_by_capability(capability) if not c.is_expired(now)]
+        registry = self.registry
+        cards = [c for c in registry.find_by_capability(capability) if registry.is_live(c, now)]
         return cards if seer is None else self.policy.filter_discoverable(seer, cards)
 
     def _first_card(self) -> AgentCard | None:

@@ -371,7 +371,11 @@ class LinkManager(TaskOwner):
                 self.handshakes.release(host)
             await channel.send_message(self._hello())
         except RemoteError as exc:
-            self._events.security(exc.code, f"inbound handshake failed: {exc.message}", None, None)
+            if exc.code is ErrorCode.CHANNEL_CLOSED:  # the dialer went away: no attack
+                logger.info("inbound handshake ended early: %s", exc.message)
+            else:
+                what = f"inbound handshake failed: {exc.message}"
+                self._events.security(exc.code, what, None, None)
             return
         except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             logger.info("inbound channel failed: %s", exc)

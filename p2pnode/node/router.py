@@ -92,6 +92,8 @@ class RegistryView(Protocol):
 
     def is_contested(self, agent_id: str) -> bool: ...
 
+    def is_live(self, card: AgentCard, now_ms: int | None) -> bool: ...
+
     def resolve(
         self,
         agent_id: str,
@@ -328,15 +330,18 @@ class Router:
     ) -> list[AgentCard]:
         """Agents offering ``capability`` that ``source`` may discover and send a request to,
         in registry order (local agents first), ``source`` itself and cards expired at
-        ``now_ms`` excluded."""
+        ``now_ms`` excluded. Providers whose owner is known unreachable come only when
+        no reachable one is left (a dial may find it back)."""
         cards = _live(self._registry.find_by_capability(capability), now_ms)
         policy = self._policy
-        return [
+        allowed = [
             c
             for c in policy.filter_discoverable(source, cards)
             if c.id != source.id
             and policy.check_message(source, c, MessageType.REQUEST, None).allowed
         ]
+        reachable = [c for c in allowed if self._registry.is_live(c, None)]
+        return reachable or allowed
 
     def refused(
         self, source: AgentCard, capability: str, now_ms: int | None = None

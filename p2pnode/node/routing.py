@@ -651,6 +651,7 @@ class Routing:
         await self._refuse(peer_id, envelope, envelope.recipient, answer)
 
     def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
+        self.cards.withdraw_from(peer_id, hello.withdrawals)
         self.cards.learn_from(peer_id, hello.cards)
         addresses = []
         for text in hello.addresses:

@@ -125,7 +125,8 @@ class ToolClient:
         """The agents ``viewer`` may discover and send a request to (sandboxes, tiers)."""
         now = self._host.now_ms()
         policy = self._host.policy
-        live = [card for card in self._host.registry if not card.is_expired(now)]
+        # Owners known unreachable are left out: their listing would only fail.
+        live = [card for card in self._host.registry if self._host.registry.is_live(card, now)]
         return [
             card
             for card in policy.filter_discoverable(viewer, live)
