@@ -250,8 +250,16 @@ async def open_node(
             try:
                 yield node
             finally:
+                # Withdraw the agents while the DHT still runs: peers and lookups stop
+                # listing them now, not when their cards expire.
+                with trio.CancelScope(shield=True):
+                    await node.leave()
                 if snapshot is not None:
                     write_private_file(snapshot, dht.snapshot())
+
+
+async def _dht_answers(dht: DhtNode, address: Address) -> bool:
+    return await dht.ping(address) is not None
 
 
 # Besides its own names, the services' names that programs using a node meet (hosting,
