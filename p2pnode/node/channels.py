@@ -254,6 +254,8 @@ class PeerLink:
         self.last_dial_error: str | None = None
         #: True once the link closed because its redials failed (not closed by this node).
         self.gave_up = False
+        #: Dials of the current round (0 while none runs; 1 during the first).
+        self.dial_round = 0
         self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
         self._queued = 0  # frames handed to the writer and not yet written
         self._queued_bytes = 0  # their size
@@ -421,7 +423,7 @@ class PeerLink:
         try:
             retry = self._retry
             end = trio.current_time() + retry.redial_window
-            for delay in [0.0, *retry.delays(retry.max_redials - 1)]:
+            for self.dial_round, delay in enumerate([0.0, *retry.delays(retry.max_redials - 1)], 1):
                 with trio.move_on_after(delay):
                     await self._wake.wait()
                 self._wake = trio.Event()
@@ -447,6 +449,7 @@ class PeerLink:
                 await self.aclose()
         finally:
             self._dialing = False
+            self.dial_round = 0
 
     async def wait_open(self) -> SecureChannel:
         """The open channel, dialing if needed. Raises LocalError(CHANNEL_CLOSED) when none
@@ -458,7 +461,8 @@ class PeerLink:
             with trio.move_on_after(self._retry.dial_timeout):
                 await self._connected.wait()
         if self._channel is None:
-            raise LocalError(ErrorCode.CHANNEL_CLOSED, f"no channel to {self.peer_id}")
+            why = self.last_dial_error or f"no dial succeeded in {self._retry.dial_timeout:g} s"
+            raise LocalError(ErrorCode.CHANNEL_CLOSED, f"no channel to {self.peer_id}: {why}")
         return self._channel
 
     # -- sending ----------------------------------------------------------------------------
@@ -522,7 +526,8 @@ class PeerLink:
         except BaseException as exc:  # not queued (closed, or cancelled while full)
             self._queued -= 1
             self._queued_bytes -= size
-            if isinstance(exc, trio.ClosedResourceError):
+            if isinstance(exc, (trio.ClosedResourceError, trio.BrokenResourceError)):
+                # Closed, or its writer is gone (the node's tasks were cancelled).
                 raise LocalError(
                     ErrorCode.DELIVERY_FAILED, f"link to {self.peer_id} is closed"
                 ) from None

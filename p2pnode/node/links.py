@@ -253,6 +253,7 @@ class LinkManager(TaskOwner):
         Raises LocalError(CHANNEL_CLOSED) saying why none reached it."""
         last: str | None = None
         addresses = self._addresses_of(peer_id)
+        await self._wait_for_probe(peer_id)
         for address in addresses:
             now = trio.current_time()
             if not self.dials.allow(peer_id.raw, now):
@@ -273,6 +274,18 @@ class LinkManager(TaskOwner):
                 return channel
         why = last if last is not None else "no address known"
         raise LocalError(ErrorCode.CHANNEL_CLOSED, f"cannot reach {peer_id}: {why}")
+
+    async def _wait_for_probe(self, peer_id: PeerId) -> None:
+        """A new link to a peer whose budget is spent waits for its next probe (at most
+        ``dial_probe_interval``) instead of failing at once: what was sent to a peer
+        that just came back reaches it within that, not a round of backoffs later."""
+        link = self._links.get(peer_id)
+        if link is None or link.state is not ChannelState.CONNECTING or link.dial_round != 1:
+            return  # only a new link's first dial: later ones back off by themselves
+        now = trio.current_time()
+        wait = self.dials.next_allowed(peer_id.raw, now) - now
+        if 0 < wait <= self._config.dial_probe_interval:
+            await trio.sleep(wait)
 
     def _dial_failed(self, peer_id: PeerId, why: str) -> None:
         """Count a failed attempt; summarised once a minute per peer, except while a
