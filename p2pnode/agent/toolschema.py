@@ -7,9 +7,11 @@ generator:
   with the path of the failing part), for capabilities and for tools declared
   with an explicit schema.
 * ``pydantic`` derives a tool's schemas from its function's type hints, as the
-  MCP SDK's FastMCP does, and validates and converts arguments and results
-  with them (a tool taking a model gets the model; a tool returning one has it
-  turned into plain data).
+  MCP SDK's FastMCP does, and converts arguments and results with them (a tool
+  taking a model gets the model; a tool returning one has it turned into plain
+  data). Arguments are first checked against the derived schema with
+  ``jsonschema``, with no coercion: pydantic's lax mode would take ``"4"`` for an
+  integer, which the advertised schema refuses.
 
 A checker returns the first problem of a value as text naming its path
 (``arguments.limit: 'x' is not of type 'integer'``), or None when it is valid.
@@ -155,12 +157,18 @@ def derived_arguments(
     # pydantic-core's validator itself: the adapter's method only passes its defaults on,
     # through a frame with eight keywords, on every call.
     validate = adapter.validator.validate_python
+    # What pydantic admits is held to the advertised schema too, as a peer reading it
+    # expects: pydantic alone coerces ("4" for an integer, 1 for a boolean).
+    check = schema_checker(schema, "arguments")
 
     def convert(value: Any) -> tuple[Any, str | None]:
+        arguments = {} if value is None else value
         try:
-            return validate({} if value is None else value), None
+            converted = validate(arguments)
         except pydantic.ValidationError as exc:
             return None, _first_pydantic_problem(exc, "arguments")
+        problem = check(arguments) if check is not None else None
+        return (None, problem) if problem is not None else (converted, None)
 
     return Conversion(schema, convert), skipped
 
