@@ -220,6 +220,15 @@ async def find_provider(
         if refused:
             # Offered, but policy refuses every provider: say so, not "not found".
             raise capability_refusal(source, capability, refused)
+        if source.has_capability(capability):
+            # Never the sender itself: an agent delegating its own capability would loop.
+            raise LocalError(
+                ErrorCode.CAPABILITY_NOT_FOUND,
+                f"no reachable agent but the sender {source.id!r} itself offers {capability!r} "
+                f"(a capability request never goes to its sender: send it from another "
+                f"agent, or to {source.id!r} by id)",
+                capability=capability,
+            )
         raise LocalError(
             ErrorCode.CAPABILITY_NOT_FOUND,
             f"no reachable agent offers {capability!r}",
@@ -761,7 +770,14 @@ class Routing:
                 return True
             # Answered in the name of the agent asked for, so the requester's
             # pending request matches it instead of timing out.
-            error = RemoteError(refusal.code, refusal.reason, agent_id=envelope.recipient)
+            reason = refusal.reason
+            if refusal.code is ErrorCode.AGENT_NOT_FOUND:
+                # Worded for the requester, who reads it: "local" would be this node's view.
+                reason = (
+                    f"agent {envelope.recipient!r} is not hosted by peer "
+                    f"{self._links.local_peer_id} (it left, or the requester's card is stale)"
+                )
+            error = RemoteError(refusal.code, reason, agent_id=envelope.recipient)
             await self._refuse(peer_id, envelope, envelope.recipient, error)
             return False
         without_wait = True
