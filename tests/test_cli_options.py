@@ -263,3 +263,19 @@ def test_task_cancel_asks_the_node(
     assert main(["task", "cancel", "t-7"]) == 0
     assert asked == [{"op": "task.cancel", "taskId": "t-7"}]
     assert "task t-7: canceled" in capsys.readouterr().err
+
+
+def test_an_empty_listing_names_the_owners_it_could_not_reach(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from p2pnode.cli import node as node_module
+
+    listing = {"items": [], "unreachable": {"geo": "TIMEOUT", "maps": "AGENT_UNAVAILABLE"},
+               "dropped": 0}  # fmt: skip
+    monkeypatch.setattr(node_module, "_control", lambda args, request: listing)
+    assert main(["tools", "list"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "no tools found among the owners that answered; not reached: geo, maps"
+    monkeypatch.setattr(node_module, "_control", lambda args, request: {"items": []})
+    assert main(["resources", "list"]) == 0
+    assert capsys.readouterr().err.splitlines() == ["no resources found"]

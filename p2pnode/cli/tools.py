@@ -169,7 +169,13 @@ def _listing_notes(kind: str, listing: dict[str, Any]) -> None:
     if listing.get("dropped"):
         _warn(f"{listing['dropped']} malformed or excess {kind} entries left out")
     if not listing.get("items"):
-        print(f"no {kind} found", file=sys.stderr)
+        unreachable = sorted(listing.get("unreachable", {}))
+        if unreachable:
+            owners = ", ".join(_cell(agent) for agent in unreachable)
+            print(f"no {kind} found among the owners that answered; not reached: {owners}",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            print(f"no {kind} found", file=sys.stderr)
 
 
 def _utc(ms: object) -> str:
