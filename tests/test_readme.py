@@ -31,3 +31,26 @@ def test_readme_block_runs(index: int, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stdout.strip(), "each example prints what it did"
+
+
+def _block_after(heading: str) -> str:
+    """The first Python block of the README section ``heading``."""
+    section = README.read_text(encoding="utf-8").split(f"\n### {heading}\n", 1)[1]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[0]
+
+
+@pytest.mark.slow
+def test_the_simulated_swarm_block_runs_as_written(tmp_path: Path) -> None:
+    script = tmp_path / "swarm.py"
+    script.write_text(_block_after("A swarm in the simulator"), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    found, answers = done.stdout.splitlines()
+    assert found == "found " + str([f"worker-{i}" for i in range(1, 8)])
+    # Seven one-second jobs in parallel: one virtual second and the network's latency.
+    assert answers.startswith("[4, 9, 16, 25, 36, 49, 64] in 1.")
+    # What the README says it prints.
+    assert f"`{answers}`" in README.read_text(encoding="utf-8")
