@@ -37,6 +37,7 @@ import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ from p2pnode.services.tasks.negotiation import TaskConfig
 from p2pnode.services.tasks.service import TaskHandle, TaskService
 from p2pnode.services.tools.audit import ToolAudit
 from p2pnode.services.tools.client import ToolClient
-from p2pnode.transport.net import Network
+from p2pnode.transport.net import Address, Network
 
 SNAPSHOT_FILE = "routing.snapshot"
 logger = logging.getLogger("p2pnode.node")
@@ -228,15 +229,23 @@ async def open_swarms(
 
 @asynccontextmanager
 async def open_node(
-    identity: Identity, network: Network, config: NodeConfig
+    identity: Identity,
+    network: Network,
+    config: NodeConfig,
+    *,
+    clock_ms: Callable[[], int] = wall_clock_ms,
 ) -> AsyncIterator[Node]:
-    """A running node with its DHT; everything is closed on exit."""
-    async with Node(identity, network, config) as node:
+    """A running node with its DHT; everything is closed on exit. ``clock_ms`` is the
+    wall clock cards and DHT records expire on (simulations pass a virtual one)."""
+    async with Node(identity, network, config, clock_ms=clock_ms) as node:
         host, port = config.dht_listen
         if port == 0:
             port = node.listen_address[1]
-        async with DhtNode(network, identity=identity, address=(host, port)) as dht:
+        dht_node = DhtNode(network, identity=identity, address=(host, port), wall_clock_ms=clock_ms)
+        async with dht_node as dht:
             node.discovery = DhtDiscovery(dht)
+            # Joining asks a bootstrap peer that opened no channel whether its DHT answers.
+            node.joining.probe_dht = partial(_dht_answers, dht)
             # What the DHT drops (a forged or poisoned record, a datagram that failed)
             # is a security event of the node, counted in `status` like a bad frame.
             dht.boundary.also_report(node.report_input_failure)

@@ -36,7 +36,7 @@ from p2pnode.core.envelope import Envelope, MessageType, wall_clock_ms
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import default_data_dir, load_identity, load_or_create_identity
 from p2pnode.core.jsonutil import b64decode
-from p2pnode.node.config import format_address, parse_address
+from p2pnode.node.config import format_address, parse_address, parse_bootstrap
 from p2pnode.node.control import (
     CONTROL_SOCKET_NAME,
     ControlServer,
@@ -68,6 +68,32 @@ def read_bootstrap_file(path: Path) -> list[str]:
     except OSError as exc:
         raise LocalError(ErrorCode.CONFIG_ERROR, f"cannot read {path}: {exc.strerror}") from exc
     return [s for line in lines if (s := line.split("#", 1)[0].strip())]
+
+
+def bootstrap_addresses(args: argparse.Namespace) -> tuple[Address, ...]:
+    """``--bootstrap`` and ``--bootstrap-file``, parsed (host names resolved later, when
+    joining). Raises LocalError(CONFIG_ERROR) naming the first malformed address."""
+    texts = list(args.bootstrap or [])
+    if args.bootstrap_file:
+        texts += read_bootstrap_file(Path(args.bootstrap_file))
+    return tuple(parse_bootstrap(text) for text in texts)
+
+
+def ready_line(node: Node, control: Path) -> str:
+    """The JSON line ``run`` prints once it serves: who it is, where, and whether it
+    joined (``join``: ``joined via 1 of 2 bootstrap peers, 3 peers`` or ``not joined:
+    no bootstrap peer answered; retrying in 4 s, 0 peers``)."""
+    join = node.joining.status(trio.current_time())
+    line = {
+        "event": "ready",
+        "peerId": str(node.peer_id),
+        "addresses": node.advertised_addresses(),
+        "control": str(control),
+        "joined": join.joined,
+        "peers": join.peers,
+        "join": join.summary(),
+    }
+    return json.dumps(line)
 
 
 def _authority_key(args: argparse.Namespace) -> bytes | None:
@@ -283,15 +309,12 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         else starter_template(default_agent_id(identity.peer_id), "AGENT")
         for p in card_paths
     ]
-    bootstrap = list(args.bootstrap or [])
-    if args.bootstrap_file:
-        bootstrap += read_bootstrap_file(Path(args.bootstrap_file))
     config = NodeConfig(
         data_dir=data_dir,
         listen=parse_address(args.listen),
         dht_listen=parse_address(args.listen),
         advertise_host=args.advertise_host,
-        bootstrap=tuple(parse_address(b) for b in bootstrap),
+        bootstrap=bootstrap_addresses(args),
         policy=PolicyConfig(authority_key=_authority_key(args)),
     )
     endorser = load_identity(Path(args.endorse_with)) if args.endorse_with else None
@@ -323,12 +346,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         # Attached processes use the swarm's tools and offer their own (audited here).
         await node.open_agent_socket(data_dir / AGENT_SOCKET_NAME, endorser=endorser)
         await start_mcp_servers(node, args, authority=endorser, roles=roles)  # --mcp-server
-        print(
-            json.dumps({"event": "ready", "peerId": str(node.peer_id),
-                        "addresses": node.advertised_addresses(),
-                        "control": str(data_dir / CONTROL_SOCKET_NAME)}),
-            flush=True,
-        )  # fmt: skip
+        print(ready_line(node, data_dir / CONTROL_SOCKET_NAME), flush=True)
         stopper.serving()
         await stopper.requested.wait()
 
@@ -344,6 +362,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     if args.metrics:
         check_metrics_extra()  # one line naming the extra, before anything starts
+    bootstrap_addresses(args)  # a malformed bootstrap address: one line, before anything
     configure_logging(args.log_level, json_lines=args.log_json, stream=sys.stderr)
     try:
         return trio.run(run_daemon, args)
@@ -406,6 +425,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"swarm      {status['swarm']}")
     print(f"agents     {', '.join(status['agents'])}")
     print(f"peers      {len(status['peers'])}")
+    if "join" in status:
+        print(f"join       {status['join']['summary']}")
     for channel in status["channels"]:
         print(f"  channel  {channel['peer']}  {channel['state']}")
     warnings = status.get("documentWarnings", {})

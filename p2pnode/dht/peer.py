@@ -364,7 +364,9 @@ class DhtPeer:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._maintenance_task)
         # Contacts leave the table only as calls time out, which is handled here.
-        self.rejoin.observe(len(self.table), now)
+        if self.rejoin.observe(len(self.table), now):
+            assert self._nursery is not None
+            self._nursery.start_soon(self._republish_task)
         if self.rejoin.handle_timer(now):
             assert self._nursery is not None
             self._nursery.start_soon(self._rejoin_task)
@@ -541,11 +543,18 @@ class DhtPeer:
             if await count_answers(self.ping, seeds) or len(self.table):
                 await self.find_node(self.node_id)
         finally:
-            self.rejoin.finished(len(self.table), trio.current_time())
+            if self.rejoin.finished(len(self.table), trio.current_time()):
+                assert self._nursery is not None
+                self._nursery.start_soon(self._republish_task)
             # The network sleeps to a deadline set before this attempt: pull it in.
             wake = self.calls.wake
             if wake is not None and self.rejoin.next_deadline() < wake.deadline:
                 wake.deadline = self.rejoin.next_deadline()
+
+    async def _republish_task(self) -> None:
+        """The table holds contacts again after it was empty: put what was published
+        meanwhile (stored here only) where readers look (dht.md §5.2)."""
+        await self.publisher.republish_now(trio.current_time())
 
     def snapshot(self) -> bytes:
         """The routing table (and restored contacts not yet proven) as bytes

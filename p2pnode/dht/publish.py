@@ -14,6 +14,11 @@ Theory of operation (docs/protocol/dht.md §4.4 and §7):
   re-runs them every ``republish_interval``, well before a record's
   lifetime (at most ``record_ttl_ms``) runs out, so the record lives as long
   as its owner does and disappears within a lifetime after the owner leaves.
+  A record's lifetime follows its card's (``min(card expiry, now + ttl)``): a
+  card re-issued at half its lifetime is provided again, which replaces the
+  makers. Records put while the routing table was empty reached nobody, so
+  when the table holds contacts again they are all put at once
+  (:meth:`Publisher.republish_now`), not a republish interval later.
 * :func:`card_makers` turns an Agent Card into the makers of its card record
   and of one provider record per capability, including the pseudo-capability
   ``agent:<agent id>`` that lets readers find an agent by id (§4.1).
@@ -154,6 +159,16 @@ class Publisher:
         """
         if not self.republish_due(now):
             return 0
+        return await self.republish_now(now)
+
+    async def republish_now(self, now: float) -> int:
+        """Republish every kept record at once, as :meth:`republish_if_due` does when due.
+
+        The driver calls it when the routing table holds contacts again after it was
+        empty (dht.md §5.2): what was published or renewed meanwhile was stored here
+        only, and would otherwise wait up to ``republish_interval`` (or its card's next
+        renewal) to reach the nodes readers ask.
+        """
         self._last_republish = now
         now_ms = self._wall_ms()
         fresh: list[tuple[bytes, SignedRecord]] = []

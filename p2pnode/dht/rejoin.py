@@ -6,8 +6,9 @@ contact failed (its network was down, or the whole swarm restarted) has an
 empty table, and nobody it knows of to ask: unless someone happens to send it
 a request, it never joins again. :class:`Rejoin` remembers where the node
 joined from, the addresses given to ``bootstrap`` (the configured bootstrap
-peers) and those of a restored snapshot, at most ``max_seeds`` of them, and
-while the table is empty it has them tried again:
+peers, and any peer joined through later) and those of a restored snapshot,
+at most ``max_seeds`` of them, and while the table is empty it has them
+tried again:
 
 * the driver reports the table's size after anything that may have emptied
   it (:meth:`Rejoin.observe`; contacts leave only when calls time out, which
@@ -18,9 +19,12 @@ while the table is empty it has them tried again:
   contacts together do not retry in step (state table ``_TRANSITIONS``);
 * an attempt (the driver's) pings every seed and looks up the node's own id
   through those that answer; once the table holds a contact again the
-  delays start over.
+  delays start over, and :meth:`Rejoin.observe` / :meth:`Rejoin.finished`
+  say so (True), for the driver to republish what it put while alone.
 
-No clock reads: every method that needs the time takes ``now``.
+The same schedule paces a node that joined no bootstrap peer at all
+(:class:`p2pnode.node.joining.Joining`). No clock reads: every method that
+needs the time takes ``now``.
 """
 
 from __future__ import annotations
@@ -103,24 +107,32 @@ class Rejoin:
         return list(seen)[: self.max_seeds]
 
     def remember_bootstrap(self, addresses: Iterable[Address]) -> None:
-        """``addresses`` were given to ``bootstrap``: they replace the earlier ones."""
-        self._bootstrap = list(dict.fromkeys(addresses))[: self.max_seeds]
+        """``addresses`` were given to ``bootstrap``: they join the earlier ones (a node
+        bootstrapped through one more peer, as ``Kernel.connect`` does, still knows the
+        configured ones), the newest kept when there are more than ``max_seeds``."""
+        fresh = list(dict.fromkeys(addresses))
+        kept = [a for a in self._bootstrap if a not in fresh]
+        self._bootstrap = [*kept, *fresh][-self.max_seeds :]
 
     def remember_snapshot(self, addresses: Iterable[Address]) -> None:
         """A snapshot was restored with contacts at ``addresses``."""
         self._snapshot = list(dict.fromkeys(addresses))[: self.max_seeds]
 
-    def observe(self, contacts: int, now: float) -> None:
+    def observe(self, contacts: int, now: float) -> bool:
         """The table holds ``contacts`` at ``now``: an empty one (with seeds to try)
-        schedules an attempt, a filled one ends the waiting and resets the delays."""
+        schedules an attempt, a filled one ends the waiting and resets the delays.
+        True when the table holds contacts again after it was empty (the driver then
+        republishes what it put meanwhile: that reached nobody)."""
         if contacts:
             self._delay = self.first_delay
             if self._state is RejoinState.WAITING:
                 self._next = float("inf")
                 self._move(RejoinState.JOINED)
+                return True
         elif self._state is RejoinState.JOINED and (self._bootstrap or self._snapshot):
             self._next = now + self._jittered(self._delay)
             self._move(RejoinState.WAITING)
+        return False
 
     def next_deadline(self) -> float:
         """When :meth:`handle_timer` has work (infinity unless WAITING)."""
@@ -135,19 +147,21 @@ class Rejoin:
         self._move(RejoinState.RUNNING)
         return True
 
-    def finished(self, contacts: int, now: float) -> None:
+    def finished(self, contacts: int, now: float) -> bool:
         """The attempt ended at ``now`` with ``contacts`` in the table; without any,
-        the next one is due after twice the delay (at most ``max_delay``). Raises
-        LocalError(ILLEGAL_TRANSITION) when no attempt runs."""
+        the next one is due after twice the delay (at most ``max_delay``). True when
+        it joined (as :meth:`observe`). Raises LocalError(ILLEGAL_TRANSITION) when no
+        attempt runs."""
         if self._state is not RejoinState.RUNNING:
             raise LocalError(ErrorCode.ILLEGAL_TRANSITION, f"rejoin {self._state}: nothing runs")
         if contacts:
             self._delay = self.first_delay
             self._move(RejoinState.JOINED)
-            return
+            return True
         self._delay = min(self._delay * 2, self.max_delay)
         self._next = now + self._jittered(self._delay)
         self._move(RejoinState.WAITING)
+        return False
 
     def _jittered(self, delay: float) -> float:
         return delay * (0.75 + 0.5 * self._rng.random())

@@ -6,6 +6,8 @@ services' settings; the kernel reads only the fields here.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,53 @@ def parse_address(text: str) -> Address:
 def format_address(address: Address) -> str:
     host, port = address[0], address[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+#: A DNS host name (RFC 1123 labels; ``_`` is tolerated, as resolvers do).
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                        r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")  # fmt: skip
+
+
+def bootstrap_problem(address: Address) -> str | None:
+    """Why ``address`` cannot be a bootstrap peer (None: it can): the host must be an
+    IP literal or a host name, the port 1-65535 (docs/protocol/node.md "Joining")."""
+    host, port = address[0], address[1]
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
+        return "the port must be 1-65535"
+    if not isinstance(host, str) or not host:
+        return "no host"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if _HOST_NAME.fullmatch(host) is None:
+            return f"{host!r} is not a host name or an IP address"
+    return None
+
+
+def parse_bootstrap(text: str) -> Address:
+    """A bootstrap address: ``host:port``, ``[v6]:port`` or ``name:port`` (a host name,
+    resolved when joining). Raises LocalError(CONFIG_ERROR) naming ``text`` and why."""
+    stripped = text.strip()
+    scheme, sep, rest = stripped.partition("://")
+    if sep:
+        hint = f"; write HOST:PORT ({rest.split('/', 1)[0]})" if rest else ""
+        raise _bootstrap_error(text, f"a URL ({scheme}://) is not a bootstrap address{hint}")
+    host, sep, port_text = stripped.rpartition(":")
+    if not sep or not host or "]" in port_text:
+        raise _bootstrap_error(text, "no port; write HOST:PORT")
+    if not port_text.isdigit():
+        raise _bootstrap_error(text, "the port must be 1-65535")
+    if host.startswith("[") != host.endswith("]"):
+        raise _bootstrap_error(text, "unbalanced brackets around an IPv6 address")
+    address = (host[1:-1] if host.startswith("[") else host, int(port_text))
+    problem = bootstrap_problem(address)
+    if problem is not None:
+        raise _bootstrap_error(text, problem)
+    return address
+
+
+def _bootstrap_error(text: str, why: str) -> LocalError:
+    return LocalError(ErrorCode.CONFIG_ERROR, f"bootstrap address {text!r}: {why}", address=text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,5 +153,9 @@ class KernelConfig:
             problems.append("dial_probe_interval must be more than 0 and at most 60")
         if not 0 < self.tool_deadline <= MAX_DEADLINE:
             problems.append(f"tool_deadline must be more than 0 and at most {MAX_DEADLINE:g}")
+        for address in self.bootstrap:
+            problem = bootstrap_problem(address)
+            if problem is not None:
+                problems.append(f"bootstrap address {address!r}: {problem}")
         if problems:
             raise LocalError(ErrorCode.CONFIG_ERROR, "; ".join(problems), problems=problems)

@@ -65,8 +65,10 @@ from p2pnode.core.registry import Registry
 from p2pnode.core.threadstore import ThreadStore
 from p2pnode.node.agents import AgentHost
 from p2pnode.node.callcancel import CANCELLED, cancel_payload
-from p2pnode.node.config import KernelConfig, format_address, parse_address
+from p2pnode.node.channels import ChannelState
+from p2pnode.node.config import KernelConfig, format_address, parse_address, parse_bootstrap
 from p2pnode.node.discovery import Discovery, NoDiscovery
+from p2pnode.node.joining import Joining, resolve_host
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Policy
@@ -138,6 +140,17 @@ class Kernel(TaskOwner):
             clock_ms,
         )
         self._listen_address: Address | None = None
+        #: Joining through the bootstrap peers, tried again until it works (join, status).
+        self.joining = Joining(
+            self.config.bootstrap,
+            open_channel=self._open_channel,
+            bootstrap_dht=lambda addresses: self.discovery.bootstrap(addresses),
+            publish=self._publish_cards,
+            is_own=self._is_own_address,
+            peers=self._open_channels,
+            dht_contacts=self._dht_contacts,
+            dial_timeout=self.config.retry.dial_timeout,
+        )
 
     def _make_routing(self, discovery: Discovery | None) -> Routing:
         """The routing driver over the node's agents, registry, policy and links."""
@@ -406,33 +419,37 @@ class Kernel(TaskOwner):
         raise LocalError(ErrorCode.AGENT_NOT_FOUND, "this node hosts no agent")
 
     async def join(self) -> int:
-        """Join the swarm through the configured bootstrap peers: open a channel to
-        each (exchanging cards) and bootstrap the DHT. Returns how many channels opened.
+        """Join the swarm through the configured bootstrap peers (docs/protocol/node.md
+        "Joining"): resolve their host names, open a channel to each (exchanging cards),
+        bootstrap the DHT through them and publish the local cards again. Returns how
+        many channels opened.
 
         The node's own address is skipped (one bootstrap list serves every node of a
         swarm, bootstrap nodes included). A bootstrap peer without a secure channel
-        (a DHT-only node, such as a stock ``kademlia`` one, or one that is down) is
-        one INFO line, not an error: the DHT bootstrap is what joining needs.
+        whose DHT answers (a DHT-only node, such as a stock ``kademlia`` one) counts as
+        joined (one INFO line); one that cannot be resolved or reached is one WARNING,
+        the first time. When none answered, the node tries again in the background
+        (2 s doubling to 300 s, ±25%) until one does; ``status()["join"]`` says where
+        it stands.
         """
-        bootstrap = [a for a in self.config.bootstrap if not self._is_own_address(a)]
-        reached = 0
-        for address in bootstrap:
-            try:
-                with trio.fail_after(self.config.retry.dial_timeout):
-                    await self.connect(address)
-                reached += 1
-            except (P2PError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                where = format_address(address)
-                logger.info("bootstrap %s: no p2pnode channel there; joining by its DHT", where)
-                logger.debug("bootstrap %s: %s", where, describe(exc))
-        await self.discovery.bootstrap(bootstrap)
-        # Cards published before the DHT had peers reached nobody: publish them again.
+        return await self.joining.join(self.nursery)
+
+    async def _publish_cards(self) -> None:
+        """Provide every local card to discovery (again: cards published before the DHT
+        had a contact reached nobody)."""
         for agent in list(self._agents.values()):
             try:
                 await self.discovery.provide(agent.card)
             except P2PError as exc:
                 self.events.error(exc.code, f"publishing {agent.card.id}: {exc.message}")
-        return reached
+
+    def _open_channels(self) -> int:
+        return sum(1 for link in self.links if link.state is ChannelState.OPEN)
+
+    def _dht_contacts(self) -> int | None:
+        """The DHT's routing table size (None: discovery is not a DHT)."""
+        contacts = self.discovery.statistics().get("contacts")
+        return contacts if isinstance(contacts, int) else None
 
     def _is_own_address(self, address: Address) -> bool:
         """Is ``address`` this node's listener (by port, and by host as listened on or
@@ -596,9 +613,33 @@ class Kernel(TaskOwner):
 
     # -- links ------------------------------------------------------------------------------
 
-    async def connect(self, address: Address) -> PeerId:
-        """Open a channel to the node at ``address`` and return its peer id once its
-        HELLO (its agents' cards) has arrived, or after the dial timeout."""
+    async def connect(self, address: Address | str) -> PeerId:
+        """Join through the node at ``address`` (``host:port`` text or a pair; a host
+        name is resolved): open a channel and return its peer id once its HELLO (its
+        agents' cards) has arrived, or after the dial timeout. When this node's DHT has
+        no contact yet, it is bootstrapped through that peer and the local cards are
+        published, so third nodes find this node's agents (docs/protocol/node.md
+        "Joining").
+
+        Raises LocalError(CONFIG_ERROR) for a malformed address, LocalError(DELIVERY_FAILED)
+        when its host name does not resolve or nobody answers there,
+        LocalError(INVALID_ARGUMENT) when it is this node's own address.
+        """
+        target = parse_bootstrap(address) if isinstance(address, str) else address
+        try:
+            resolved = await resolve_host(target)
+        except OSError as exc:
+            where = format_address(target)
+            raise LocalError(
+                ErrorCode.DELIVERY_FAILED, f"cannot resolve {where}: {describe(exc)}"
+            ) from None
+        peer_id = await self._open_channel(resolved)
+        await self.joining.connected(resolved)
+        return peer_id
+
+    async def _open_channel(self, address: Address) -> PeerId:
+        """Open a channel to ``address``; its peer id once its HELLO arrived (or after the
+        dial timeout)."""
         peer_id = await self.links.connect(address)
         if peer_id == self.peer_id:
             # An address of this node that _is_own_address cannot tell (another
@@ -632,6 +673,7 @@ class Kernel(TaskOwner):
                 }
                 for link in self.links
             ],
+            "join": self.joining.status(trio.current_time()).to_dict(),
             "discovery": self.discovery.statistics(),
             "metrics": metrics.to_dict(),
         }
