@@ -114,6 +114,7 @@ FIRST: tuple[str, ...] = (
     "tests/test_mcp_processes.py",
     "tests/test_cli_tasks.py",
     "tests/test_shared_kill.py",
+    "tests/test_restart_processes.py",
 )
 
 
