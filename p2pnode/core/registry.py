@@ -41,7 +41,7 @@ Rules (seed Requirement 1, Properties 1-5):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from p2pnode.core.card import AgentCard, Origin
 from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
@@ -197,7 +197,26 @@ class Registry:
         stored = dataclasses.replace(card, origin=Origin.REMOTE, last_seen_at=now_ms)
         self._rivals.setdefault(card.id, {})[card.peer_id] = stored
         self._count(stored)
+        self._index(stored)
+        if held is not None:
+            self._unindex(card.id, held.provider_keys() - stored.provider_keys())
         return True
+
+    def _index(self, card: AgentCard) -> None:
+        for cap in card.provider_keys():
+            self._by_capability.setdefault(cap, set()).add(card.id)
+
+    def _unindex(self, agent_id: str, caps: Iterable[str]) -> None:
+        """Take ``agent_id`` out of the index of each of ``caps`` that none of its
+        remaining claims (held or rival) offers."""
+        claims = self.owners(agent_id)
+        for cap in caps:
+            ids = self._by_capability.get(cap)
+            if ids is None or any(cap in c.provider_keys() for c in claims):
+                continue
+            ids.discard(agent_id)
+            if not ids:
+                del self._by_capability[cap]
 
     def _count(self, card: AgentCard) -> None:
         if card.origin is Origin.REMOTE:
@@ -219,19 +238,16 @@ class Registry:
         if card is None:
             return
         self._uncount(card)
-        for cap in card.provider_keys():
-            ids = self._by_capability.get(cap)
-            if ids is not None:
-                ids.discard(agent_id)
-                if not ids:
-                    del self._by_capability[cap]
+        self._unindex(agent_id, card.provider_keys())
 
     def _end_claim(self, agent_id: str, peer_id: PeerId, now_ms: int | None) -> bool:
         """Remove ``peer_id``'s claim on ``agent_id`` (held or rival); a rival takes the
         place of a holder (:meth:`_promote`). False when it had none."""
         rivals = self._rivals.get(agent_id)
         if rivals is not None and peer_id in rivals:
-            self._uncount(rivals.pop(peer_id))
+            rival = rivals.pop(peer_id)
+            self._uncount(rival)
+            self._unindex(agent_id, rival.provider_keys())
         else:
             held = self._cards.get(agent_id)
             if held is None or held.peer_id != peer_id:
@@ -261,8 +277,10 @@ class Registry:
 
     def unregister(self, agent_id: str) -> bool:
         """Remove a card (and its rivals); False when there was none."""
-        for rival in self._rivals.pop(agent_id, {}).values():
+        rivals = self._rivals.pop(agent_id, {}).values()
+        for rival in rivals:
             self._uncount(rival)
+            self._unindex(agent_id, rival.provider_keys())
         self._unpinned.discard(agent_id)
         if agent_id not in self._cards:
             return False
@@ -365,8 +383,7 @@ class Registry:
         self._drop(card.id)
         self._cards[card.id] = card
         self._count(card)
-        for cap in card.provider_keys():
-            self._by_capability.setdefault(cap, set()).add(card.id)
+        self._index(card)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -387,6 +404,11 @@ class Registry:
         if card is not None and card.peer_id.raw == peer_id.raw:  # bytes: no __eq__ call
             return card
         return self._rivals.get(agent_id, {}).get(peer_id)
+
+    def owned_by(self, peer_id: PeerId) -> list[AgentCard]:
+        """The remote cards (held and rival) owned by ``peer_id``."""
+        cards = (self.find_owned(i, peer_id) for i in self._ids_of.get(peer_id, ()))
+        return [c for c in cards if c is not None]
 
     def owners(self, agent_id: str, now_ms: int | None = None) -> list[AgentCard]:
         """Every card claiming ``agent_id`` (live at ``now_ms`` when given), the held one
@@ -440,9 +462,17 @@ class Registry:
         return len(self._ids_of.get(peer_id, ()))
 
     def find_by_capability(self, capability_id: str) -> list[AgentCard]:
-        """Cards offering ``capability_id``, local ones first, then by agent id."""
-        ids = self._by_capability.get(capability_id, ())
-        return sorted((self._cards[i] for i in ids), key=_local_first)
+        """Cards offering ``capability_id``, local ones first, then by agent id: of a
+        contested id, every owner's card that offers it (held first), so an owner
+        restarted under a new key is found while its old self's card lasts."""
+        cards: list[AgentCard] = []
+        for agent_id in self._by_capability.get(capability_id, ()):
+            if agent_id not in self._rivals:
+                cards.append(self._cards[agent_id])  # the only claim: it offers it
+            else:
+                offers = (c for c in self.owners(agent_id) if capability_id in c.provider_keys())
+                cards.extend(offers)
+        return sorted(cards, key=_local_first)
 
     def find_by_tier(self, tier: int) -> list[AgentCard]:
         return sorted((c for c in self._cards.values() if c.tier == tier), key=_local_first)

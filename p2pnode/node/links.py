@@ -237,7 +237,7 @@ class LinkManager(TaskOwner):
 
     def _addresses_of(self, peer_id: PeerId) -> list[Address]:
         addresses = list(self._addresses.get(peer_id, []))
-        for card in self._registry:
+        for card in self._registry.owned_by(peer_id):  # rival claims too
             if card.peer_id == peer_id:
                 for text in card.addresses:
                     address = parse_address(text)

@@ -188,6 +188,8 @@ class AmbiguousAgentError(LocalError):
     """
 
     def __init__(self, agent_id: str, owners: list[AgentCard]) -> None:
+        #: The cards of the live owners, held first.
+        self.owners = owners
         addresses = [pinned_address(agent_id, c.peer_id) for c in owners]
         super().__init__(
             ErrorCode.INVALID_ARGUMENT,
@@ -311,6 +313,10 @@ class Router:
         if card is not None and now_ms is not None and card.is_expired(now_ms):
             return None
         return card
+
+    def reachable(self, card: AgentCard) -> bool:
+        """False when ``card``'s owner is known unreachable (its link closed for good)."""
+        return self._registry.is_live(card, None)
 
     def pin(self, envelope: Envelope) -> None:
         """Remember the owner ``envelope`` names (``agent@peer``, in anything but a reply):

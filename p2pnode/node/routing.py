@@ -56,9 +56,11 @@ from p2pnode.node.inbox import LocalAgent as LocalAgent  # re-exported
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
+from p2pnode.node.probe import probe
 from p2pnode.node.replystream import STREAM_TYPES, ReplyStream
 from p2pnode.node.router import (
     ANSWERED_TYPES,
+    AmbiguousAgentError,
     BoundedSet,
     BurstDecisions,
     Ingress,
@@ -188,12 +190,24 @@ class Interceptors:
 
 
 async def find_agent(
-    agent_id: str, router: Router, discovery: Discovery, cards: CardIntake, now_ms: int
+    agent_id: str,
+    router: Router,
+    discovery: Discovery,
+    cards: CardIntake,
+    links: LinkManager,
+    now_ms: int,
 ) -> AgentCard:
-    """The card ``agent_id`` (or ``agent@peer``) routes to, after asking discovery.
-    Raises LocalError(AGENT_NOT_FOUND)."""
+    """The card ``agent_id`` (or ``agent@peer``) routes to, after asking discovery; an id
+    ambiguous between live owners is decided again after probing the owners this node
+    has no channel to (p2pnode.node.probe): a dead one is then unreachable and no
+    longer counts. Raises LocalError(AGENT_NOT_FOUND), AmbiguousAgentError when two or
+    more owners still answer."""
     cards.learn_all(await discovery.find_agent(split_address(agent_id)[0]))
-    card = router.known_target(agent_id, now_ms)
+    try:
+        card = router.known_target(agent_id, now_ms)
+    except AmbiguousAgentError as ambiguous:
+        await probe(links, [c.peer_id for c in ambiguous.owners])
+        card = router.known_target(agent_id, now_ms)
     if card is None:
         raise LocalError(ErrorCode.AGENT_NOT_FOUND, f"no agent {agent_id!r}", agent_id=agent_id)
     return card
@@ -208,10 +222,11 @@ async def find_provider(
     clock_ms: Callable[[], int],
 ) -> AgentCard:
     """The agent ``source`` may send to for ``capability``, asking discovery when none is
-    known. Raises LocalError: CAPABILITY_NOT_FOUND, or policy's refusal of every
-    provider (TIER_VIOLATION, SANDBOX_VIOLATION, ...)."""
+    known or only unreachable ones. Raises LocalError: CAPABILITY_NOT_FOUND, or policy's
+    refusal of every provider (TIER_VIOLATION, SANDBOX_VIOLATION, ...)."""
     candidates = router.candidates(source, capability, clock_ms())
-    if not candidates:
+    if not candidates or not router.reachable(candidates[0]):
+        # None known, or only providers whose owner is gone: discovery may know others.
         for found in await discovery.find_providers(capability):
             cards.learn(found)
         candidates = router.candidates(source, capability, clock_ms())
@@ -468,10 +483,21 @@ class Routing:
             else:
                 # The envelope was stamped by this node's clock as it was made: no second read.
                 recipient = self.router.reply_recipient(envelope)  # pinned to the asker
-                found = self.router.known_target(recipient, envelope.timestamp)
-                target = found or await find_agent(
-                    recipient, self.router, self.discovery, self.cards, self._clock_ms()
-                )
+                try:
+                    found = self.router.known_target(recipient, envelope.timestamp)
+                except AmbiguousAgentError:
+                    found = None  # decided below, after probing its owners
+                if found is None or not self.router.reachable(found):
+                    # Unknown, ambiguous, or its owner gone: discovery may know more.
+                    found = await find_agent(
+                        recipient,
+                        self.router,
+                        self.discovery,
+                        self.cards,
+                        self._links,
+                        self._clock_ms(),
+                    )
+                target = found
                 if target.id != envelope.recipient:  # agent@peer: the peer's agent is "agent"
                     self.router.pin(envelope)
                     envelope = dataclasses.replace(envelope, recipient=target.id)

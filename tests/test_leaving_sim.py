@@ -1,0 +1,168 @@
+"""Leaving and coming back under another key, in the simulator on trio's virtual clock:
+a graceful stop is withdrawn from connected peers at once and from the DHT for the
+others; a node restarted under a new identity takes its agent id over from its dead
+old self, for nodes that knew the old one and for nodes that never met either."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import trio
+
+from p2pnode.core.card import Capability
+from p2pnode.core.envelope import Envelope
+from p2pnode.core.identity import Identity
+from p2pnode.dht.node import DhtNode
+from p2pnode.node.discovery import DhtDiscovery
+from p2pnode.runtime import Node
+from p2pnode.simnet import SimHost, SimNetwork
+from tests.sim import FAST_NODE, virtual_ms, wait_until
+
+PORT = 7000
+SUMMARIZE = Capability("text.summarize", "Summarize")
+
+
+async def echo(envelope: Envelope) -> Any:
+    return {"by": envelope.recipient}
+
+
+@asynccontextmanager
+async def dht_node(
+    network: SimHost, identity: Identity, bootstrap: tuple[tuple[str, int], ...] = ()
+) -> AsyncIterator[Node]:
+    """A node with its DHT on the virtual wall clock; it leaves before its DHT closes,
+    as :func:`p2pnode.runtime.open_node` does."""
+    config = dataclasses.replace(FAST_NODE, listen=(network.host, PORT), bootstrap=bootstrap)
+    async with (
+        Node(identity, network, config, clock_ms=virtual_ms) as node,
+        DhtNode(
+            network, identity=identity, address=(network.host, PORT), wall_clock_ms=virtual_ms
+        ) as dht,
+    ):
+        node.discovery = DhtDiscovery(dht)
+        try:
+            yield node
+        finally:
+            with trio.CancelScope(shield=True):
+                await node.leave()
+
+
+def key(n: int) -> Identity:
+    return Identity(bytes([n]) * 32)
+
+
+async def run_node(
+    host: SimHost,
+    identity: Identity,
+    boot: tuple[tuple[str, int], ...],
+    stop: trio.Event,
+    *,
+    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """A node in a task of its own, until ``stop`` is set: one that stops out of order."""
+    async with dht_node(host, identity, boot) as node:
+        task_status.started(node)
+        await stop.wait()
+
+
+async def test_a_graceful_stop_is_withdrawn_from_peers_and_from_the_dht(
+    autojump_clock: Any,
+) -> None:
+    sim = SimNetwork(random.Random(21))
+    async with AsyncExitStack() as stack:
+        seed = await stack.enter_async_context(dht_node(sim.add_host(), key(1)))
+        await seed.add_agent("hub", echo)
+        await seed.join()
+        boot = ((seed.listen_address[0], PORT),)
+        others = []
+        for n in range(2, 10):
+            node = await stack.enter_async_context(dht_node(sim.add_host(), key(n), boot))
+            await node.add_agent(f"a{n}", echo)
+            await node.join()
+            others.append(node)
+        async with dht_node(sim.add_host(), key(30), boot) as leaver:
+            await leaver.add_agent("notes", echo, capabilities=(SUMMARIZE,))
+            await leaver.join()
+            # Every node finds it (most through the DHT, without a channel to it).
+            for node in others:
+                assert [c.id for c in await node.find(SUMMARIZE.id)] == ["notes"]
+            connected = [n for n in [seed, *others] if n.links.get(leaver.peer_id)]
+            assert seed in connected
+            left_at = trio.current_time()
+        # Connected nodes dropped the card from the HELLO, at once.
+        for node in connected:
+            assert node.registry.find("notes") is None
+        assert trio.current_time() - left_at < 2.0
+        # Nodes without a channel learn it from the DHT: the withdrawal replaced the card.
+        for node in others:
+            assert await node.find(SUMMARIZE.id) == []
+            assert node.registry.find("notes") is None
+        assert trio.current_time() - left_at < 30.0
+
+
+async def test_a_node_restarted_under_a_new_key_takes_its_agent_id_over(
+    autojump_clock: Any,
+) -> None:
+    sim = SimNetwork(random.Random(22))
+    async with AsyncExitStack() as stack:
+        seed = await stack.enter_async_context(dht_node(sim.add_host(), key(1)))
+        await seed.add_agent("caller", echo)
+        await seed.join()
+        boot = ((seed.listen_address[0], PORT),)
+        host = sim.add_host()
+        stop = trio.Event()
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        first: Node = await nursery.start(run_node, host, key(40), boot, stop)
+        await first.add_agent("summarizer", echo, capabilities=(SUMMARIZE,))
+        await first.join()
+        knew = await stack.enter_async_context(dht_node(sim.add_host(), key(2), boot))
+        await knew.add_agent("asker", echo)
+        await knew.join()
+        assert (await knew.request("asker", "summarizer", None)).sender == "summarizer"
+        # The device crashes: nothing is withdrawn (its host is off the network).
+        sim.kill(host.host)
+        stop.set()
+        await wait_until(lambda: not first.is_open)
+        sim.revive(host.host)
+        crashed_at = trio.current_time()
+        second = await stack.enter_async_context(dht_node(host, key(41), boot))
+        await second.add_agent("summarizer", echo, capabilities=(SUMMARIZE,))
+        await second.join()
+        # A node that had a channel to the old owner, and one that never met either
+        # (the DHT gives it both cards at once), both reach the new owner by the name.
+        fresh = await stack.enter_async_context(dht_node(sim.add_host(), key(3), boot))
+        await fresh.add_agent("newcomer", echo)
+        await fresh.join()
+        for node, sender in ((knew, "asker"), (fresh, "newcomer")):
+            reply = await node.request(sender, "summarizer", None)
+            owner = node.registry.resolve("summarizer", virtual_ms())
+            assert [c.peer_id for c in owner] == [second.peer_id]
+            assert reply.sender == "summarizer"
+            found = await node.find(SUMMARIZE.id)
+            assert [c.peer_id for c in found] == [second.peer_id]
+        assert trio.current_time() - crashed_at < 30.0
+
+
+async def test_a_live_owner_keeps_its_id_against_a_new_claimant(autojump_clock: Any) -> None:
+    sim = SimNetwork(random.Random(23))
+    async with AsyncExitStack() as stack:
+        seed = await stack.enter_async_context(dht_node(sim.add_host(), key(1)))
+        await seed.add_agent("caller", echo)
+        await seed.join()
+        boot = ((seed.listen_address[0], PORT),)
+        owner = await stack.enter_async_context(dht_node(sim.add_host(), key(50), boot))
+        await owner.add_agent("carol", echo)
+        await owner.join()
+        assert (await seed.request("caller", "carol", None)).sender == "carol"
+        squatter = await stack.enter_async_context(dht_node(sim.add_host(), key(51), boot))
+        await squatter.add_agent("carol", echo)
+        await squatter.join()
+        await wait_until(lambda: len(seed.registry.owners("carol")) == 2)
+        for _ in range(3):
+            await seed.request("caller", "carol", None)
+            chosen = seed.registry.resolve("carol", virtual_ms())
+            assert [c.peer_id for c in chosen] == [owner.peer_id]
