@@ -7,9 +7,12 @@ attempt."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p2pnode.core.jsonutil import dumps
 from p2pnode.services.swarms.coordinator import Coordinator, Participation, Verdict
 from p2pnode.services.swarms.document import (
     COMPLETED,
@@ -131,3 +134,96 @@ def test_a_kept_result_follows_the_later_attempt_assigned_to_it() -> None:
     index, attempt = next((i, s.attempt) for i, s in enumerate(core.subs) if s.assignee == W1)
     assert core.result(W1, index, attempt + 5, 0) is Verdict.REFUSED  # not its attempt
     assert core.result(W1, index, attempt, index * index) is Verdict.ACCEPTED
+
+
+def test_results_of_a_term_admitted_late_count_for_the_coordinator() -> None:
+    """A term's record that arrives before the records admitting it is refused, then
+    admitted by the refold once they arrive; it is never a new record again. The
+    coordinator still counts its results (it follows the fold, not only new records),
+    so it journals the completion instead of waiting for results nobody sends again."""
+    t1, late = term(1, OPENER), term(2, W1)
+    opener = [
+        (t1, "0000000001", rec(j=JOINS, a=FIRST), OWNER),
+        (t1, "0000000002", rec(d=[[i, 1, FIRST[i][1], i * i] for i in range(0, N, 2)]), OWNER),
+    ]
+    odd = (late, "0000000001", rec(d=[[i, 1, FIRST[i][1], i * i] for i in range(1, N, 2)]), P1)
+    reader = DocReader()
+    reader.read_untrusted(document([odd], None))
+    assert reader.view is not None and f"{late}/0000000001" in reader.view.breaches
+    new = reader.read_untrusted(document([odd, *opener], None))
+    assert [k for k, _ in new] == [f"{t1}/0000000001", f"{t1}/0000000002"]
+    view = reader.view
+    assert view is not None and view.complete and view.breaches == {}
+    heir = Coordinator(PLAN, W2, 2, now=0.0, view=read(opener).view)
+    for _key, record in new:
+        heir.absorb(record)
+    assert heir.done == N // 2  # the records alone leave the odd results out
+    assert heir.follow(view) and heir.done == N and not heir.follow(view)
+    heir.tick(0.0)
+    taken = heir.take_record()
+    assert taken is not None and taken[1].status == COMPLETED
+    entries = [*opener, odd, (term(2, W2), taken[0], dumps(taken[1].to_json()), P2)]
+    done = read(entries).view
+    assert done is not None and done.status == COMPLETED and done.outcome == HONEST
+    assert done.breaches == {}
+
+
+def test_a_result_for_an_attempt_another_term_assigned_is_journaled_with_it() -> None:
+    """Two terms of epoch 2: w1's (sorting first, coordinating on) and w2's, which
+    assigned sub-task 5 to itself and stepped down. w2's result for that attempt is
+    accepted by w1 once its fold shows it, and journaled with the assignment, so readers
+    admit it although w2's record sorts after w1's."""
+    t1, mine, other = term(1, OPENER), term(2, W1), term(2, W2)
+    opener = [(t1, "0000000001", rec(j=JOINS), OWNER)]
+    core = Coordinator(PLAN, W1, 2, now=0.0, view=read(opener).view)
+    orders = core.tick(0.0)
+    assert 5 not in {i for items in orders.assign.values() for i, _ in items}
+    assert core.result(W2, 5, 1, 25) is Verdict.REFUSED  # no term assigned it yet
+    first = core.take_record()
+    assert first is not None
+    theirs = (other, "0000000001", rec(a=[[5, W2, 1]]), P2)
+    entries = [*opener, (mine, first[0], dumps(first[1].to_json()), P1), theirs]
+    view = read(entries).view
+    assert view is not None and view.subtasks[5].attempts == {(1, W2)}
+    assert not core.follow(view)
+    assert core.result(W1, 5, 1, -1) is Verdict.REFUSED  # not the assignee of that attempt
+    assert core.result(W2, 5, 2, -1) is Verdict.REFUSED  # no such attempt
+    assert core.result(W2, 5, 1, 25) is Verdict.ACCEPTED
+    second = core.take_record()
+    assert second is not None and second[1].assigned == [(5, W2, 1)]
+    entries.append((mine, second[0], dumps(second[1].to_json()), P1))
+    folded = read(entries).view
+    assert folded is not None and folded.breaches == {}
+    assert folded.subtasks[5].result == 25 and folded.subtasks[5].assignee == W2
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([W1, W2]), st.integers(0, N - 1), st.integers(1, 6)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_p_the_fold_names_an_assignment_that_was_made(
+    assignments: list[tuple[str, int, int]], rng: Any
+) -> None:
+    """However overlapping terms number their attempts and however their records sort,
+    an assigned sub-task's (attempt, assignee) in the fold is one an admitted record
+    made, its latest attempt: the participant it names works on (and reports) an
+    attempt its coordinator can count."""
+    t1 = term(1, OPENER)
+    entries = [(t1, "0000000001", rec(j=JOINS), OWNER)]
+    for seq, (agent, index, attempt) in enumerate(assignments, 1):
+        writer = P1 if agent == W1 else P2
+        entries.append((term(2, agent), f"{seq:010d}", rec(a=[[index, agent, attempt]]), writer))
+    rng.shuffle(entries)
+    view = read(entries).view
+    assert view is not None and view.breaches == {}
+    for index, sub in enumerate(view.subtasks):
+        made = {(a, agent) for agent, i, a in assignments if i == index}
+        assert sub.attempts == made
+        if made:
+            assert sub.status == "assigned" and (sub.attempt, sub.assignee) in made
+            assert sub.attempt == max(a for a, _ in made)

@@ -33,6 +33,9 @@ Theory of operation (docs/protocol/tasks.md §4-5):
 * A coordinator taking over builds its state from the journal's fold
   (:class:`~p2pnode.services.swarms.document.SwarmView`): it keeps results and
   assignments, and gives every live participant a fresh lease to beat to it.
+  Every coordinator then follows the fold after each read of its replica
+  (:meth:`Coordinator.follow`): results and assignments of overlapping terms
+  count, including records admitted only once the records before them arrived.
 * :func:`successors` orders who takes over when the coordinator's lease
   lapses: the live participants by agent id (the driver passes over those
   on the coordinator's own node: they went down with it); the one of rank
@@ -158,6 +161,10 @@ class Coordinator:
         self._failed_by: dict[int, set[str]] = {}
         #: Every (attempt, member) each sub-task was assigned: who may report it.
         self._attempts: list[set[tuple[int, str]]] = [set() for _ in plan.subtasks]
+        #: Of those, the ones read from another term after this one began (:meth:`follow`):
+        #: a result for one is journaled with its assignment, since that term's records
+        #: may sort after this one's.
+        self._learned: list[set[tuple[int, str]]] = [set() for _ in plan.subtasks]
         #: Results refused: not from the assignee of that attempt.
         self.refused = 0
         self.status = WORKING
@@ -259,6 +266,8 @@ class Coordinator:
             return Verdict.DUPLICATE
         self._release(index)
         sub.status, sub.assignee, sub.attempt, sub.result = DONE, agent, attempt, value
+        if (attempt, agent) in self._learned[index]:
+            self.record.assigned.append((index, agent, attempt))
         self.record.done.append((index, attempt, agent, value))
         return Verdict.ACCEPTED
 
@@ -289,6 +298,26 @@ class Coordinator:
             part = self._parts.get(agent)
             if part is not None and part.alive:
                 self._expire(agent, part)
+
+    def follow(self, view: SwarmView) -> bool:
+        """The journal's fold as this node's replica reads it now (after each read):
+        every result it shows accepted is done here too, and every attempt it shows
+        assigned may report. Records are not enough: a term refused when its record
+        arrived is admitted once the records before it do, and is never new again.
+        True when some sub-task became done."""
+        changed = False
+        for index, seen in enumerate(view.subtasks):
+            learned = seen.attempts - self._attempts[index]
+            if learned:
+                self._attempts[index] |= learned
+                self._learned[index] |= learned
+            sub = self.subs[index]
+            if seen.status == DONE and sub.status != DONE:
+                self._release(index)
+                sub.status, sub.assignee, sub.attempt = DONE, seen.assignee, seen.attempt
+                sub.result, sub.ref = seen.result, seen.ref
+                changed = True
+        return changed
 
     def cancel(self) -> None:
         if self.status not in (COMPLETED, CANCELED):

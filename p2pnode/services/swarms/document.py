@@ -366,9 +366,11 @@ def apply(view: SwarmView, key: str, record: Record) -> None:
     for index, agent, attempt in record.assigned:
         sub = view.subtasks[index]
         sub.attempts.add((attempt, agent))
-        if sub.status != DONE:
+        # Assignee and attempt come from one entry, the latest attempt's: an earlier
+        # attempt journaled later (an overlapping term's) only adds who may report it.
+        if sub.status != DONE and attempt >= sub.attempt:
             sub.status, sub.assignee, sub.escalated = ASSIGNED, agent, False
-            sub.attempt = max(sub.attempt, attempt)
+            sub.attempt = attempt
     for index, attempt, agent, result in record.done:
         sub = view.subtasks[index]
         if sub.status == DONE:
@@ -376,10 +378,10 @@ def apply(view: SwarmView, key: str, record: Record) -> None:
             continue
         sub.status, sub.assignee, sub.attempt = DONE, agent, attempt
         sub.result, sub.ref, sub.escalated = result, key, False
-    for index, _agent_id, attempt, _code in record.failed:
+    for index, agent, attempt, _code in record.failed:
         sub = view.subtasks[index]
         sub.failures += 1
-        if sub.status == ASSIGNED and sub.attempt == attempt:
+        if sub.status == ASSIGNED and (sub.attempt, sub.assignee) == (attempt, agent):
             sub.status = PENDING
     for agent, ms in record.leases.items():
         if agent in view.members:

@@ -155,6 +155,8 @@ class Coordination(Protocol):
 
     def absorb(self, node: SwarmNode, key: str, record: Record) -> None: ...
 
+    def follow(self, node: SwarmNode, view: SwarmView) -> None: ...
+
     def canceled(self, node: SwarmNode) -> None: ...
 
 
@@ -364,6 +366,7 @@ class SwarmMembers:
         node.view = view
         for key, record in new:
             self._coordination.absorb(node, key, record)
+        self._coordination.follow(node, view)
         if node.lease is not None and any(k.startswith(_term(node.lease)) for k, _ in new):
             # The holder's journal shows it alive too: a peer overwriting ``coord`` with a
             # claim the rules refuse cannot make its silence look like a lapse.

@@ -539,6 +539,13 @@ class SwarmService:
         if term is not None and not key.startswith(log_key(term.core.epoch, term.core.me) + "/"):
             term.core.absorb(record)
 
+    def follow(self, node: SwarmNode, view: SwarmView) -> None:
+        """The replica's fold after a read: what it shows done or assigned counts for a
+        local coordinator too (records admitted late, or read while it was claiming)."""
+        term = self._coordinating.get(node.swarm)
+        if term is not None and term.core.follow(view):
+            term.wake.set()
+
     def canceled(self, node: SwarmNode) -> None:
         """The opener set ``cancel`` in the document."""
         term = self._coordinating.get(node.swarm)
