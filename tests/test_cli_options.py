@@ -279,3 +279,23 @@ def test_an_empty_listing_names_the_owners_it_could_not_reach(
     monkeypatch.setattr(node_module, "_control", lambda args, request: {"items": []})
     assert main(["resources", "list"]) == 0
     assert capsys.readouterr().err.splitlines() == ["no resources found"]
+
+
+async def test_swarm_status_of_a_swarm_nobody_replicates_answers_at_once(
+    autojump_clock: Any,
+) -> None:
+    from p2pnode.cli.tasks import task_ops
+    from p2pnode.core.errors import LocalError
+    from tests.sim import Inbox, swarm
+
+    async with swarm(1) as (_, (node,)):
+        await node.add_agent("boss", Inbox(), tier=0)
+        status = task_ops(node)["swarm.status"]
+        started = trio.current_time()
+        with pytest.raises(LocalError) as info:
+            await status({"swarm": "nosuch"})
+        assert trio.current_time() - started < 0.5  # it waited 5 s for a plan before
+        assert info.value.message.startswith("no swarm 'nosuch' known")
+        # Nothing is left behind: no subscription, no swarm counted as active.
+        assert node.shared.subscriptions() == {}
+        assert node.status()["tasks"]["swarmsActive"] == 0
