@@ -6,11 +6,13 @@ old self, for nodes that knew the old one and for nodes that never met either.""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import pytest
 import trio
 
 from p2pnode.core.card import Capability
@@ -70,8 +72,9 @@ async def run_node(
 
 
 async def test_a_graceful_stop_is_withdrawn_from_peers_and_from_the_dht(
-    autojump_clock: Any,
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="p2pnode")
     sim = SimNetwork(random.Random(21))
     async with AsyncExitStack() as stack:
         seed = await stack.enter_async_context(dht_node(sim.add_host(), key(1)))
@@ -93,10 +96,15 @@ async def test_a_graceful_stop_is_withdrawn_from_peers_and_from_the_dht(
             connected = [n for n in [seed, *others] if n.links.get(leaver.peer_id)]
             assert seed in connected
             left_at = trio.current_time()
+            caplog.clear()
         # Connected nodes dropped the card from the HELLO, at once.
         for node in connected:
             assert node.registry.find("notes") is None
         assert trio.current_time() - left_at < 2.0
+        # One INFO line per neighbour, and no redial of a peer that said it left.
+        about = [r for r in caplog.records if str(leaver.peer_id) in r.getMessage()]
+        assert len(about) == len(connected), [r.getMessage() for r in about]
+        assert all("withdrew notes" in r.getMessage() for r in about)
         # Nodes without a channel learn it from the DHT: the withdrawal replaced the card.
         for node in others:
             assert await node.find(SUMMARIZE.id) == []

@@ -532,8 +532,8 @@ class AgentHost:
                 with trio.move_on_after(self._config.request_timeout):
                     try:
                         await link.send(hello)
-                    except P2PError as exc:
-                        logger.info("card update to %s failed: %s", link.peer_id, exc)
+                    except P2PError as exc:  # the link reports a peer that is gone
+                        logger.debug("card update to %s failed: %s", link.peer_id, exc)
 
     def hello_bytes(self) -> bytes:
         """A HELLO frame of the local agents' cards (none once the node left) and the

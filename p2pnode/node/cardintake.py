@@ -126,7 +126,9 @@ class CardIntake:
             logger.info("peer %s withdrew its claim on agent id %r", peer_id, agent_id)
 
     def withdraw_from(self, peer_id: PeerId, withdrawals: tuple[Withdrawal, ...]) -> None:
-        """Apply the withdrawals of a HELLO from ``peer_id``: only its own agents'."""
+        """Apply the withdrawals of a HELLO from ``peer_id``: only its own agents'. One
+        INFO line names the agents that left."""
+        gone = []
         for withdrawal in withdrawals:
             if withdrawal.peer_id != peer_id:
                 self._events.security(
@@ -137,7 +139,10 @@ class CardIntake:
                     None,
                 )
                 continue
-            self.withdraw(withdrawal)
+            if self.withdraw(withdrawal):
+                gone.append(withdrawal.agent_id)
+        if gone:
+            logger.info("peer %s withdrew %s", peer_id, ", ".join(gone))
 
     def withdraw(self, withdrawal: Withdrawal) -> bool:
         """Apply a verified withdrawal (from a HELLO or a DHT read): its owner's card of
@@ -146,7 +151,7 @@ class CardIntake:
             return False  # our own, read back from the DHT
         dropped = self._registry.withdraw(withdrawal, self._clock_ms())
         if dropped:
-            logger.info("agent %s@%s left", withdrawal.agent_id, withdrawal.peer_id)
+            logger.debug("agent %s@%s withdrawn", withdrawal.agent_id, withdrawal.peer_id)
         return dropped
 
     def _note_collision(self, card: AgentCard, exc: RemoteError, peer: str | None) -> None:

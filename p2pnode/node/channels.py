@@ -254,6 +254,8 @@ class PeerLink:
         self.last_dial_error: str | None = None
         #: True once the link closed because its redials failed (not closed by this node).
         self.gave_up = False
+        #: The peer said it is leaving (it withdrew its agents): a lost channel is the end.
+        self.departing = False
         #: Dials of the current round (0 while none runs; 1 during the first).
         self.dial_round = 0
         self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
@@ -405,7 +407,9 @@ class PeerLink:
         self.loss = why
         self._channel = None
         self._nursery.start_soon(close_quietly, channel)
-        if self.state is ChannelState.OPEN:
+        if self.departing:
+            self._nursery.start_soon(self.aclose)  # no redial of a peer that left
+        elif self.state is ChannelState.OPEN:
             self._connected = trio.Event()
             self._set_state(ChannelState.RECONNECTING)
             self._start_dialing()

@@ -177,6 +177,13 @@ class LinkManager(TaskOwner):
         if link is not None and link.state in (ChannelState.CONNECTING, ChannelState.RECONNECTING):
             link.redial_now()
 
+    def peer_leaving(self, peer_id: PeerId) -> None:
+        """``peer_id`` withdrew all its agents (it is stopping): when its channel closes,
+        the link closes too, without redials or a "left" line (the withdrawal said it)."""
+        link = self._links.get(peer_id)
+        if link is not None:
+            link.departing = True
+
     def _remember(self, peer_id: PeerId, addresses: list[Address]) -> None:
         """Keep ``addresses`` (first first, no repeats) for ``peer_id``: at most
         ``hello_addresses`` of them, for at most ``max_peers`` peers (those with no

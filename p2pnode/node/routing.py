@@ -687,6 +687,8 @@ class Routing:
 
     def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
         self.cards.withdraw_from(peer_id, hello.withdrawals)
+        if hello.withdrawals and not hello.cards:
+            self._links.peer_leaving(peer_id)  # a stopping node's last HELLO
         self.cards.learn_from(peer_id, hello.cards)
         addresses = []
         for text in hello.addresses:
