@@ -36,7 +36,8 @@ def test_readme_block_runs(index: int, tmp_path: Path) -> None:
 def _block_after(heading: str) -> str:
     """The first Python block of the README section ``heading``."""
     section = README.read_text(encoding="utf-8").split(f"\n### {heading}\n", 1)[1]
-    return re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", section, re.S)
+    return blocks[0]
 
 
 @pytest.mark.slow
