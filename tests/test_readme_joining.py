@@ -14,7 +14,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def joining_block() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    text = README.read_text(encoding="utf-8")
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", text, re.S)
     found = [b for b in blocks if "hub.listen_address" in b and ".connect(" in b]
     assert len(found) == 1, "the README has one library example of joining through a hub"
     return found[0]

@@ -15,7 +15,7 @@ Theory of operation:
   or DHT), or :meth:`Joining.connected` was told of a channel the program
   opened itself (``Kernel.connect``). Joining publishes the node's cards
   again: those published before the DHT had a contact reached nobody.
-* A node that joined no one **keeps trying** (:meth:`Joining.keep_trying`) on
+* A node that joined no one **keeps trying** (``Joining._keep_trying``) on
   the schedule of :class:`~p2pnode.dht.rejoin.Rejoin` (the DHT's own: 2 s
   doubling to 300 s, each delay ±25%), until an attempt or a connect joins it.
 * **Logs**: an address that cannot be resolved or reached is one WARNING, the
@@ -254,7 +254,7 @@ class Joining:
         )
 
     async def join(self, nursery: trio.Nursery) -> int:
-        """One attempt now; when it reached nobody, :meth:`keep_trying` in ``nursery``.
+        """One attempt now; when it reached nobody, the next ones in ``nursery``.
         Returns how many bootstrap peers opened a channel."""
         if not self.bootstrap:
             return 0
@@ -269,16 +269,16 @@ class Joining:
             self._move(JoinState.RETRYING)
         if self._state is JoinState.RETRYING and not self._retrying:
             self._retrying = True
-            nursery.start_soon(self.keep_trying)
+            self._schedule.observe(0, trio.current_time())  # the next attempt is due
+            nursery.start_soon(self._keep_trying)
         return self._channels()
 
     def _channels(self) -> int:
         return sum(1 for o in self._outcomes.values() if o is Outcome.CHANNEL)
 
-    async def keep_trying(self) -> None:
+    async def _keep_trying(self) -> None:
         """Attempt again on the rejoin schedule until the node joined."""
         schedule = self._schedule
-        schedule.observe(0, trio.current_time())
         while self._state is not JoinState.JOINED:
             await trio.sleep_until(schedule.next_deadline())
             if not schedule.handle_timer(trio.current_time()):
@@ -357,10 +357,13 @@ class Joining:
         silent = [a for a in targets if outcomes[a] is Outcome.UNREACHABLE]
         if not silent:
             return
-        if probe is None:  # no per-address probe: a DHT with contacts now says enough
-            if self._dht_contacts():
-                for address in silent:
-                    outcomes[address] = Outcome.DHT_ONLY
+        if not self._dht_contacts():  # the bootstrap just pinged them all: none answered
+            for address in silent:
+                reasons[address] += " and no DHT answer"
+            return
+        if probe is None:  # no per-address probe: a DHT with contacts says enough
+            for address in silent:
+                outcomes[address] = Outcome.DHT_ONLY
             return
 
         async def one(address: Address) -> None:
