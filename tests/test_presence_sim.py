@@ -185,3 +185,30 @@ async def test_a_peer_that_shows_it_is_back_resets_the_dial_budget(autojump_cloc
         await node.connect(a.node.listen_address)  # b dials in: an inbound channel and a HELLO
         assert dials.next_allowed(peer, trio.current_time()) == trio.current_time()
         assert (await a.node.request("asker", "echo", 1)).payload == {"echo": 1}
+
+
+async def test_a_request_pending_on_a_peer_that_stops_fails_at_once(autojump_clock: Any) -> None:
+    async with open_swarm(config=CONFIG) as sw:
+        a = await sw.add(agent="asker")
+        b = await sw.add()
+        assert a.node is not None and b.node is not None
+        stuck = NeverAnswers()
+        await b.node.add_agent("stuck", stuck)
+        await connect_all([a.node, b.node])
+        failure: list[LocalError] = []
+
+        async def ask() -> None:
+            assert a.node is not None
+            with pytest.raises(LocalError) as info:
+                await a.node.request("asker", "stuck", "hello?")
+            failure.append(info.value)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await stuck.asked.wait()
+            start = trio.current_time()
+            await sw.close(b)  # the orderly way: it withdraws its agents, then hangs up
+        (error,) = failure
+        assert error.code is ErrorCode.DELIVERY_FAILED
+        assert trio.current_time() - start <= 3.0
+        assert str(b.identity.peer_id) in error.message and "None" not in error.message

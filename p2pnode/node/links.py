@@ -201,7 +201,9 @@ class LinkManager(TaskOwner):
             self._registry.note_reachable(link.peer_id)
         elif state is ChannelState.CLOSED and not self._closing:
             self._registry.note_unreachable(link.peer_id)
-            if link.gave_up and link.loss is not None:
+            if link.departing:  # it said it is stopping: its withdrawal was the line
+                self._tell_departed(link.peer_id, f"peer {link.peer_id} left: it stopped")
+            elif link.gave_up and link.loss is not None:
                 self._departed(link)
 
     def _departed(self, link: PeerLink) -> None:
@@ -213,8 +215,11 @@ class LinkManager(TaskOwner):
         why = f"{link.loss}; {redials}"
         agents = self._registry.cards_of(peer)
         logger.info("peer %s left: %s; %d agents unreachable", peer, why, agents)
+        self._tell_departed(peer, f"peer {peer} left: {why}")
+
+    def _tell_departed(self, peer: PeerId, why: str) -> None:
         if self._on_departed is not None:
-            self._on_departed(peer, f"peer {peer} left: {why}")
+            self._on_departed(peer, why)
 
     def _on_drop(self, link: PeerLink, envelopes: int) -> None:
         self.envelopes_dropped += envelopes
