@@ -16,6 +16,7 @@ versions, so a newer peer's message is never misread as a malformed one.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import time
@@ -76,6 +77,10 @@ class Metadata:
     #: The capability a request is for, set by the sender's node when it resolved a
     #: capability to an agent (or by a sender addressing one capability of an agent).
     capability: str | None = None
+    #: How long the requester waits for an answer, in milliseconds, when it asked for
+    #: its own timeout: the owner bounds the handler by min(this, its own maximum)
+    #: (docs/protocol/node.md "Requests to an agent").
+    deadline_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -89,6 +94,8 @@ class Metadata:
             out["escalationJustification"] = self.escalation_justification
         if self.capability is not None:
             out["capability"] = self.capability
+        if self.deadline_ms is not None:
+            out["deadlineMs"] = self.deadline_ms
         return out
 
 
@@ -195,6 +202,7 @@ class Envelope:
                     routing_hint=meta.get("routingHint"),
                     escalation_justification=meta.get("escalationJustification"),
                     capability=meta.get("capability"),
+                    deadline_ms=meta.get("deadlineMs"),
                 )
                 if meta is not None
                 else None
@@ -239,8 +247,10 @@ def _id_ok(value: object) -> bool:
 
 
 _METADATA_KEYS = frozenset(
-    {"tier", "sandboxId", "routingHint", "escalationJustification", "capability"}
+    {"tier", "sandboxId", "routingHint", "escalationJustification", "capability", "deadlineMs"}
 )
+#: Longest ``metadata.deadlineMs``: a day.
+MAX_DEADLINE_MS = 86_400_000
 _ENVELOPE_KEYS = frozenset(
     {"id", "schemaVersion", "sender", "recipient", "correlationId", "type", "timestamp"}
     | {"payload", "metadata"}
@@ -296,6 +306,8 @@ def _metadata_problems(meta: Mapping[str, Any]) -> list[str]:
         )
     if meta.get("capability") is not None and not _id_ok(meta["capability"]):
         problems.append(f"metadata.capability: must be a string of 1..{MAX_ID_LENGTH} characters")
+    if meta.get("deadlineMs") is not None and not _deadline_ok(meta["deadlineMs"]):
+        problems.append(f"metadata.deadlineMs: must be an integer of 1..{MAX_DEADLINE_MS}")
     unknown = set(meta) - _METADATA_KEYS
     if unknown:
         problems.append(f"metadata: unknown fields {sorted(map(str, unknown))}")
@@ -328,6 +340,10 @@ def _interned_metadata(
 
 def _justification_ok(value: object) -> bool:
     return type(value) is str and len(value) <= MAX_JUSTIFICATION_LENGTH
+
+
+def _deadline_ok(value: object) -> bool:
+    return type(value) is int and 0 < value <= MAX_DEADLINE_MS
 
 
 def _short_str(value: object) -> bool:
@@ -375,15 +391,19 @@ def _well_formed_envelope(data: dict[str, Any]) -> Envelope | None:
         tier, sandbox_id = meta.get("tier"), meta.get("sandboxId")
         hint, justification = meta.get("routingHint"), meta.get("escalationJustification")
         capability = meta.get("capability")
+        deadline = meta.get("deadlineMs")
         if (
             (tier is not None and (type(tier) is not int or not 0 <= tier <= 3))
             or (sandbox_id is not None and not _short_str(sandbox_id))
             or (hint is not None and hint != ROUTING_HINT_CAPABILITY)
             or (justification is not None and not _justification_ok(justification))
             or (capability is not None and not _short_str(capability))
+            or (deadline is not None and not _deadline_ok(deadline))
         ):
             return None
         metadata = _interned_metadata(tier, sandbox_id, hint, justification, capability)
+        if deadline is not None:  # a per-request value: not interned
+            metadata = dataclasses.replace(metadata, deadline_ms=deadline)
     return Envelope(
         id_, sender, recipient, message_type, timestamp, data["payload"], correlation_id, metadata
     )
