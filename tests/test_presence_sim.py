@@ -12,6 +12,7 @@ channel settings (docs/protocol/node.md "Channels"):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -212,3 +213,28 @@ async def test_a_request_pending_on_a_peer_that_stops_fails_at_once(autojump_clo
         assert error.code is ErrorCode.DELIVERY_FAILED
         assert trio.current_time() - start <= 3.0
         assert str(b.identity.peer_id) in error.message and "None" not in error.message
+
+
+async def test_a_fresh_card_of_a_peer_resets_its_dial_budget(autojump_clock: Any) -> None:
+    async with open_swarm(config=CONFIG) as sw:
+        a = await sw.add(agent="asker")
+        b = await sw.add(agent="echo")
+        assert a.node is not None and b.node is not None
+        await connect_all([a.node, b.node])
+        (card,) = b.node.registry.list_local()
+        sw.sim.kill(b.host)  # a crash (see above)
+        await sw.stop(b)
+        sw.sim.revive(b.host)
+        dials, peer = a.node.links.dials, b.identity.peer_id.raw
+        for _ in range(20):  # bounded: until the budget is spent
+            if dials.next_allowed(peer, trio.current_time()) > trio.current_time():
+                break
+            with pytest.raises(P2PError):
+                await a.node.request("asker", "echo", "down?")
+        assert dials.next_allowed(peer, trio.current_time()) > trio.current_time()
+        # The same card again is no news; a newer revision (from the DHT, say) is.
+        a.node.routing.cards.learn(card)
+        assert dials.next_allowed(peer, trio.current_time()) > trio.current_time()
+        newer = dataclasses.replace(card, revision=card.revision + 1).signed(b.identity)
+        assert a.node.routing.cards.learn(newer)
+        assert dials.next_allowed(peer, trio.current_time()) == trio.current_time()
