@@ -544,9 +544,7 @@ def _add_doc_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         cmd.set_defaults(handler=cmd_doc)
 
 
-def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``run``, ``status``, ``find``, ``send``, ``doc``, ``tools``, ``resources``,
-    ``prompts``, ``task``, ``swarm`` and ``demo``."""
+def _add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="run a node until SIGINT or SIGTERM (one per data directory)")
     run.add_argument(
         "--listen",
@@ -585,6 +583,11 @@ def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument("--log-json", action="store_true", help="JSON-lines logs on stderr")
     run.set_defaults(handler=cmd_run)
 
+
+def add_node_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``run``, ``status``, ``find``, ``send``, ``doc``, ``tools``, ``resources``,
+    ``prompts``, ``task``, ``swarm`` and ``demo``."""
+    _add_run_command(sub)
     status = sub.add_parser("status", help="show a running node's state")
     add_json(status, "the node's whole status")
     status.set_defaults(handler=cmd_status)

@@ -405,7 +405,13 @@ def add_task_commands(sub: argparse._SubParsersAction[Any], control: Control) ->
         "task_id", metavar="TASK_ID", help="the task's id (`task propose` prints it)"
     )
     cancel_task.set_defaults(handler=bind(cmd_task_cancel))
+    _add_swarm_commands(sub, bind)
 
+
+def _add_swarm_commands(
+    sub: argparse._SubParsersAction[Any],
+    bind: Callable[[Callable[[argparse.Namespace, Control], int]], Any],
+) -> None:
     swarm = sub.add_parser("swarm", help="run swarms of agents").add_subparsers(
         dest="swarm_command", required=True
     )
