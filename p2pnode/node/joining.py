@@ -39,7 +39,7 @@ import trio
 
 from p2pnode.core.boundary import describe
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
-from p2pnode.dht.rejoin import Rejoin
+from p2pnode.dht.rejoin import Rejoin, RejoinState
 from p2pnode.node.config import format_address
 from p2pnode.transport.net import Address
 
@@ -223,7 +223,6 @@ class Joining:
         self._outcomes: dict[Address, Outcome] = {}
         self._attempts = 0
         self._log = JoinLog()
-        self._retrying = False
 
     @property
     def state(self) -> JoinState:
@@ -267,9 +266,9 @@ class Joining:
             return 0
         if self._state is JoinState.JOINING:
             self._move(JoinState.RETRYING)
-        if self._state is JoinState.RETRYING and not self._retrying:
-            self._retrying = True
-            self._schedule.observe(0, trio.current_time())  # the next attempt is due
+        if self._state is JoinState.RETRYING and self._schedule.state is RejoinState.JOINED:
+            # No retry is scheduled yet (WAITING or RUNNING: one is): schedule the next.
+            self._schedule.observe(0, trio.current_time())
             nursery.start_soon(self._keep_trying)
         return self._channels()
 

@@ -141,7 +141,11 @@ class Kernel(TaskOwner):
         )
         self._listen_address: Address | None = None
         #: Joining through the bootstrap peers, tried again until it works (join, status).
-        self.joining = Joining(
+        self.joining = self._make_joining()
+
+    def _make_joining(self) -> Joining:
+        """Joining, given the kernel's dialing, discovery, cards and channels."""
+        return Joining(
             self.config.bootstrap,
             open_channel=self._open_channel,
             bootstrap_dht=lambda addresses: self.discovery.bootstrap(addresses),
