@@ -17,6 +17,7 @@ import trio
 
 from p2pnode.core.card import Capability
 from p2pnode.core.envelope import Envelope
+from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.identity import Identity
 from p2pnode.dht.records import RecordKind, card_key
 from p2pnode.node.config import format_address
@@ -191,3 +192,18 @@ async def test_cards_renewed_while_alone_reach_the_swarm_once_it_is_back(
                 assert [c.id for c in found] == ["io"]
                 assert not found[0].is_expired(virtual_ms())
         scope.cancel()
+
+
+async def test_connect_refuses_a_malformed_or_unreachable_address(autojump_clock: Any) -> None:
+    sim = SimNetwork(random.Random(7))
+    empty = sim.add_host()  # nothing listens there
+    async with node_on(sim.add_host(), 2) as node:
+        for text, code in [
+            ("http://10.0.0.9:7000", ErrorCode.CONFIG_ERROR),
+            ("10.0.0.9", ErrorCode.CONFIG_ERROR),
+            (f"{empty.host}:7000", ErrorCode.DELIVERY_FAILED),
+        ]:
+            with pytest.raises(LocalError) as info:
+                await node.connect(text)
+            assert info.value.code is code, text
+        assert node.joining.state is JoinState.ALONE

@@ -630,14 +630,19 @@ class Kernel(TaskOwner):
         LocalError(INVALID_ARGUMENT) when it is this node's own address.
         """
         target = parse_bootstrap(address) if isinstance(address, str) else address
+        where = format_address(target)
         try:
             resolved = await resolve_host(target)
         except OSError as exc:
-            where = format_address(target)
             raise LocalError(
                 ErrorCode.DELIVERY_FAILED, f"cannot resolve {where}: {describe(exc)}"
             ) from None
-        peer_id = await self._open_channel(resolved)
+        try:
+            peer_id = await self._open_channel(resolved)
+        except OSError as exc:  # refused, unreachable: the system's words, one error type
+            raise LocalError(
+                ErrorCode.DELIVERY_FAILED, f"cannot reach {where}: {describe(exc)}"
+            ) from None
         await self.joining.connected(resolved)
         return peer_id
 
