@@ -302,19 +302,9 @@ class Joining:
         outcomes: dict[Address, Outcome] = {}
         reasons: dict[Address, str] = {}
         targets: dict[Address, Address] = {}  # configured -> resolved
-        for address in self.bootstrap:
-            try:
-                resolved = await self._resolve(address)
-            except OSError as exc:
-                outcomes[address], reasons[address] = Outcome.UNRESOLVED, describe(exc)
-                continue
-            if self._is_own(resolved) or self._is_own(address):
-                outcomes[address] = Outcome.SELF
-            else:
-                targets[address] = resolved
         async with trio.open_nursery() as nursery:
-            for address, resolved in targets.items():
-                nursery.start_soon(self._dial, address, resolved, outcomes, reasons)
+            for address in self.bootstrap:
+                nursery.start_soon(self._reach, address, targets, outcomes, reasons)
         if targets:
             await self._bootstrap_dht(list(targets.values()))
         await self._probe(targets, outcomes, reasons)
@@ -329,13 +319,25 @@ class Joining:
         if reached:
             self._joined(f"bootstrap {', '.join(format_address(a) for a in reached)}")
 
-    async def _dial(
+    async def _reach(
         self,
         address: Address,
-        resolved: Address,
+        targets: dict[Address, Address],
         outcomes: dict[Address, Outcome],
         reasons: dict[Address, str],
     ) -> None:
+        """Resolve ``address`` (bounded by the dial timeout too: a resolver that hangs
+        must not hold the attempt) and, unless it is this node, dial it."""
+        try:
+            with trio.fail_after(self._dial_timeout):
+                resolved = await self._resolve(address)
+        except (OSError, trio.TooSlowError) as exc:
+            outcomes[address], reasons[address] = Outcome.UNRESOLVED, describe(exc)
+            return
+        if self._is_own(resolved) or self._is_own(address):
+            outcomes[address] = Outcome.SELF
+            return
+        targets[address] = resolved
         try:
             with trio.fail_after(self._dial_timeout):
                 await self._open_channel(resolved)
