@@ -575,24 +575,7 @@ class Kernel(TaskOwner):
             if pending.reply is None and not gone and len(targets) == 1 and recipient != "*":
                 # Given up (timed out, or cancelled): the owner may cancel the handler.
                 self._cancel_abandoned(envelope, targets[0] if capability else recipient)
-        reply = pending.reply
-        if reply is None and pending.error is not None:
-            raise pending.error  # DELIVERY_FAILED: the owner's peer left
-        if reply is None:
-            raise LocalError(ErrorCode.TIMEOUT, f"no response to {envelope.id} from {recipient}")
-        if pending.stream is not None and reply.type is MessageType.RESPONSE:
-            reply = pending.stream.assemble(reply)
-        if reply.type is MessageType.ERROR:
-            body = reply.payload if isinstance(reply.payload, dict) else {}
-            code = body.get("code", "INTERNAL")
-            details = body.get("details")
-            raise RemoteError(
-                ErrorCode(code) if code in ErrorCode.__members__ else ErrorCode.INTERNAL,
-                str(body.get("message", "error response")),
-                **(details if isinstance(details, dict) and is_json_value(details) else {}),
-                responder=reply.sender,
-            )
-        return reply
+        return _answer(pending, envelope.id, recipient)
 
     def _cancel_abandoned(self, request: Envelope, recipient: str) -> None:
         """Tell ``recipient``, the agent ``request`` went to, that its requester gave up
@@ -686,6 +669,28 @@ class Kernel(TaskOwner):
             "discovery": self.discovery.statistics(),
             "metrics": metrics.to_dict(),
         }
+
+
+def _answer(pending: PendingRequest, request_id: str, recipient: str) -> Envelope:
+    """The response a request got, or the error it ends in (see :meth:`Kernel.request`)."""
+    reply = pending.reply
+    if reply is None and pending.error is not None:
+        raise pending.error  # DELIVERY_FAILED: the owner's peer left
+    if reply is None:
+        raise LocalError(ErrorCode.TIMEOUT, f"no response to {request_id} from {recipient}")
+    if pending.stream is not None and reply.type is MessageType.RESPONSE:
+        reply = pending.stream.assemble(reply)
+    if reply.type is MessageType.ERROR:
+        body = reply.payload if isinstance(reply.payload, dict) else {}
+        code = body.get("code", "INTERNAL")
+        details = body.get("details")
+        raise RemoteError(
+            ErrorCode(code) if code in ErrorCode.__members__ else ErrorCode.INTERNAL,
+            str(body.get("message", "error response")),
+            **(details if isinstance(details, dict) and is_json_value(details) else {}),
+            responder=reply.sender,
+        )
+    return reply
 
 
 __all__ = ["Handler", "Interceptor", "Kernel", "RoutingResult"]
