@@ -41,6 +41,7 @@ from p2pnode.dht.records import (
     agent_capability,
     capability_key,
     card_key,
+    encode_value,
 )
 
 log = logging.getLogger("p2pnode.dht")
@@ -109,7 +110,14 @@ class DhtNode(DhtPeer):
 
         async def put(key: bytes, make: Callable[[], SignedRecord]) -> None:
             nonlocal accepted
-            accepted += await self.publisher.put_records(key, [make()])
+            record = make()
+            # At once to the k closest contacts of the table, no lookup first: a put's
+            # lookup waits out the hard timeout of a dead contact among the closest
+            # (common under churn), longer than a leaving node has. Then the full put.
+            async with trio.open_nursery() as both:
+                value = encode_value([record])
+                both.start_soon(self.publisher.store_at, self.table.closest(key), key, value)
+                accepted += await self.publisher.put_records(key, [record])
 
         async with trio.open_nursery() as nursery:  # a leaving node has little time
             for key, kind, make in makers:
