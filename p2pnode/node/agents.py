@@ -65,12 +65,20 @@ from p2pnode.core.identity import Identity
 from p2pnode.core.lifetime import TaskOwner
 from p2pnode.core.registry import Registry
 from p2pnode.core.withdrawal import Withdrawal
+from p2pnode.node.callcancel import owner_limit
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import KernelConfig
 from p2pnode.node.frames import encode_hello
 from p2pnode.node.inbox import LOCAL, InboxBudget, Queued, RunningCall
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
+from p2pnode.node.progress import (
+    PROGRESS_METADATA,
+    Progress,
+    ProgressReporter,
+    reset_reporter,
+    set_reporter,
+)
 from p2pnode.node.replies import ReplyLimits, ReplyQueues
 from p2pnode.node.replystream import reply_streamed, surely_inline
 from p2pnode.node.routing import Handler, LocalAgent, Routing
@@ -556,6 +564,7 @@ class AgentHost:
         """Read the inbox in arrival order until it closes; or, once the request this task
         is answering waits and the inbox is handed to a new reader, finish that call."""
         key = agent.card.id
+        set_reporter(None)  # not the call of the task that started this one
         while True:  # a fresh scope each time one was cancelled (InlineWatch, a call cut)
             with trio.CancelScope() as scope:
                 reader = serving.reader = _Reader(self._inline.open(key, scope))
@@ -607,7 +616,11 @@ class AgentHost:
         else:
             handling = agent.definition.handle(envelope)
             streamed = False
-        answer = await _watched(handling, self, agent, serving, reader, item, envelope)
+        token = set_reporter((self._reporter, agent, reader, item, envelope))
+        try:
+            answer = await _watched(handling, self, agent, serving, reader, item, envelope)
+        finally:
+            reset_reporter(token)
         if reader.call is not None:
             self._call_ended(agent, serving, reader, reader.call)
         if answer is not None:  # None: forwarded to the agent's process, which answers
@@ -649,8 +662,34 @@ class AgentHost:
         method = meta.capability if meta is not None else None
         served = self._methods.get(method) if method is not None else None
         if served is None:
-            return self._config.request_timeout
-        return served.server.deadline(agent.definition, envelope)
+            return owner_limit(self._config.request_timeout, envelope)
+        return owner_limit(served.server.deadline(agent.definition, envelope), envelope)
+
+    def _reporter(
+        self, agent: LocalAgent, reader: _Reader, item: Queued, envelope: Envelope
+    ) -> ProgressReporter:
+        """The progress reporter of request ``envelope``, run by ``reader``'s task."""
+
+        def extend() -> None:
+            call = reader.call
+            if call is not None:  # a handler that has not waited yet has no deadline yet
+                call.deadline = trio.current_time() + call.limit
+                call.scope.deadline = call.deadline
+
+        async def send(request: Envelope, progress: Progress) -> bool:
+            with trio.move_on_after(self._config.request_timeout):
+                code = await self._routing.reply(
+                    agent.card.id,
+                    request,
+                    MessageType.NOTIFICATION,
+                    progress.to_payload(),
+                    item.peer,
+                    PROGRESS_METADATA,
+                )
+                return code is None
+            return False
+
+        return ProgressReporter(envelope, extend, send)
 
     def _call_ended(
         self, agent: LocalAgent, serving: _Serving, reader: _Reader, call: RunningCall

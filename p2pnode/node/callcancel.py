@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.envelope import MAX_DEADLINE_MS, Envelope, MessageType
+from p2pnode.core.errors import ErrorCode, LocalError
 
 #: ``metadata.capability`` of the cancel notification (MCP's method name).
 CANCELLED = "notifications/cancelled"
@@ -49,6 +50,26 @@ def cancelled_request_untrusted(payload: Any) -> str | None:
     return request_id
 
 
+def requested_wait(timeout: float) -> float:
+    """``timeout`` checked as a requester's own deadline (seconds, more than 0, at most a
+    day: what ``metadata.deadlineMs`` carries). Raises LocalError(INVALID_ARGUMENT)."""
+    if not (type(timeout) in (int, float) and 0 < timeout <= MAX_DEADLINE_MS / 1000):
+        raise LocalError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"timeout must be more than 0 and at most {MAX_DEADLINE_MS // 1000} seconds",
+            timeout=repr(timeout),
+        )
+    return float(timeout)
+
+
+def owner_limit(limit: float, envelope: Envelope) -> float:
+    """The deadline of request ``envelope``'s handler: the owner's own ``limit``, or the
+    requester's ``metadata.deadlineMs`` when that is shorter."""
+    meta = envelope.metadata
+    requested = meta.deadline_ms if meta is not None else None
+    return limit if requested is None else min(limit, requested / 1000)
+
+
 def cancel_payload(request: Envelope, reason: str) -> dict[str, Any]:
     """The payload of the notification cancelling ``request``."""
     return {"requestId": request.id, "reason": reason[:256]}
@@ -60,4 +81,6 @@ __all__ = [
     "cancel_payload",
     "cancelled_request_untrusted",
     "is_cancel",
+    "owner_limit",
+    "requested_wait",
 ]

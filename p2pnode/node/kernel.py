@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ from p2pnode.core.lifetime import TaskOwner
 from p2pnode.core.registry import Registry
 from p2pnode.core.threadstore import ThreadStore
 from p2pnode.node.agents import AgentHost
-from p2pnode.node.callcancel import CANCELLED, cancel_payload
+from p2pnode.node.callcancel import CANCELLED, cancel_payload, requested_wait
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import KernelConfig, format_address, parse_address, parse_bootstrap
 from p2pnode.node.discovery import Discovery, NoDiscovery
@@ -72,6 +73,7 @@ from p2pnode.node.joining import Joining, resolve_host
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Policy
+from p2pnode.node.progress import ProgressCallback
 from p2pnode.node.router import BoundedSet, Interceptor, Router, RoutingResult
 from p2pnode.node.routing import Handler, LocalAgent, PendingRequest, Routing
 from p2pnode.node.service import MethodServer, Service
@@ -538,10 +540,17 @@ class Kernel(TaskOwner):
         *,
         capability: bool = False,
         metadata: Metadata | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner: deadlineMs)
+        on_progress: ProgressCallback | None = None,
     ) -> Envelope:
         """Send a request and wait for its response. ``metadata`` may name the capability
         of the recipient asked (``metadata.capability``); ``capability=True`` says
         ``recipient`` is a capability to resolve.
+
+        ``timeout`` (seconds, more than 0, at most a day; default ``config.request_timeout``)
+        is an idle deadline: each progress the owner reports (p2pnode.node.progress, given
+        to ``on_progress``) starts it again. A timeout given travels in
+        ``metadata.deadlineMs``, and the owner bounds its handler by it (node.md).
 
         A request to ``*`` is broadcast and answered by the first reply of any agent
         it reached (AGENT_NOT_FOUND when it reached none). Raises RemoteError with
@@ -555,8 +564,12 @@ class Kernel(TaskOwner):
         meta = metadata
         if capability:
             meta = dataclasses.replace(meta or Metadata(), routing_hint=ROUTING_HINT_CAPABILITY)
+        wait = self.config.request_timeout if timeout is None else requested_wait(timeout)
+        if timeout is not None:
+            meta = dataclasses.replace(meta or Metadata(), deadline_ms=math.ceil(wait * 1000))
         envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
         pending = self.routing.pending[envelope.id] = PendingRequest()
+        pending.idle, pending.on_progress = wait, on_progress
         targets: tuple[str, ...] = ()
         try:
             result = await self.routing.send(envelope)
@@ -567,7 +580,7 @@ class Kernel(TaskOwner):
                 )
             if pending.reply is None:
                 pending.targets = result.targets
-            pending.deadline = trio.current_time() + self.config.request_timeout
+            pending.deadline = trio.current_time() + wait
             await pending.event.wait()  # set by the reply, or when it expires
         finally:
             del self.routing.pending[envelope.id]

@@ -52,6 +52,7 @@ from p2pnode.core.envelope import ROUTING_HINT_CAPABILITY, Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.identity import PeerId
 from p2pnode.node.policy import Policy, Verdict
+from p2pnode.node.progress import is_progress
 
 
 class RoutingResult(NamedTuple):
@@ -374,7 +375,9 @@ class Router:
     def check(self, source: AgentCard, target: AgentCard, envelope: Envelope) -> Verdict | None:
         """The policy verdict; None when ``envelope`` replies to a request this node allowed."""
         if (
-            envelope.type in REPLY_TYPES or envelope.type in REPLY_STREAM_TYPES
+            envelope.type in REPLY_TYPES
+            or envelope.type in REPLY_STREAM_TYPES
+            or is_progress(envelope)  # a request's progress passes as its reply does
         ) and envelope.correlation_id in self._allowed_requests:
             return None
         return self._policy.check_envelope(source, target, envelope)

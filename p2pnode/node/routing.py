@@ -32,6 +32,7 @@ from p2pnode.core.envelope import (
     Envelope,
     EnvelopeFactory,
     MessageType,
+    Metadata,
     envelope_size,
     payload_limit_error,
 )
@@ -57,6 +58,7 @@ from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability, Outcome, RoutingPath
 from p2pnode.node.policy import Policy, Verdict
 from p2pnode.node.probe import probe
+from p2pnode.node.progress import ProgressCallback, is_progress, progress_untrusted
 from p2pnode.node.replystream import STREAM_TYPES, ReplyStream
 from p2pnode.node.router import (
     ANSWERED_TYPES,
@@ -117,7 +119,9 @@ def frames_of(envelopes: list[Envelope]) -> list[bytes]:
 class PendingRequest:
     """A request waiting for its response (or for its deadline, on the trio clock)."""
 
-    __slots__ = ("deadline", "error", "event", "peer", "reply", "stream", "targets")
+    __slots__ = (
+        "deadline", "error", "event", "idle", "on_progress", "peer", "reply", "stream", "targets"
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.event = trio.Event()
@@ -132,6 +136,24 @@ class PendingRequest:
         # resolved the recipient.
         self.targets: tuple[str, ...] | None = None
         self.deadline = math.inf  # set once the request is on its way
+        #: Seconds each progress of the request moves its deadline to (p2pnode.node.progress).
+        self.idle = math.inf
+        self.on_progress: ProgressCallback | None = None
+
+    def progressed(self, envelope: Envelope, now: float) -> None:
+        """A progress notification ``envelope`` (its thread this request's) arrived: from an
+        agent the request went to, it moves the deadline and reaches the callback."""
+        if self.reply is not None or self.targets is None or envelope.sender not in self.targets:
+            return
+        update = progress_untrusted(envelope.payload)
+        if update is None:
+            return
+        self.deadline = max(self.deadline, now + self.idle)
+        if self.on_progress is not None:
+            try:
+                self.on_progress(update)
+            except Exception:  # the caller's callback: never the peer's fault
+                logger.exception("progress callback of %s failed", envelope.correlation_id)
 
 
 # -- interceptors ----------------------------------------------------------------------
@@ -314,12 +336,20 @@ class Routing:
         return event
 
     async def reply(
-        self, sender: str, to: Envelope, type: MessageType, payload: Any, peer: str | None = None
+        self,
+        sender: str,
+        to: Envelope,
+        type: MessageType,
+        payload: Any,
+        peer: str | None = None,
+        metadata: Metadata | None = None,
     ) -> ErrorCode | None:
         """Answer ``to`` from local agent ``sender``, to the owner ``peer`` (when known) of the
         requester's id; None when delivered, else the code of why not (logged, not raised:
         the requester times out)."""
         reply = self._factory.reply(to, sender, type, payload)
+        if metadata is not None:  # a progress notification in the request's thread
+            reply = dataclasses.replace(reply, metadata=metadata)
         if peer is not None and self._registry.is_contested(to.sender):
             # Two owners claim the requester's name: the reply names the one that asked.
             reply = dataclasses.replace(reply, recipient=pinned_address(to.sender, peer))
@@ -615,6 +645,10 @@ class Routing:
         if envelope.correlation_id is None:
             return False
         pending = self.pending.get(envelope.correlation_id)
+        if envelope.type is MessageType.NOTIFICATION and is_progress(envelope):
+            if pending is not None:
+                pending.progressed(envelope, trio.current_time())
+            return True  # taken here, matched or not: never an agent's message
         if pending is None or pending.reply is not None:
             return False
         if envelope.type in STREAM_TYPES:

@@ -47,6 +47,7 @@ from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode
 from p2pnode.core.identity import Identity, PeerId
 from p2pnode.node.policy import Verdict
+from p2pnode.node.progress import ProgressCallback
 from p2pnode.node.router import Interceptor, RoutingResult
 
 
@@ -210,6 +211,8 @@ class ServiceHost(Protocol):
         *,
         capability: bool = False,
         metadata: Metadata | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
     ) -> Envelope: ...
 
     def intercept_stream(self, marker: str, interceptor: Interceptor | None) -> None: ...

@@ -48,6 +48,7 @@ from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.jsonutil import is_flat_json_map, is_json_value
 from p2pnode.core.wire import DEFAULT_LIMITS
+from p2pnode.node.progress import ProgressCallback
 from p2pnode.node.service import ServiceHost
 
 #: Owners asked at once while listing.
@@ -137,13 +138,45 @@ class ToolClient:
     # -- using ----------------------------------------------------------------------------------
 
     async def call_tool(
-        self, name: str, arguments: Mapping[str, Any] | None = None, *, caller: str | None = None
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        caller: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
     ) -> Any:
         """Call tool ``name`` (``agent.tool``) with ``arguments``; returns its result.
+
+        ``timeout`` is the caller's idle deadline (seconds; each progress the tool reports
+        to ``on_progress`` starts it again), sent to the owner, which bounds the call by
+        min(it, the tool's deadline); default: the node's ``request_timeout``.
 
         Raises LocalError(INVALID_ARGUMENT) for a name that is not qualified or arguments
         that are not JSON data, RemoteError with the owner's code otherwise.
         """
+        answer = await self.call_tool_result(
+            name, arguments, caller=caller, timeout=timeout, on_progress=on_progress, plain=True
+        )
+        if type(answer) is not dict:
+            return answer  # a plain result (or a bare answer of an agent serving itself)
+        if "structuredContent" in answer:
+            return answer["structuredContent"]
+        return answer.get("content")
+
+    async def call_tool_result(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        caller: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
+        plain: bool = False,
+    ) -> Any:
+        """The owner's whole ``tools/call`` answer (tools.md §3: ``structuredContent``
+        and, from a tool that returns MCP content, ``content``), as :meth:`call_tool`
+        sends it; with ``plain`` a result that is not a map may come as it is (§3.2)."""
         owner, tool = split_qualified(name)
         # A plain result is asked for: an owner that knows the key answers a result that
         # is not a map as it is, one that does not wraps it as every result.
@@ -154,18 +187,20 @@ class ToolClient:
             value = arguments  # what _json_object checks first, without its call
         else:
             value = _json_object(arguments)
-        params = {"name": tool, "arguments": value, PLAIN_RESULT: True}
-        answer = (
-            await self._ask(caller or self._default_caller(), owner, TOOLS_CALL, params)
-        ).payload
-        if type(answer) is not dict:
-            return answer  # a plain result (or a bare answer of an agent serving itself)
-        if "structuredContent" in answer:
-            return answer["structuredContent"]
-        return answer.get("content")
+        params: dict[str, Any] = {"name": tool, "arguments": value}
+        if plain:
+            params[PLAIN_RESULT] = True
+        sender = caller or self._default_caller()
+        return (await self._ask(sender, owner, TOOLS_CALL, params, timeout, on_progress)).payload
 
     async def read_resource(
-        self, uri: str, *, caller: str | None = None, agent: str | None = None
+        self,
+        uri: str,
+        *,
+        caller: str | None = None,
+        agent: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
     ) -> dict[str, Any]:
         """Read resource ``uri`` from ``agent`` (default: the first agent ``caller`` may
         discover whose card lists it): the MCP result, ``{"contents": [...]}``.
@@ -182,23 +217,35 @@ class ToolClient:
                     ErrorCode.RESOURCE_NOT_FOUND, f"no reachable agent offers {uri}", uri=uri
                 )
             owner = listing[0].id
-        answer = (await self._ask(sender, owner, RESOURCES_READ, {"uri": uri})).payload
+        asked = self._ask(sender, owner, RESOURCES_READ, {"uri": uri}, timeout, on_progress)
+        answer = (await asked).payload
         return _checked(answer, "contents", _is_content, owner)
 
     async def get_prompt(
-        self, name: str, arguments: Mapping[str, str] | None = None, *, caller: str | None = None
+        self,
+        name: str,
+        arguments: Mapping[str, str] | None = None,
+        *,
+        caller: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
     ) -> dict[str, Any]:
         """Get prompt ``name`` (``agent.prompt``) rendered with ``arguments``: the MCP
         result, ``{"description": ..., "messages": [...]}``."""
         owner, prompt = split_qualified(name)
         params = {"name": prompt, "arguments": _json_object(arguments)}
-        answer = (
-            await self._ask(caller or self._default_caller(), owner, PROMPTS_GET, params)
-        ).payload
+        sender = caller or self._default_caller()
+        answer = (await self._ask(sender, owner, PROMPTS_GET, params, timeout, on_progress)).payload
         return _checked(answer, "messages", _is_message, owner)
 
     def _ask(
-        self, sender: str, owner: str, method: str, params: Any
+        self,
+        sender: str,
+        owner: str,
+        method: str,
+        params: Any,
+        timeout: float | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> Coroutine[Any, Any, Envelope]:
         # The request's own coroutine, handed back rather than awaited in one of ours.
         card = self._host.local_agent(sender)
@@ -209,7 +256,11 @@ class ToolClient:
                 self._metadata.clear()
             claims = Metadata(int(card.tier), card.sandbox_id, capability=method)
             cached = self._metadata[key] = (card, claims)
-        return self._host.request(sender, owner, params, metadata=cached[1])
+        if timeout is None and on_progress is None:
+            return self._host.request(sender, owner, params, metadata=cached[1])
+        return self._host.request(
+            sender, owner, params, metadata=cached[1], timeout=timeout, on_progress=on_progress
+        )
 
 
 def _is_content(item: Any) -> bool:
