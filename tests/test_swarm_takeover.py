@@ -227,3 +227,50 @@ def test_p_the_fold_names_an_assignment_that_was_made(
         if made:
             assert sub.status == "assigned" and (sub.attempt, sub.assignee) in made
             assert sub.attempt == max(a for a, _ in made)
+
+
+def test_an_overlapping_term_cannot_refuse_a_claim_of_its_own_epoch() -> None:
+    """w1 and w2 both claim epoch 2. w2 beats to itself, so w1 (whose term sorts first)
+    journals it dead: that neither refuses w2's term nor its lease, since a claim is
+    judged on the records of the earlier epochs. A member dead there may not claim,
+    nor may one that epoch 2 journaled dead claim epoch 3."""
+    t1, second = term(1, OPENER), term(2, W2)
+    entries = _w2_killed_by_w1()
+    reader = read(entries, Authored(CoordLease(W2, 2, 9).to_json(), P2))
+    _holds_w2_term(reader)
+    later = read(entries, Authored(CoordLease(W2, 3, 0).to_json(), P2))
+    assert later.coord is None and later.breaches  # dead when epoch 3 would begin
+    dead_before = [(t1, "0000000002", rec(x=[W2]), OWNER), *entries[1:3]]
+    refused = read([entries[0], *dead_before]).view
+    assert refused is not None and f"{second}/0000000001" in refused.breaches
+
+
+def _w2_killed_by_w1() -> list[tuple[str, str, str, str]]:
+    t1, first, second = term(1, OPENER), term(2, W1), term(2, W2)
+    return [
+        (t1, "0000000001", rec(j=JOINS, a=FIRST), OWNER),
+        (first, "0000000001", rec(x=[W2]), P1),
+        (second, "0000000001", rec(d=[[i, 1, FIRST[i][1], i * i] for i in range(N)]), P2),
+        (second, "0000000002", rec(s=COMPLETED), P2),
+    ]
+
+
+def _holds_w2_term(reader: DocReader) -> None:
+    view = reader.view
+    assert view is not None and view.breaches == {} and reader.breaches == {}
+    assert view.status == COMPLETED and view.outcome == HONEST
+    assert reader.coord == CoordLease(W2, 2, 9)
+    assert not view.members[W2].alive
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.permutations(range(4)), st.integers(1, 4))
+def test_p_a_claim_judged_on_earlier_epochs_holds_in_any_arrival_order(
+    order: list[int], batches: int
+) -> None:
+    entries = _w2_killed_by_w1()
+    claim = Authored(CoordLease(W2, 2, 9).to_json(), P2)
+    reader = DocReader()
+    for count in [*range(1, 4, max(1, 4 // batches)), 4]:
+        reader.read_untrusted(document([entries[i] for i in order[:count]], claim))
+    _holds_w2_term(reader)

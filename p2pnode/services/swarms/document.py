@@ -320,6 +320,9 @@ class SwarmView:
     duplicates: int = 0
     #: Coordinator terms the rules admit: epoch -> members that claimed it.
     terms: dict[int, set[str]] = field(default_factory=dict)
+    #: The live members when each epoch's records began (after every record of the
+    #: epochs before it): who may claim that epoch.
+    live_at: dict[int, frozenset[str]] = field(default_factory=dict)
     #: Journal records (or their entries) that break a rule, by key: ignored.
     breaches: dict[str, Breach] = field(default_factory=dict)
     #: An admitted ``completed`` read before every result was: it holds until they are
@@ -445,7 +448,8 @@ def _term_of(key: str) -> tuple[int, str] | None:
 def claim_breach(view: SwarmView, opener: str, epoch: int, member: str) -> str | None:
     """Why coordinator term ``(epoch, member)`` is not admitted by the fold so far (§4.6
     rule 3); None when it is (an admitted term, the opener's epoch 1, or the claim of
-    a live member for the highest epoch or the next)."""
+    a member live after the earlier epochs' records, for the highest epoch or the
+    next)."""
     if member in view.terms.get(epoch, ()):
         return None
     if epoch == 1:
@@ -455,8 +459,12 @@ def claim_breach(view: SwarmView, opener: str, epoch: int, member: str) -> str |
     top = max(view.terms, default=0)
     if epoch not in (top, top + 1) or top == 0:
         return f"epoch {epoch} is not the next after {top}"
-    state = view.members.get(member)
-    if state is None or not state.alive:
+    # Judged on the records of the earlier epochs only: an overlapping term of this
+    # epoch journals a claimant dead when it beats to itself, not to that term.
+    live = view.live_at.get(epoch)
+    if live is None:
+        live = frozenset(view.live_members())
+    if member not in live:
         return "a claim by an agent that is not a live member"
     return None
 
@@ -469,6 +477,8 @@ def admit(view: SwarmView, opener: str, key: str, record: Record, writer: str) -
     Each is noted in ``view.breaches``. A journaled outcome is never taken: readers
     compute it from the results."""
     term = _term_of(key)
+    if term is not None and term[0] not in view.live_at:
+        view.live_at[term[0]] = frozenset(view.live_members())  # records sort by epoch
     why: str | None
     if term is None:
         why = "a journal key that names no term"
