@@ -194,3 +194,64 @@ def test_a_hello_carries_withdrawals_and_reads_as_before_without() -> None:
     assert "withdrawn" not in unpack_untrusted(plain)[1]
     frame = decode_frame_untrusted(plain)
     assert isinstance(frame, Hello) and frame.withdrawals == ()
+
+
+# -- the registry's capability index over claims, withdrawals and expiry ----------------------
+
+CAPS = ("c0", "c1", "c2")
+IDS = ("x", "y")
+OWNERS = tuple(Identity(bytes([60 + i]) * 32) for i in range(3))
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["merge", "withdraw", "expire"]),
+        st.integers(0, len(OWNERS) - 1),
+        st.sampled_from(IDS),
+        st.sets(st.sampled_from(CAPS), max_size=3),
+        st.integers(1, 5),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=operations)
+def test_find_by_capability_lists_exactly_the_claims_offering_it(
+    steps: list[tuple[str, int, str, set[str], int]],
+) -> None:
+    registry = Registry()
+    now = NOW
+    revisions: dict[tuple[int, str], int] = {}
+    for kind, owner, agent_id, caps, step in steps:
+        now += step * 1000
+        identity = OWNERS[owner]
+        revision = revisions.get((owner, agent_id), 0) + 1
+        held = AgentCard(
+            id=agent_id,
+            name=agent_id,
+            version="1.0.0",
+            public_key=identity.public_key,
+            capabilities=tuple(Capability(c, c) for c in sorted(caps)),
+            revision=revision,
+            issued_at=now,
+            expires_at=now + 8000,
+            origin=Origin.REMOTE,
+        ).signed(identity)
+        if kind == "merge":
+            revisions[(owner, agent_id)] = revision
+            registry.merge_remote(held, now)
+        elif kind == "withdraw":
+            previous = dataclasses.replace(held, revision=revision - 1)
+            registry.withdraw(Withdrawal.of(previous, identity, now), now)
+        else:
+            registry.prune_expired(now)
+        for cap in CAPS:
+            expected = {
+                (c.id, c.peer_id)
+                for agent in IDS
+                for c in registry.owners(agent)
+                if c.has_capability(cap)
+            }
+            listed = registry.find_by_capability(cap)
+            assert {(c.id, c.peer_id) for c in listed} == expected
+            assert len(listed) == len(expected)
