@@ -826,22 +826,7 @@ class Routing:
         """Give an authenticated, new ``envelope`` to the recipients ``ingress`` allows,
         refusing it to the others; True when that took no wait."""
         if ingress.refusal is not None:
-            refusal = ingress.refusal
-            self._events.security(refusal.code, refusal.reason, peer, envelope)
-            if envelope.type is not MessageType.REQUEST:
-                return True
-            # Answered in the name of the agent asked for, so the requester's
-            # pending request matches it instead of timing out.
-            reason = refusal.reason
-            if refusal.code is ErrorCode.AGENT_NOT_FOUND:
-                # Worded for the requester, who reads it: "local" would be this node's view.
-                reason = (
-                    f"agent {envelope.recipient!r} is not hosted by peer "
-                    f"{self._links.local_peer_id} (it left, or the requester's card is stale)"
-                )
-            error = RemoteError(refusal.code, reason, agent_id=envelope.recipient)
-            await self._refuse(peer_id, envelope, envelope.recipient, error)
-            return False
+            return await self._refuse_all(peer_id, peer, envelope, ingress.refusal)
         without_wait = True
         allowed = []
         for agent_id, verdict in ingress.verdicts:
@@ -875,6 +860,26 @@ class Routing:
                     await self._refuse(peer_id, envelope, agent.card.id, error)
                     without_wait = False
         return without_wait
+
+    async def _refuse_all(
+        self, peer_id: PeerId, peer: str, envelope: Envelope, refusal: Refusal
+    ) -> bool:
+        """Report an envelope no recipient may take; answer it when it is a request
+        (in the name of the agent asked for, so the requester's pending request matches
+        it instead of timing out). True when that took no wait."""
+        self._events.security(refusal.code, refusal.reason, peer, envelope)
+        if envelope.type is not MessageType.REQUEST:
+            return True
+        reason = refusal.reason
+        if refusal.code is ErrorCode.AGENT_NOT_FOUND:
+            # Worded for the requester, who reads it: "local" would be this node's view.
+            reason = (
+                f"agent {envelope.recipient!r} is not hosted by peer "
+                f"{self._links.local_peer_id} (it left, or the requester's card is stale)"
+            )
+        error = RemoteError(refusal.code, reason, agent_id=envelope.recipient)
+        await self._refuse(peer_id, envelope, envelope.recipient, error)
+        return False
 
     async def _refuse(
         self, peer_id: PeerId, request: Envelope, sender: str, error: P2PError
