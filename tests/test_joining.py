@@ -5,13 +5,15 @@ republish hooks that keep a node's records where readers look."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from typing import Any
 
 import pytest
 import trio
-from hypothesis import given
+import trio.testing
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pnode.core.errors import ErrorCode, LocalError
@@ -183,7 +185,7 @@ async def test_retries_back_off_until_a_bootstrap_peer_answers(autojump_clock: A
         status = joining.status(trio.current_time())
         assert (status.bootstrap, status.reached) == (2, 0)
         assert status.next_attempt_in is not None and 1.5 <= status.next_attempt_in <= 2.5
-        await wait_until(lambda: joining.state is JoinState.JOINED, timeout=400)
+        await wait_until(lambda: joining.state is JoinState.JOINED, timeout=400, interval=1.0)
     # Each gap doubles (±25%) from 2 s, as the DHT's rejoin schedule does.
     gaps = [b - a for a, b in zip(swarm.dials, swarm.dials[1:], strict=False)]
     for n, gap in enumerate(gaps):
@@ -276,3 +278,24 @@ async def test_republish_now_puts_every_kept_record_before_it_is_due(
     assert await publisher.republish_if_due(10.0) == 0  # not due for half an hour
     assert await publisher.republish_now(10.0) == 3
     assert stored == keys
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), up_at=st.floats(0.0, 2000.0))
+def test_attempts_follow_the_backoff_and_stop_at_the_first_answer(seed: int, up_at: float) -> None:
+    swarm = FakeSwarm(up_at=up_at)
+    joining = joining_for(swarm, (("10.0.0.2", 7000),), seed=seed)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            await joining.join(nursery)
+            await wait_until(lambda: joining.joined, timeout=up_at + 400, interval=1.0)
+
+    trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    dials = swarm.dials
+    # Joined at the first attempt after the peer came up, never before, never twice.
+    assert dials[-1] + 0.01 >= up_at and all(d + 0.01 < up_at for d in dials[:-1])
+    for n, (a, b) in enumerate(itertools.pairwise(dials)):
+        expected = min(2.0 * 2**n, 300.0)
+        assert 0.75 * expected <= b - a - 0.01 <= 1.25 * expected
+    assert joining.status(0.0).attempts == len(dials)
