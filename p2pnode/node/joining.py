@@ -107,7 +107,7 @@ class JoinStatus:
 
     def summary(self) -> str:
         """One line: ``joined via 1 of 2 bootstrap peers, 3 peers`` and the like."""
-        peers = f"{self.peers} peer{'' if self.peers == 1 else 's'}"
+        peers = _peers_text(self.peers)
         if self.state is JoinState.JOINED:
             if self.bootstrap:
                 return f"joined via {self.reached} of {self.bootstrap} bootstrap peers, {peers}"
@@ -130,6 +130,10 @@ class JoinStatus:
             "nextAttemptIn": self.next_attempt_in,
             "summary": self.summary(),
         }
+
+
+def _peers_text(count: int) -> str:
+    return f"{count} peer{'' if count == 1 else 's'}"
 
 
 class JoinLog:
@@ -381,7 +385,7 @@ class Joining:
         if self._state is JoinState.JOINED:
             return
         self._move(JoinState.JOINED)
-        logger.info("joined the swarm (%s), %d peers", via, self._peers())
+        logger.info("joined the swarm (%s), %s", via, _peers_text(self._peers()))
 
     def _move(self, new: JoinState) -> None:
         if new not in _TRANSITIONS[self._state]:
