@@ -31,6 +31,7 @@ from p2pnode.bridges.mcp.names import NameMap, error_info, mcp_name, swarm_name
 from p2pnode.bridges.mcp.serve import SwarmServer
 from p2pnode.cli.mcp import access_rule, parse_server_option
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
+from p2pnode.node.service import ProgressCallback
 from p2pnode.runtime import Node
 from p2pnode.services.tools.client import Listing
 from tests.sim import connect_all, open_swarm, wait_until
@@ -49,6 +50,18 @@ class NodeTools:
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
         return await self.node.tools.call_tool(name, arguments, caller=self.caller)
+
+    async def call_tool_result(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
+    ) -> Any:
+        return await self.node.tools.call_tool_result(
+            name, arguments, caller=self.caller, timeout=timeout, on_progress=on_progress
+        )
 
     async def list_resources(self) -> Listing:
         return await self.node.tools.list_resources(self.caller)
@@ -226,14 +239,14 @@ async def test_swarm_errors_are_mcp_error_results_with_code_and_source_agent() -
             assert refused.is_error
             assert isinstance(refused.content[0], types.TextContent)
             assert refused.content[0].text.startswith("PERMISSION_DENIED: mcp-client may not")
-            error = (refused.structured_content or {})["error"]
+            # The error's fields go in _meta: a structured result must match the schema.
+            assert refused.structured_content is None
+            error = (refused.meta or {})["p2pnode/error"]
             assert error["code"] == "PERMISSION_DENIED" and error["agentId"] == "toolbox"
             bad = await session.call_tool("toolbox.add", {"a": "x"})
-            assert bad.is_error and (bad.structured_content or {})["error"]["code"] == (
-                "INVALID_INPUT"
-            )
+            assert bad.is_error and (bad.meta or {})["p2pnode/error"]["code"] == "INVALID_INPUT"
             missing = await session.call_tool("toolbox.nothing", {})
-            assert (missing.structured_content or {})["error"]["code"] == "TOOL_NOT_FOUND"
+            assert (missing.meta or {})["p2pnode/error"]["code"] == "TOOL_NOT_FOUND"
             with pytest.raises(MCPError) as info:
                 await session.read_resource("memo://nothing")
             assert info.value.code == -32002

@@ -174,7 +174,7 @@ async def test_an_mcp_client_uses_the_swarm_through_mcp_serve(tmp_path: Path) ->
                 assert called.structured_content == {"hours": 3.0}  # computed on the other node
                 refused = await session.call_tool("toolbox.set_rate", {"hours_per_task": 2})
                 assert refused.is_error
-                error = (refused.structured_content or {})["error"]
+                error = (refused.meta or {})["p2pnode/error"]
                 assert (error["code"], error["agentId"]) == ("PERMISSION_DENIED", "toolbox")
                 assert isinstance(refused.content[0], types.TextContent)
                 assert refused.content[0].text.startswith("PERMISSION_DENIED: ide may not use")

@@ -172,6 +172,17 @@ _PLAIN = frozenset({int, str, float, bool, dict, list, type(None)})
 
 
 @dataclass(frozen=True, slots=True)
+class ToolContent:
+    """What a tool returns to answer with MCP content blocks (a bridged MCP server's):
+    ``content`` the blocks as MCP's JSON (text, image, audio, resource_link, resource),
+    ``structured`` its result, held to the output schema, or None. The answer is
+    ``{"content": [...], "structuredContent"?: ...}`` (docs/protocol/tools.md §3)."""
+
+    content: tuple[Any, ...]
+    structured: Any = None
+
+
+@dataclass(frozen=True, slots=True)
 class ToolSpec:
     """A declared tool: its function, schemas (as conversions) and access rule."""
 
@@ -244,6 +255,18 @@ class ToolSpec:
                 tool=self.name,
             )
         return value
+
+
+def _content_answer(tool: ToolSpec, value: ToolContent) -> dict[str, Any]:
+    """The ``tools/call`` answer of a tool that returned MCP content blocks."""
+    content = list(value.content)
+    if not all(isinstance(block, dict) for block in content) or not is_json_value(content):
+        raise RemoteError(
+            ErrorCode.INVALID_OUTPUT, "content: blocks must be JSON objects", tool=tool.name
+        )
+    if value.structured is None:
+        return {"content": content}
+    return {"content": content, "structuredContent": tool.finish(value.structured)}
 
 
 _MIN_INT, _MAX_INT = -(2**63), 2**64 - 1  # what msgpack packs, and so JSON data here
@@ -539,6 +562,8 @@ class Catalog:
                 value = tool.start(arguments, caller)
                 if type(value) not in _PLAIN and inspect.isawaitable(value):
                     value = await value
+                if type(value) is ToolContent:
+                    return _content_answer(tool, value)
                 value = tool.finish(value)
                 # A result that is not a map goes as it is to a caller that asked so
                 # (docs/protocol/tools.md §3.2): a map is always wrapped, so the two
@@ -660,6 +685,7 @@ __all__ = [
     "PromptArgument",
     "PromptSpec",
     "ResourceSpec",
+    "ToolContent",
     "ToolFunction",
     "ToolSpec",
     "split_qualified",

@@ -736,10 +736,36 @@ class Tools:
         """Every prompt the agent may get."""
         return await self._listing("prompts.list")
 
-    async def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None) -> Any:
-        """Call tool ``name`` (``agent.tool``); returns its result. Raises RemoteError with
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+    ) -> Any:
+        """Call tool ``name`` (``agent.tool``); returns its result. ``timeout``: the
+        caller's own deadline in seconds (default: the node's). Raises RemoteError with
         the owner's code (TOOL_NOT_FOUND, PERMISSION_DENIED, INVALID_INPUT, ...)."""
-        op = {"op": "tools.call", "name": name, "arguments": dict(arguments or {})}
+        op: dict[str, Any] = {"op": "tools.call", "name": name, "arguments": dict(arguments or {})}
+        if timeout is not None:
+            op["timeout"] = timeout
+        return (await self._client._call(op))["result"]
+
+    async def call_tool_result(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: Any = None,
+    ) -> Any:
+        """The owner's whole ``tools/call`` answer (``content`` blocks and
+        ``structuredContent``: tools.md §3). Progress does not cross the agent socket:
+        ``on_progress`` is not called."""
+        op: dict[str, Any] = {"op": "tools.call", "name": name, "arguments": dict(arguments or {})}
+        op["content"] = True
+        if timeout is not None:
+            op["timeout"] = timeout
         return (await self._client._call(op))["result"]
 
     async def read_resource(self, uri: str, *, agent: str | None = None) -> dict[str, Any]:

@@ -47,7 +47,13 @@ from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode
 from p2pnode.core.identity import Identity, PeerId
 from p2pnode.node.policy import Verdict
-from p2pnode.node.progress import ProgressCallback
+from p2pnode.node.progress import (  # re-exported: the progress API of services and bridges
+    Progress,
+    ProgressCallback,
+    ProgressReporter,
+    current_progress,
+    report_progress,
+)
 from p2pnode.node.router import Interceptor, RoutingResult
 
 
@@ -262,8 +268,13 @@ __all__ = [
     "Interceptor",
     "MethodServer",
     "PolicyChecks",
+    "Progress",
+    "ProgressCallback",
+    "ProgressReporter",
     "RegistryReader",
     "Service",
     "ServiceHost",
     "Signer",
+    "current_progress",
+    "report_progress",
 ]

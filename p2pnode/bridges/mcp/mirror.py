@@ -43,10 +43,11 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
 from p2pnode.agent.definition import Agent
-from p2pnode.agent.tools import Access, PromptArgument
+from p2pnode.agent.tools import Access, PromptArgument, ToolContent
 from p2pnode.bridges.mcp.names import code_of_mcp_error, swarm_name
 from p2pnode.core.card import MAX_PROMPTS, MAX_RESOURCES, MAX_TEXT, MAX_TOOLS, URI_PATTERN
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.node.service import current_progress
 
 logger = logging.getLogger("p2pnode.mcp")
 
@@ -202,17 +203,35 @@ class _Forwarder:
 
     def tool(self, name: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def call(arguments: dict[str, Any]) -> Any:
-            result = await self._ask(
-                lambda: self.session.call_tool(name, arguments, read_timeout_seconds=self.timeout)
-            )
+            result = await self._call(name, arguments)
             if result.is_error:
                 text = _text(result.content) or f"tool {name} failed"
                 raise RemoteError(ErrorCode.HANDLER_FAILED, text[:MAX_TEXT], tool=name)
-            if result.structured_content is not None:
-                return result.structured_content
-            return [_plain(block) for block in result.content]
+            # The server's own blocks and structured content, as it sent them (mcp.md §3.2).
+            blocks = tuple(_plain(block) for block in result.content)
+            return ToolContent(blocks, result.structured_content)
 
         return call
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """``tools/call`` on the server. Its timer is idle: each progress the server reports
+        starts it again and goes on to the swarm caller (p2pnode.node.progress). A call
+        cancelled here (the swarm caller gave up) is abandoned by the SDK, which sends the
+        server ``notifications/cancelled``."""
+        reporter = current_progress()
+        with anyio.CancelScope(deadline=anyio.current_time() + self.timeout) as timer:
+
+            async def progressed(progress: float, total: float | None, message: str | None) -> None:
+                timer.deadline = anyio.current_time() + self.timeout
+                if reporter is not None:
+                    await reporter.report(progress, total, message)
+
+            return await self._ask(
+                lambda: self.session.call_tool(name, arguments, progress_callback=progressed)
+            )
+        raise RemoteError(
+            ErrorCode.TIMEOUT, f"the MCP server did not answer within {self.timeout:g} s"
+        )
 
     def resource(self, uri: str) -> Callable[[], Awaitable[Any]]:
         async def load() -> Any:

@@ -43,6 +43,12 @@ REQUEST_TIMEOUT = -32001
 META_AGENT = "p2pnode/agentId"
 META_NAME = "p2pnode/name"
 META_UNREACHABLE = "p2pnode/unreachable"
+#: An error result's fields (code, message, agentId, details), in its ``_meta``.
+META_ERROR = "p2pnode/error"
+#: A ``tools/call`` request's own timeout in seconds, in its ``params._meta``.
+META_TIMEOUT = "p2pnode/timeout"
+#: Longest timeout a caller may ask for: a day (the envelope's ``deadlineMs`` bound).
+MAX_TIMEOUT = 86_400
 
 
 def _digest(name: str) -> str:
@@ -148,9 +154,12 @@ __all__ = [
     "CONNECTION_CLOSED",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
+    "MAX_TIMEOUT",
     "MCP_NAME",
     "META_AGENT",
+    "META_ERROR",
     "META_NAME",
+    "META_TIMEOUT",
     "META_UNREACHABLE",
     "METHOD_NOT_FOUND",
     "REQUEST_TIMEOUT",

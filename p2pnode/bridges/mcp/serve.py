@@ -29,9 +29,10 @@ Theory of operation (docs/protocol/mcp.md §2):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
@@ -56,8 +57,11 @@ from pydantic import ValidationError
 from p2pnode import __version__
 from p2pnode.agent.surface import Listing
 from p2pnode.bridges.mcp.names import (
+    MAX_TIMEOUT,
     META_AGENT,
+    META_ERROR,
     META_NAME,
+    META_TIMEOUT,
     META_UNREACHABLE,
     NameMap,
     error_info,
@@ -65,7 +69,8 @@ from p2pnode.bridges.mcp.names import (
     jsonrpc_code,
 )
 from p2pnode.bridges.mcp.stdio import pipe_stdio
-from p2pnode.core.errors import P2PError
+from p2pnode.core.errors import ErrorCode, P2PError, RemoteError
+from p2pnode.node.service import Progress, ProgressCallback
 
 logger = logging.getLogger("p2pnode.mcp")
 
@@ -74,6 +79,8 @@ POLL_INTERVAL = 5.0
 #: Handshake-era sessions kept for list-changed notifications (the oldest go first).
 MAX_SESSIONS = 1024
 _KINDS = ("tools", "resources", "prompts")
+#: Progress reports of one call queued for a client that reads slower than they come.
+PROGRESS_QUEUE = 16
 
 
 class SwarmTools(Protocol):
@@ -81,7 +88,14 @@ class SwarmTools(Protocol):
     ``client.tools`` (docs/protocol/agents.md, ``tools.*``)."""
 
     async def list_tools(self) -> Listing: ...
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> Any: ...
+    async def call_tool_result(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
+    ) -> Any: ...
     async def list_resources(self) -> Listing: ...
     async def read_resource(self, uri: str, *, agent: str | None = None) -> dict[str, Any]: ...
     async def list_prompts(self) -> Listing: ...
@@ -188,15 +202,39 @@ class SwarmServer:
         if qualified is None:  # not listed yet (or renamed): list, then look again
             await self._list_tools(ctx, None)
             qualified = self._tool_names.swarm(params.name) or params.name
-        try:
-            value = await self.tools.call_tool(qualified, params.arguments or {})
-        except P2PError as exc:
-            return types.CallToolResult(
-                content=[types.TextContent(text=error_text(exc))],
-                structured_content={"error": error_info(exc)},
-                is_error=True,
+        raw_meta = (ctx.params or {}).get("_meta")
+        meta = raw_meta if isinstance(raw_meta, dict) else {}
+        arguments, timeout = params.arguments or {}, _timeout(meta)
+        token: Any = meta.get("progressToken")
+
+        def call(on_progress: ProgressCallback | None) -> Awaitable[Any]:
+            return self.tools.call_tool_result(
+                qualified, arguments, timeout=timeout, on_progress=on_progress
             )
-        wrap = params.name in self._wrapped or not isinstance(value, dict)
+
+        try:
+            if type(token) in (str, int):
+                answer = await _with_progress(ctx, token, call)
+            else:
+                answer = await call(None)
+            return self._result(params.name, answer)
+        except P2PError as exc:
+            return _error_result(exc)
+
+    def _result(self, name: str, answer: Any) -> types.CallToolResult:
+        """The MCP result of a swarm tool's answer (mcp.md §2.4): a bridged server's blocks
+        and structured content as they are, else the result as one JSON text block."""
+        if isinstance(answer, dict) and isinstance(answer.get("content"), list):
+            try:
+                return types.CallToolResult.model_validate(
+                    {k: answer[k] for k in ("content", "structuredContent") if k in answer}
+                )
+            except ValidationError as exc:
+                raise RemoteError(
+                    ErrorCode.INVALID_OUTPUT, f"{name}: content MCP cannot carry: {exc}"[:512]
+                ) from None
+        value = answer.get("structuredContent") if isinstance(answer, dict) else answer
+        wrap = name in self._wrapped or not isinstance(value, dict)
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         return types.CallToolResult(
             content=[types.TextContent(text=text)],
@@ -335,6 +373,53 @@ class SwarmServer:
                 await send()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 del self._sessions[key]  # that client is gone
+
+
+def _error_result(exc: P2PError) -> types.CallToolResult:
+    """A swarm error as a tool's error result: ``CODE: message`` as text, the error's
+    fields in ``_meta`` (a structured result must match the tool's output schema, and an
+    error does not)."""
+    return types.CallToolResult(
+        content=[types.TextContent(text=error_text(exc))],
+        is_error=True,
+        _meta={META_ERROR: error_info(exc)},
+    )
+
+
+def _timeout(meta: dict[str, Any]) -> float | None:
+    """The caller's timeout in ``_meta["p2pnode/timeout"]`` (seconds), when it is one."""
+    value: Any = meta.get(META_TIMEOUT)
+    if type(value) in (int, float) and 0 < value <= MAX_TIMEOUT:
+        return float(value)
+    return None
+
+
+async def _with_progress(
+    ctx: Context, token: str | int, call: Callable[[ProgressCallback], Awaitable[Any]]
+) -> Any:
+    """Run ``call`` with a progress callback that passes the swarm's progress on to the
+    client as ``notifications/progress`` with its ``token``, in order; when the client
+    reads slower than progress comes, the reports that do not fit the queue are dropped
+    (each one supersedes the previous)."""
+    send, receive = anyio.create_memory_object_stream[Progress](PROGRESS_QUEUE)
+    related = None if ctx.request_id is None else str(ctx.request_id)
+
+    def on_progress(update: Progress) -> None:
+        with contextlib.suppress(anyio.WouldBlock):
+            send.send_nowait(update)
+
+    async def forward() -> None:
+        async for update in receive:
+            await ctx.session.send_progress_notification(
+                token, update.progress, update.total, update.message, related_request_id=related
+            )
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(forward)
+        try:
+            return await call(on_progress)
+        finally:
+            tasks.cancel_scope.cancel()
 
 
 def _unreachable(listing: dict[str, Any]) -> dict[str, Any] | None:

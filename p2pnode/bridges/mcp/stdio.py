@@ -11,14 +11,21 @@ else (a terminal, a file) it is the SDK's ``stdio_server``.
 As the SDK's transport does, it serves duplicates of fds 0 and 1 and points
 fd 0 at the null device and fd 1 at stderr, so that stray output of the
 process (a ``print``, a child process) cannot corrupt the protocol.
-Messages are JSON-RPC, one per line, UTF-8 (MCP's stdio transport); a line
-that does not parse reaches the server as the exception, as the SDK's
-transport does.
+Messages are JSON-RPC, one per line, UTF-8 (MCP's stdio transport). A line
+that is no JSON-RPC message is answered here, as JSON-RPC 2.0 §5.1 asks
+(:func:`malformed_reply`): ``-32700`` (parse error, ``id`` null) when it is
+not JSON, ``-32600`` (invalid request, with the line's ``id`` when it has a
+string or integer one, else null) when it is JSON but no message (a
+``jsonrpc`` other than ``"2.0"``, no ``method``, a batch array). Reading goes
+on with the next line. (The SDK's own transport, used when stdin or stdout is
+not a pipe, hands such a line to the server as an exception.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -34,10 +41,29 @@ from mcp.shared.message import SessionMessage
 
 #: A line longer than this (bytes) ends the session: no MCP message is near it.
 MAX_LINE = 64 * 1024 * 1024
+#: Longest id (characters) echoed in the error answering a malformed line; past it, null.
+MAX_ECHOED_ID = 1024
 
 Streams = tuple[
     MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
 ]
+
+
+def malformed_reply(line: bytes) -> types.JSONRPCError:
+    """The error answering ``line``, which is no JSON-RPC message (module docstring).
+    Never raises."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past the stack
+        error = types.ErrorData(code=types.PARSE_ERROR, message="Parse error: not JSON")
+        return types.JSONRPCError(jsonrpc="2.0", id=None, error=error)
+    request_id = obj.get("id") if isinstance(obj, dict) else None
+    if type(request_id) not in (str, int) or len(str(request_id)) > MAX_ECHOED_ID:
+        request_id = None
+    error = types.ErrorData(
+        code=types.INVALID_REQUEST, message="Invalid Request: not a JSON-RPC 2.0 message"
+    )
+    return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
 
 
 def _is_pipe(fd: int) -> bool:
@@ -82,8 +108,9 @@ async def pipe_stdio() -> AsyncIterator[Streams]:
                         continue
                     try:
                         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                    except ValueError as exc:
-                        await read_send.send(exc)
+                    except ValueError:
+                        with contextlib.suppress(anyio.ClosedResourceError):
+                            await write_send.send(SessionMessage(malformed_reply(line)))
                         continue
                     await read_send.send(SessionMessage(message))
 
@@ -109,4 +136,4 @@ async def pipe_stdio() -> AsyncIterator[Streams]:
             await stdout.aclose()
 
 
-__all__ = ["MAX_LINE", "pipe_stdio"]
+__all__ = ["MAX_ECHOED_ID", "MAX_LINE", "malformed_reply", "pipe_stdio"]

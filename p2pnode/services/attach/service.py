@@ -122,7 +122,21 @@ class ToolUse(Protocol):
     async def list_prompts(self, caller: str | None = None) -> Listing: ...
 
     async def call_tool(
-        self, name: str, arguments: Mapping[str, Any] | None = None, *, caller: str | None = None
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        caller: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+    ) -> Any: ...
+
+    async def call_tool_result(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        caller: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
     ) -> Any: ...
 
     async def read_resource(
@@ -621,7 +635,9 @@ class _Connection:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "this node offers no tool ops")
         op, params, caller = event.ref.op, event.params, self._agent
         if op == "tools.call":
-            result = await tools.call_tool(params["name"], params["arguments"], caller=caller)
+            call = tools.call_tool_result if params["content"] else tools.call_tool
+            timeout = params.get("timeout")
+            result = await call(params["name"], params["arguments"], caller=caller, timeout=timeout)
             return {"result": result}
         if op == "resources.read":
             owner = params.get("agent")

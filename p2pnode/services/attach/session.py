@@ -372,6 +372,13 @@ class AgentSession:
             if not isinstance(arguments, dict):
                 raise invalid("arguments: must be an object")
             params["arguments"] = arguments
+        if "timeout" in keys and obj.get("timeout") is not None:  # the caller's own deadline
+            timeout = obj["timeout"]
+            if type(timeout) not in (int, float) or not 0 < timeout <= 86_400:
+                raise invalid("timeout: seconds, more than 0 and at most 86400")
+            params["timeout"] = float(timeout)
+        if "content" in keys:  # the owner's whole answer (MCP content blocks included)
+            params["content"] = obj.get("content") is True
         self._running += 1
         return ToolOp(ref, params)
 
@@ -572,7 +579,7 @@ _TOOL_KEYS: Final[dict[str, frozenset[str]]] = {
     "tools.list": frozenset(),
     "resources.list": frozenset(),
     "prompts.list": frozenset(),
-    "tools.call": frozenset({"name", "arguments"}),
+    "tools.call": frozenset({"name", "arguments", "timeout", "content"}),
     "prompts.get": frozenset({"name", "arguments"}),
     "resources.read": frozenset({"uri", "agent"}),
 }
