@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -156,11 +157,16 @@ class FakeSwarm:
         self.published += 1
 
 
-def joining_for(swarm: FakeSwarm, bootstrap: tuple[Address, ...], seed: int = 1) -> Joining:
+def joining_for(
+    swarm: FakeSwarm,
+    bootstrap: tuple[Address, ...],
+    seed: int = 1,
+    bootstrap_dht: Callable[[list[Address]], Awaitable[None]] | None = None,
+) -> Joining:
     return Joining(
         bootstrap,
         open_channel=swarm.open_channel,
-        bootstrap_dht=swarm.bootstrap,
+        bootstrap_dht=swarm.bootstrap if bootstrap_dht is None else bootstrap_dht,
         publish=swarm.publish,
         is_own=lambda address: address == ("10.0.0.1", 7000),
         peers=lambda: 0,
@@ -299,3 +305,24 @@ def test_attempts_follow_the_backoff_and_stop_at_the_first_answer(seed: int, up_
         expected = min(2.0 * 2**n, 300.0)
         assert 0.75 * expected <= b - a - 0.01 <= 1.25 * expected
     assert joining.status(0.0).attempts == len(dials)
+
+
+async def test_a_failing_attempt_in_the_background_is_logged_and_tried_again(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    swarm = FakeSwarm(up_at=0.0)
+    calls: list[float] = []
+
+    async def broken_then_fine(addresses: list[Address]) -> None:
+        calls.append(trio.current_time())
+        if len(calls) == 2:  # the first retry: something unexpected goes wrong
+            raise ValueError("unexpected")
+
+    swarm.up_at = 5.0
+    joining = joining_for(swarm, (("10.0.0.2", 7000),), bootstrap_dht=broken_then_fine)
+    async with trio.open_nursery() as nursery:
+        await joining.join(nursery)
+        await wait_until(lambda: joining.joined, timeout=120, interval=1.0)
+    assert len(calls) >= 3
+    failed = [r for r in caplog.records if "the attempt failed: ValueError" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelno == logging.ERROR

@@ -288,6 +288,9 @@ class Joining:
                 continue
             try:
                 await self._attempt()
+            except Exception as exc:  # a background retry must not end the node: next one
+                logger.error("joining: the attempt failed: %s", describe(exc))
+                logger.debug("joining: the attempt failed", exc_info=exc)
             finally:
                 schedule.finished(1 if self.joined else 0, trio.current_time())
 
