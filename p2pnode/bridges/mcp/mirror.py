@@ -227,7 +227,8 @@ class _Forwarder:
                     await reporter.report(progress, total, message)
 
             return await self._ask(
-                lambda: self.session.call_tool(name, arguments, progress_callback=progressed)
+                lambda: self.session.call_tool(name, arguments, progress_callback=progressed),
+                timed=False,  # the idle timer above instead
             )
         raise RemoteError(
             ErrorCode.TIMEOUT, f"the MCP server did not answer within {self.timeout:g} s"
@@ -262,9 +263,9 @@ class _Forwarder:
 
         return render
 
-    async def _ask(self, request: Callable[[], Awaitable[P]]) -> P:
+    async def _ask(self, request: Callable[[], Awaitable[P]], *, timed: bool = True) -> P:
         try:
-            with anyio.fail_after(self.timeout):
+            with anyio.fail_after(self.timeout if timed else None):
                 return await request()
         except TimeoutError:
             raise RemoteError(

@@ -414,12 +414,19 @@ async def _with_progress(
                 token, update.progress, update.total, update.message, related_request_id=related
             )
 
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(forward)
-        try:
-            return await call(on_progress)
-        finally:
-            tasks.cancel_scope.cancel()
+    outcome: Any = None
+    with send, receive:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(forward)
+            try:
+                outcome = await call(on_progress)
+            except P2PError as exc:  # raised below, outside the task group's exception group
+                outcome = exc
+            finally:
+                tasks.cancel_scope.cancel()
+    if isinstance(outcome, P2PError):
+        raise outcome
+    return outcome
 
 
 def _unreachable(listing: dict[str, Any]) -> dict[str, Any] | None:
