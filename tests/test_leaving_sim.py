@@ -57,6 +57,16 @@ def key(n: int) -> Identity:
     return Identity(bytes([n]) * 32)
 
 
+async def start_seed(
+    stack: AsyncExitStack, sim: SimNetwork, agent_id: str
+) -> tuple[Node, tuple[tuple[str, int], ...]]:
+    """The swarm's first node, hosting ``agent_id``, and the bootstrap list naming it."""
+    seed = await stack.enter_async_context(dht_node(sim.add_host(), key(1)))
+    await seed.add_agent(agent_id, echo)
+    await seed.join()
+    return seed, ((seed.listen_address[0], PORT),)
+
+
 async def run_node(
     host: SimHost,
     identity: Identity,
@@ -77,10 +87,7 @@ async def test_a_graceful_stop_is_withdrawn_from_peers_and_from_the_dht(
     caplog.set_level(logging.INFO, logger="p2pnode")
     sim = SimNetwork(random.Random(21))
     async with AsyncExitStack() as stack:
-        seed = await stack.enter_async_context(dht_node(sim.add_host(), key(1)))
-        await seed.add_agent("hub", echo)
-        await seed.join()
-        boot = ((seed.listen_address[0], PORT),)
+        seed, boot = await start_seed(stack, sim, "hub")
         others = []
         for n in range(2, 10):
             node = await stack.enter_async_context(dht_node(sim.add_host(), key(n), boot))
@@ -117,10 +124,7 @@ async def test_a_node_restarted_under_a_new_key_takes_its_agent_id_over(
 ) -> None:
     sim = SimNetwork(random.Random(22))
     async with AsyncExitStack() as stack:
-        seed = await stack.enter_async_context(dht_node(sim.add_host(), key(1)))
-        await seed.add_agent("caller", echo)
-        await seed.join()
-        boot = ((seed.listen_address[0], PORT),)
+        _, boot = await start_seed(stack, sim, "caller")
         host = sim.add_host()
         stop = trio.Event()
         nursery = await stack.enter_async_context(trio.open_nursery())
@@ -158,10 +162,7 @@ async def test_a_node_restarted_under_a_new_key_takes_its_agent_id_over(
 async def test_a_live_owner_keeps_its_id_against_a_new_claimant(autojump_clock: Any) -> None:
     sim = SimNetwork(random.Random(23))
     async with AsyncExitStack() as stack:
-        seed = await stack.enter_async_context(dht_node(sim.add_host(), key(1)))
-        await seed.add_agent("caller", echo)
-        await seed.join()
-        boot = ((seed.listen_address[0], PORT),)
+        seed, boot = await start_seed(stack, sim, "caller")
         owner = await stack.enter_async_context(dht_node(sim.add_host(), key(50), boot))
         await owner.add_agent("carol", echo)
         await owner.join()
