@@ -3,14 +3,16 @@ control sockets (discovery, request/response, broadcast, kill and restart)."""
 
 from __future__ import annotations
 
+import io
 import json
-import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 import trio
 
 from p2pnode.cli.demo import Demo
+from p2pnode.cli.main import main
 from p2pnode.core.errors import ErrorCode, P2PError
 
 pytestmark = pytest.mark.slow
@@ -66,13 +68,17 @@ async def test_four_daemons(tmp_path: Path) -> None:
 
 
 async def _cli(data_dir: Path, *argv: str) -> tuple[int, str, str]:
-    result = await trio.run_process(
-        [sys.executable, "-m", "p2pnode", "--data-dir", str(data_dir), *argv],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
-    return result.returncode, result.stdout.decode(), result.stderr.decode()
+    """``p2pnode --data-dir D ARGV``: exit code, stdout and stderr. The command talks to
+    the daemon over its control socket, so it runs here (in a thread: it runs its own
+    trio loop), not in an interpreter of its own; the daemons are real processes."""
+
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(["--data-dir", str(data_dir), *argv])
+        return code, out.getvalue(), err.getvalue()
+
+    return await trio.to_thread.run_sync(run)
 
 
 async def test_cli_commands_against_a_running_daemon(tmp_path: Path) -> None:
