@@ -1,0 +1,96 @@
+"""The gateway over HTTP: uvicorn on the loopback, every request with a bearer token.
+
+A loopback port is reachable by every local user, while the node's own sockets
+are its owner's alone: without the token any of them would use the swarm as
+the gateway's agent. The token is drawn at start and written (mode 0600) to
+``token_file``; the cards declare it (``securitySchemes.bearer``). A request
+without it is answered 401 before the SDK sees it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from p2pnode.core.identity import write_private_file
+
+#: The loopback hosts ``--http`` accepts.
+LOOPBACK: frozenset[str] = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+class BearerGuard:
+    """An ASGI app refusing every HTTP request without ``Authorization: Bearer <token>``
+    (401), passing the others and the lifespan to ``app``."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                body = json.dumps({"error": "a bearer token is required"}).encode()
+                headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def new_token(token_file: Path) -> str:
+    """Draw a token and write it, mode 0600, to ``token_file``."""
+    token = secrets.token_urlsafe(32)
+    write_private_file(token_file, (token + "\n").encode())
+    return token
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any), bound before the gateway is
+    built so its cards name the port. Raises OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Announcing(uvicorn.Server):
+    """uvicorn's server calling ``ready()`` once it serves."""
+
+    def __init__(self, config: uvicorn.Config, ready: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.ready = ready
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:  # else it could not start: uvicorn said why
+            self.ready()
+
+
+async def serve(app: Any, sock: socket.socket, ready: Callable[[], None] = lambda: None) -> None:
+    """Serve ``app`` (already guarded) on the listening ``sock`` until cancelled, or
+    SIGINT or SIGTERM (uvicorn's handlers)."""
+    config = uvicorn.Config(app, log_level="warning", lifespan="off")
+    await Announcing(config, ready).serve(sockets=[sock])
+
+
+def base_url(host: str, port: int) -> str:
+    """``http://host:port`` (an IPv6 host in brackets)."""
+    where = f"[{host}]" if ":" in host else host
+    return f"http://{where}:{port}"
+
+
+__all__ = ["LOOPBACK", "Announcing", "BearerGuard", "base_url", "listen", "new_token", "serve"]
