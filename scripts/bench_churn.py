@@ -251,7 +251,7 @@ class Churn:
             times.append(seconds)
 
     async def dropped_after(
-        self, agent: str, owner: PeerId, holders: list[tuple[Device, Node | None]], limit: float
+        self, agent: str, owner: PeerId, holders: Sequence[tuple[Device, Node]], limit: float
     ) -> float:
         """Seconds until no running holder claims ``agent`` of ``owner`` (inf: not in
         ``limit``)."""
@@ -260,7 +260,7 @@ class Churn:
             if (agent, owner.raw) in self.live_keys():
                 return math.nan  # back with that key before all noticed: not counted
             if not any(
-                n is not None and self.still(d, n) and claims(n, agent, owner) for d, n in holders
+                self.still(d, n) and claims(n, agent, owner) for d, n in holders
             ):
                 return trio.current_time() - start
             await trio.sleep(0.1)
@@ -271,7 +271,7 @@ class Churn:
         agent: str,
         capability: str,
         owner: PeerId,
-        holders: list[tuple[Device, Node | None]],
+        holders: Sequence[tuple[Device, Node]],
         expires_at: int,
     ) -> None:
         start = trio.current_time()
@@ -297,7 +297,7 @@ class Churn:
         agent: str,
         capability: str,
         owner: PeerId,
-        holders: list[tuple[Device, Node | None]],
+        holders: Sequence[tuple[Device, Node]],
         expires_at: int,
     ) -> None:
         self.note(self.tally.crash_s, await self.dropped_after(agent, owner, holders, 40.0))

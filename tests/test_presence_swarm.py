@@ -187,7 +187,7 @@ async def test_a_crash_is_gone_within_30_s_with_a_channel_and_within_the_lifetim
             nursery.start_soon(watch)
             await world.devices.crash(subject)
         with_channel = [t for t, c in zip(times, had_channel, strict=True) if c]
-        print("nodes with a channel noticed the crash after", sorted(with_channel), "s")
+        print("nodes with a channel noticed the crash after", max(t or 0.0 for t in with_channel))
         assert len(with_channel) >= len(CLIENTS) + 1
         assert all(t is not None and t <= 30.0 for t in with_channel), with_channel
         # The others never heard: they hold the card while it is valid ...
