@@ -40,8 +40,9 @@ from p2pnode.bridges.a2a.gateway import CARD_PATH, SCHEMAS_EXTENSION, Gateway, N
 from p2pnode.bridges.a2a.http import BearerGuard, base_url, listen, serve
 from p2pnode.core.envelope import Envelope
 
-#: Real sockets on loopback: the nodes' and the gateway's.
-pytestmark = pytest.mark.slow
+#: Real sockets on loopback: the nodes' and the gateway's. One worker runs the module, so
+#: the swarm its tests share starts once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("a2a-gateway")]
 
 HOST = "127.0.0.1"
 TOKEN = "test-token"
@@ -157,6 +158,8 @@ class Running:
         self.thread = threading.Thread(target=self._main, daemon=True)
 
     def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
         async def serve() -> None:
             self._stop = asyncio.Event()
             async with gateway_swarm() as swarm:
@@ -174,7 +177,9 @@ class Running:
             pending = asyncio.all_tasks(self.loop)
             for task in pending:
                 task.cancel()
-            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            if pending:
+                done = asyncio.gather(*pending, return_exceptions=True)
+                self.loop.run_until_complete(done)
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 
