@@ -99,22 +99,28 @@ GROUPS: dict[str, str] = {
     "tests/test_hostile_processes.py::test_more_connections_than_file_descriptors": "floods",
 }
 
-#: The longest tests (a parallel run's --durations on a loaded 2-core machine: 20-150 s
-#: each), by node id prefix, started before everything else. A test not listed keeps
+#: The longest tests (a parallel run's --durations on a loaded 2-core machine: 40-190 s
+#: each), longest first, by node id prefix, started before everything else. A test not listed keeps
 #: its place; a list entry that matches nothing costs nothing.
 FIRST: tuple[str, ...] = (
     "tests/test_swarms_sim.py::test_50_agents_on_20_nodes_complete_500_subtasks",
     "tests/test_netns.py",
     "tests/test_memory_attacks.py",
-    "tests/dht/test_flood.py",
+    "tests/dht/test_flood.py::test_silent_flood_leaves_the_table_as_it_was",
     "tests/test_crdt_sim.py::test_hundred_nodes_loss_partition_heal_converge",
+    "tests/dht/test_swarm_sim.py::test_lookups_survive_killing_a_fifth",
+    "tests/test_node_frames.py::test_merged_frames_deliver_the_same_in_the_same_order",
+    "tests/dht/test_swarm_sim.py::test_every_provider_found_without_churn",
     "tests/test_shared_sim.py::test_swarm_converges_through_partition_kills_and_restarts",
-    "tests/test_demo_swarm.py",
-    "tests/dht/test_swarm_sim.py",
+    "tests/test_tools.py::test_p18_a_catalog_lists_exactly_the_tools_registered",
     "tests/test_mcp_processes.py",
-    "tests/test_cli_tasks.py",
+    "tests/dht/test_flood.py",
+    "tests/test_demo_swarm.py",
     "tests/test_shared_kill.py",
     "tests/test_restart_processes.py",
+    "tests/test_integration_processes.py",
+    "tests/dht/test_swarm_sim.py",
+    "tests/test_cli_tasks.py",
 )
 
 

@@ -11,7 +11,12 @@ from p2pnode.core.card import AgentCard, Capability, Endpoint
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.identity import Identity
 
-ident_text = st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True)
+_IDENT_FIRST = "abcdefghijklmnopqrstuvwxyz0123456789"
+#: Identifiers: ``[a-z0-9][a-z0-9._-]{0,20}``, built from two draws (a quarter of the
+#: time ``st.from_regex`` takes for the same strings, and envelopes draw four each).
+ident_text = st.builds(
+    str.__add__, st.sampled_from(_IDENT_FIRST), st.text(_IDENT_FIRST + "._-", max_size=20)
+)
 short_text = st.text(min_size=1, max_size=30).filter(lambda s: s.strip() != "")
 
 json_values = st.recursive(
@@ -44,6 +49,9 @@ addresses = st.builds(
     st.integers(1, 65535),
 )
 
+#: A part of a card's version, ``[0-9]{1,2}``.
+_version_part = st.text("0123456789", min_size=1, max_size=2)
+
 
 @st.composite
 def cards(draw: st.DrawFn, identity: Identity | None = None, signed: bool = True) -> AgentCard:
@@ -53,7 +61,7 @@ def cards(draw: st.DrawFn, identity: Identity | None = None, signed: bool = True
     card = AgentCard(
         id=draw(ident_text),
         name=draw(short_text),
-        version=draw(st.from_regex(r"[0-9]{1,2}\.[0-9]{1,2}\.[0-9]{1,2}", fullmatch=True)),
+        version=".".join(draw(st.lists(_version_part, min_size=3, max_size=3))),
         description=draw(st.text(max_size=40)),
         tier=draw(st.integers(0, 3)),
         protocols=tuple(

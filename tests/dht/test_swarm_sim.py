@@ -64,7 +64,9 @@ async def test_every_provider_found_without_churn(
     rng = random.Random(21)
     async with dht_swarm(N, seed=21) as (_, nodes):
         expected = await _publish(nodes, rng)
-        assert await _lookups(nodes, expected, rng, 200) == 1.0
+        # 100 lookups from random askers, each of the 8 capabilities about 12 times (a
+        # lookup costs some 40 ms of CPU here: the swarm's size is the point, not them).
+        assert await _lookups(nodes, expected, rng, 100) == 1.0
 
 
 async def test_every_provider_found_with_datagrams_handed_over_by_the_driver(
@@ -103,7 +105,8 @@ async def test_lookups_survive_killing_a_fifth(autojump_clock: trio.testing.Mock
         alive = [n for n in nodes if n not in victims]
         # The behaviour under test: a refresh and a maintenance pass after the deaths.
         await trio.sleep(FAST_DHT.refresh_interval + FAST_DHT.maintenance_interval)
-        assert await _lookups(alive, alive_expected, rng, 400) >= 0.995
+        # At most one lookup in 200 may miss a live provider.
+        assert await _lookups(alive, alive_expected, rng, 200) >= 0.995
 
 
 async def test_partition_heals(autojump_clock: trio.testing.MockClock) -> None:
