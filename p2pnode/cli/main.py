@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import trio
 
 from p2pnode import __version__
+from p2pnode.cli.a2a import add_a2a_commands
 from p2pnode.cli.datalock import hold_data_dir
 from p2pnode.cli.mcp import add_mcp_commands
 from p2pnode.cli.node import add_node_commands
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(handler=cmd_card_export)
     add_node_commands(sub)
     add_mcp_commands(sub)
+    add_a2a_commands(sub)
     _accept_global_options_anywhere(parser)
     return parser
 

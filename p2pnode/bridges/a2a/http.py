@@ -9,11 +9,14 @@ without it is answered 401 before the SDK sees it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import secrets
+import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +71,20 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 class Announcing(uvicorn.Server):
-    """uvicorn's server calling ``ready()`` once it serves."""
+    """uvicorn's server calling ``ready()`` once it serves. SIGINT and SIGTERM stop it
+    gracefully and are not raised again after (uvicorn's own handling re-raises them, so
+    the process would die of the signal instead of exiting 0)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
     def __init__(self, config: uvicorn.Config, ready: Callable[[], None]) -> None:
         super().__init__(config)
