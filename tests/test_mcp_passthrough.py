@@ -219,3 +219,14 @@ def test_a_timeout_that_is_no_number_of_seconds_is_not_passed_on(value: Any) -> 
 
     assert _timeout({"p2pnode/timeout": value}) is None
     assert _timeout({"p2pnode/timeout": 90}) == 90.0
+
+
+async def test_an_mcp_clients_cancel_reaches_the_published_server(autojump_clock: Any) -> None:
+    """The client gives up: the SDK sends mcp serve notifications/cancelled, the swarm's
+    cancel reaches the owner, and the published server is sent notifications/cancelled."""
+    seen = Seen()
+    async with published(seen) as (_, server, _owner), client_of(server) as session:
+        with trio.move_on_after(7):
+            await session.call_tool("files.slow", {"seconds": 60})
+        await wait_until(lambda: seen.cancelled == 1)
+        assert seen.started == 1 and trio.current_time() < 20

@@ -49,6 +49,24 @@ Streams = tuple[
 ]
 
 
+def message_untrusted(line: bytes) -> types.JSONRPCMessage | None:
+    """The JSON-RPC message of one line; None when it is none (answered with
+    :func:`malformed_reply`). A notification whose line carries an ``id`` is none
+    either: the SDK's model ignores the key, JSON-RPC makes it an invalid request."""
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValueError:
+        return None
+    if isinstance(message, types.JSONRPCNotification):
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(obj, dict) or "id" in obj:
+            return None
+    return message
+
+
 def malformed_reply(line: bytes) -> types.JSONRPCError:
     """The error answering ``line``, which is no JSON-RPC message (module docstring).
     Never raises."""
@@ -106,9 +124,8 @@ async def pipe_stdio() -> AsyncIterator[Streams]:
                 for line in lines:
                     if not line.strip():
                         continue
-                    try:
-                        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                    except ValueError:
+                    message = message_untrusted(line)
+                    if message is None:
                         with contextlib.suppress(anyio.ClosedResourceError):
                             await write_send.send(SessionMessage(malformed_reply(line)))
                         continue
@@ -136,4 +153,4 @@ async def pipe_stdio() -> AsyncIterator[Streams]:
             await stdout.aclose()
 
 
-__all__ = ["MAX_ECHOED_ID", "MAX_LINE", "malformed_reply", "pipe_stdio"]
+__all__ = ["MAX_ECHOED_ID", "MAX_LINE", "malformed_reply", "message_untrusted", "pipe_stdio"]
