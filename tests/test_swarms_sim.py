@@ -135,15 +135,7 @@ def fifty_agents() -> list[tuple[int, str, tuple[str, ...]]]:
     [
         "none",
         "participants",
-        pytest.param(
-            "coordinator",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="known defect: under the swarm document's integrity rules a takeover "
-                "still stalls in some runs, 2 of 14 when last measured (results of attempts "
-                "the new term does not know are refused; the witness never sees it settle)",
-            ),
-        ),
+        "coordinator",
     ],
 )
 async def test_50_agents_on_20_nodes_complete_500_subtasks(
