@@ -94,7 +94,21 @@ def test_the_plain_forms_and_the_wrapper() -> None:
     assert parts_of_payload({PARTS_KEY: 5}) == [{"data": {PARTS_KEY: 5}}]
 
 
-@given(st.one_of(json_values, st.lists(st.dictionaries(st.text(max_size=6), json_values))))
+# Part-shaped objects with any of the keys a part may have (and one it may not), any values.
+part_keys = st.sampled_from(
+    ["text", "raw", "url", "data", "filename", "mediaType", "metadata", "x"]
+)
+hostile_parts = st.lists(
+    st.dictionaries(
+        part_keys,
+        scalars | st.just("YQ==") | st.dictionaries(st.text(max_size=3), scalars, max_size=2),
+        max_size=3,
+    ),
+    max_size=4,
+)
+
+
+@given(scalars | hostile_parts)
 def test_hostile_parts_get_remote_error_only(parts: Any) -> None:
     try:
         payload_of_parts_untrusted(parts)
