@@ -102,9 +102,11 @@ async def test_updates_reach_every_node_along_the_tree_without_anti_entropy(
 async def test_swarm_converges_through_partition_kills_and_restarts(
     autojump_clock: Any, tmp_path: Path
 ) -> None:
+    # 16 nodes: two halves of 8, each with a node killed and a durable one restarted
+    # (the 100-node lossy case is test_crdt_sim.py's, at the gossip core).
     async with shared_swarm(tmp_path) as sw:
-        n = 24
-        restarted = {3, 17}
+        n = 16
+        restarted = {3, 11}
         for i in range(n):
             await join(sw, durable=i in restarted)
         members = sw.members
@@ -141,7 +143,7 @@ async def test_swarm_converges_through_partition_kills_and_restarts(
         await trio.sleep(5)  # the behaviour under test: the partition lasts 5 s
         assert left[0].shared.read(DOC) != right[0].shared.read(DOC)
         # Kill some nodes (they keep writing, cut off) and restart the durable ones.
-        killed = [members[5], members[20]]
+        killed = [members[5], members[14]]
         for m in killed:
             sw.sim.kill(m.host)
         async with trio.open_nursery() as writers:
