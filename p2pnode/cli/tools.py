@@ -19,7 +19,8 @@ The names, arguments and results are those of the same ops on ``agent.sock``
 
 * ``tools.list``, ``resources.list``, ``prompts.list`` ``{"agent"}``: a
   listing, ``{"items", "unreachable", "dropped"}``.
-* ``tools.call`` ``{"name", "arguments", "agent"}``: ``{"result"}``.
+* ``tools.call`` ``{"name", "arguments", "agent", "timeout"}``: ``{"result"}``;
+  ``timeout`` is the caller's deadline in seconds (tools.md §3.3).
 * ``resources.read`` ``{"uri", "from", "agent"}``: the MCP result,
   ``{"contents": [...]}``; ``from`` is the owner (default: the first agent
   the caller may discover whose card lists the URI).
@@ -80,8 +81,10 @@ def tool_ops(node: Node) -> dict[str, Op]:
         return (await client.list_prompts(caller(request))).to_dict()
 
     async def call(request: dict[str, Any]) -> Any:
-        name = str(request["name"])
-        result = await client.call_tool(name, arguments(request), caller=caller(request))
+        name, timeout = str(request["name"]), request.get("timeout")
+        result = await client.call_tool(
+            name, arguments(request), caller=caller(request), timeout=timeout
+        )
         return {"result": result}
 
     async def read(request: dict[str, Any]) -> Any:
@@ -222,7 +225,10 @@ class _Commands:
 
     def tools_call(self, args: argparse.Namespace) -> int:
         split_qualified(args.name)
-        answer = self._ask(args, "tools.call", name=args.name, arguments=_json_arguments(args.args))
+        fields: dict[str, Any] = {"name": args.name, "arguments": _json_arguments(args.args)}
+        if args.timeout is not None:
+            fields["timeout"] = args.timeout
+        answer = self._ask(args, "tools.call", **fields)
         _print_json(answer if args.json else answer["result"])
         return 0
 
@@ -344,6 +350,14 @@ def add_tool_commands(
                        commands.tools_call)  # fmt: skip
     call.add_argument("name", metavar="AGENT.TOOL", help="the tool, qualified by its owner")
     call.add_argument("--args", default="{}", metavar="JSON", help="the arguments (an object)")
+    call.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long to wait for the result or the tool's next progress report (more "
+        "than 0, at most 86400; default: the node's request timeout, 10 s); the owner "
+        "ends the call then too",
+    )
     _add_action(
         actions,
         "history",

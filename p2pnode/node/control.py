@@ -87,9 +87,40 @@ class ControlServer:
                         line = await _read_line(stream, buffer)
                     if line is None:  # end of stream, or idle too long
                         return
-                    await stream.send_all(self._encode_reply(await self._dispatch(line)))
+                    reply = await self._dispatch_watched(stream, buffer, line)
+                    if reply is None:  # the client left: nobody to answer
+                        return
+                    await stream.send_all(self._encode_reply(reply))
             except (trio.BrokenResourceError, trio.ClosedResourceError, LocalError):
                 return
+
+    async def _dispatch_watched(
+        self, stream: trio.abc.Stream, buffer: bytearray, line: bytes
+    ) -> dict[str, Any] | None:
+        """:meth:`_dispatch` ``line``, cancelled when the client closes its end meanwhile
+        (Ctrl-C on the command line): a request it was making is then given up, and
+        its owner told (node.md "Cancel"). None when cancelled so. What the client
+        sends meanwhile is kept in ``buffer`` for the next request."""
+        reply: dict[str, Any] | None = None
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                while True:
+                    try:
+                        data = await stream.receive_some()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""
+                    if not data:
+                        nursery.cancel_scope.cancel()
+                        return
+                    buffer.extend(data)
+                    if len(buffer) > MAX_LINE:
+                        return  # read no more: the next _read_line refuses the line
+
+            nursery.start_soon(watch)
+            reply = await self._dispatch(line)
+            nursery.cancel_scope.cancel()
+        return reply
 
     def _encode_reply(self, reply: dict[str, Any]) -> bytes:
         try:
