@@ -1,0 +1,106 @@
+"""The same pass-through as processes (docs/protocol/mcp.md §2.4, §3.2): an MCP server
+written here, hosted by one daemon (``p2pnode run --mcp-server``), called by the official
+client directly and through ``p2pnode mcp serve`` on another daemon's node, gives the
+same result for every content type; a refusal is an error result the client reads as
+such; a timeout in ``_meta`` crosses the agent socket to the owner."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import mcp_types as types
+import pytest
+import trio
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from tests.test_mcp_passthrough import EVERY_BLOCK, STRUCTURED, wire
+from tests.test_mcp_processes import SEEN_TIMEOUT, call_until, env_for, two_nodes
+
+FILES_SERVER = '''
+import anyio
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.stdio import stdio_server
+
+BLOCKS = {blocks!r}
+STRUCTURED = {structured!r}
+
+
+async def list_tools(ctx, params):
+    return types.ListToolsResult(tools=[
+        types.Tool(name="listing", input_schema={{"type": "object"}}),
+        types.Tool(name="nap", input_schema={{"type": "object"}}),
+    ])
+
+
+async def call_tool(ctx, params):
+    if params.name == "nap":
+        await anyio.sleep(5)
+        return types.CallToolResult(content=[types.TextContent(text="rested")])
+    return types.CallToolResult.model_validate(
+        {{"content": BLOCKS, "structuredContent": STRUCTURED}}
+    )
+
+
+async def main():
+    server = Server("files", on_list_tools=list_tools, on_call_tool=call_tool)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+anyio.run(main)
+'''
+
+
+def stdio(command: list[str], env: dict[str, str]) -> StdioServerParameters:
+    return StdioServerParameters(command=command[0], args=command[1:], env=env)
+
+
+@pytest.mark.slow
+async def test_every_content_type_is_the_same_directly_and_through_mcp_serve(
+    tmp_path: Path,
+) -> None:
+    server = tmp_path / "files_server.py"
+    server.write_text(FILES_SERVER.format(blocks=EVERY_BLOCK, structured=STRUCTURED))
+    env = env_for(tmp_path)
+    owner_args = ["--mcp-server", f"files={sys.executable} {server}"]
+    with trio.fail_after(120):
+        async with (
+            stdio_client(stdio([sys.executable, str(server)], env)) as (read, write),
+            ClientSession(read, write) as direct,
+        ):
+            await direct.initialize()
+            straight = await direct.call_tool("listing", {})
+        async with two_nodes(tmp_path, owner_args) as (_owner, caller):
+            await call_until(caller, "files.listing", {})  # the caller's node knows it
+            serve = [sys.executable, "-m", "p2pnode", "--data-dir", str(caller.data_dir),
+                     "mcp", "serve", "--agent-id", "ide"]  # fmt: skip
+            async with (
+                stdio_client(stdio(serve, env)) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                with trio.fail_after(SEEN_TIMEOUT):  # until mcp serve's node lists it
+                    while True:
+                        listed = [t.name for t in (await session.list_tools()).tools]
+                        if "files.listing" in listed:
+                            break
+                        await trio.sleep(0.1)
+                bridged = await session.call_tool("files.listing", {})
+                assert wire(bridged) == wire(straight)
+                assert wire(bridged)["content"] == EVERY_BLOCK
+                # The caller's own deadline crosses the agent socket to the owner: 1 s.
+                short = await session.call_tool(
+                    "files.nap", {}, meta=cast(Any, {"p2pnode/timeout": 1})
+                )
+                assert short.is_error
+                [block] = short.content
+                assert isinstance(block, types.TextContent)
+                assert block.text.startswith("TIMEOUT: ")
+                assert short.structured_content is None
+                rested = await session.call_tool(
+                    "files.nap", {}, meta=cast(Any, {"p2pnode/timeout": 20})
+                )
+                assert not rested.is_error
