@@ -16,7 +16,9 @@ Theory of operation:
   first time a handler waits (seen by :func:`_watched` before trio parks the
   task), its request becomes a *call*: its task's scope gets the call's
   deadline (for a method a service serves, the server's: for tools a
-  tool's own or ``tool_deadline``; else ``request_timeout``), the call is registered for its
+  tool's own or ``tool_deadline``; else ``request_timeout``; the requester's
+  ``metadata.deadlineMs`` when shorter; each progress the handler reports,
+  p2pnode.node.progress, starts it again), the call is registered for its
   requester's cancel (p2pnode.node.callcancel), and while the agent has fewer
   than ``agent_concurrency`` calls a new task takes over the inbox; the old
   one finishes its call, queues the answer and ends. At the limit the reader

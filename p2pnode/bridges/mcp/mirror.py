@@ -6,8 +6,10 @@ catalog mirrors what the server lists (docs/protocol/mcp.md §4):
 
 * each **tool** with the server's own input and output schemas (checked by
   the owner's node before and after the call, as for any tool), its call
-  forwarded with ``tools/call``; the result is the server's
-  ``structuredContent``, or its content blocks (JSON) when it has none;
+  forwarded with ``tools/call``; the answer is the server's content blocks
+  and ``structuredContent`` as it sent them (a ToolContent); the server's
+  progress goes on to the swarm caller, and a call the caller gave up is
+  abandoned, which sends the server ``notifications/cancelled``;
 * each **resource** (not templates) with its name, description and MIME
   type, its content read with ``resources/read``;
 * each **prompt** with its arguments, rendered with ``prompts/get`` into the
@@ -25,7 +27,8 @@ lists change, build it again (:mod:`p2pnode.bridges.mcp.supervise` does).
 A server error comes back as a typed error: a tool result with ``isError``
 as ``HANDLER_FAILED`` with the server's text, a JSON-RPC error by its code
 (:func:`~p2pnode.bridges.mcp.names.code_of_mcp_error`), the server gone as
-``AGENT_UNAVAILABLE``, a call over ``call_timeout`` as ``TIMEOUT``.
+``AGENT_UNAVAILABLE``, a call silent for ``call_timeout`` (no answer, no
+progress) as ``TIMEOUT``.
 """
 
 from __future__ import annotations

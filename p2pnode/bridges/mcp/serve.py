@@ -15,11 +15,17 @@ Theory of operation (docs/protocol/mcp.md §2):
   ``tools/call`` calls one; ``resources/*`` and ``prompts/*`` likewise. A
   listing is fresh for each request: the swarm, not this process, knows
   what exists.
+* A call's result passes through: an owner's MCP content blocks and
+  structured content (a published server's) reach the client as sent;
+  another tool's result is one JSON text block and its structured content.
+  ``_meta["p2pnode/timeout"]`` is the caller's deadline in the swarm, and
+  with a ``progressToken`` the swarm's progress reaches the client.
 * A swarm error on ``tools/call`` is a result with ``isError`` true, its text
-  ``CODE: message`` and ``structuredContent.error`` the code, the message,
-  the agent that refused and its details; on ``resources/read`` and
-  ``prompts/get`` (which have no error result) a JSON-RPC error carrying the
-  same in ``data``.
+  ``CODE: message``, no structured content (it must match the tool's output
+  schema) and ``_meta["p2pnode/error"]`` the code, the message, the agent
+  that refused and its details; on ``resources/read`` and ``prompts/get``
+  (which have no error result) a JSON-RPC error carrying the same in
+  ``data``.
 * **The list follows the swarm.** :meth:`SwarmServer.watch` lists the swarm
   every ``poll_interval`` seconds and, when what a kind lists changed, sends
   ``notifications/{tools,resources,prompts}/list_changed``: to each
