@@ -1,0 +1,191 @@
+"""Benchmark: SendMessage through ``a2a serve``'s gateway beside the A2A SDK's own server.
+
+Usage: python scripts/bench_a2a.py [--calls 300] [--concurrent 64] [--burst 640]
+
+Both rows use the A2A SDK's Python client over loopback HTTP (JSON-RPC binding, blocking
+SendMessage of one text part, the answer a completed task with one artifact), on one
+asyncio loop:
+
+(a) the SDK's server (its DefaultRequestHandler and routes, uvicorn) with an echo
+    executor in the same process: the message is answered at once;
+(b) the gateway (p2pnode.bridges.a2a, same SDK handler and routes, uvicorn) whose agent
+    is an echo agent on another node: each message also becomes a request over a
+    Noise channel between two in-process nodes on loopback TCP, and back.
+
+Rows: p50 and p90 of one message at a time (``--calls``, after a warm-up), and messages
+per second with ``--concurrent`` in flight (``--burst`` messages). Target: (b) p50 <=
+1.3x (a) p50, what the swarm hop may add to the SDK's own cost. Needs the a2a extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from a2a.client import Client, ClientConfig, create_client
+from a2a.helpers.proto_helpers import new_task_from_user_message
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import AgentCard, Message, Part, Role, SendMessageRequest
+from google.protobuf.json_format import ParseDict
+from starlette.applications import Starlette
+
+from p2pnode import Agent, Identity, NodeConfig, TrioNetwork, aio
+from p2pnode.agent.definition import Message as AgentMessage
+from p2pnode.bridges.a2a.gateway import CARD_PATH, Gateway, NodeSwarm
+from p2pnode.bridges.a2a.http import BearerGuard, base_url, listen, serve
+from p2pnode.core.envelope import Envelope
+
+HOST = "127.0.0.1"
+TOKEN = "bench"
+TARGET_RATIO = 1.3
+
+
+class EchoExecutor(AgentExecutor):
+    """The SDK-only row's agent: the same events the gateway sends (task, working,
+    artifact, completed), the text echoed."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.message is not None and context.task_id and context.context_id
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        await event_queue.enqueue_event(new_task_from_user_message(context.message))
+        await updater.start_work()
+        await updater.add_artifact(list(context.message.parts), name="response")
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
+
+
+def _sdk_app(url: str) -> Starlette:
+    card = AgentCard()
+    ParseDict(
+        {
+            "name": "echo",
+            "description": "echo",
+            "version": "1",
+            "supportedInterfaces": [
+                {"url": f"{url}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+            ],
+            "capabilities": {"streaming": True},
+            "defaultInputModes": ["text/plain"],
+            "defaultOutputModes": ["text/plain"],
+            "skills": [{"id": "echo", "name": "echo", "description": "echo", "tags": ["echo"]}],
+        },
+        card,
+    )
+    handler = DefaultRequestHandler(
+        agent_executor=EchoExecutor(), task_store=InMemoryTaskStore(), agent_card=card
+    )
+    routes = [*create_agent_card_routes(card, card_url=CARD_PATH)]
+    return Starlette(routes=routes + create_jsonrpc_routes(handler, "/jsonrpc"))
+
+
+@asynccontextmanager
+async def served(build: Callable[[str], Any]) -> AsyncIterator[str]:
+    """Serve ``build(base URL)`` behind the bearer guard; yields the base URL."""
+    sock = listen(HOST, 0)
+    url = base_url(HOST, sock.getsockname()[1])
+    ready = asyncio.Event()
+    server = asyncio.create_task(serve(BearerGuard(build(url), TOKEN), sock, ready.set))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        yield url
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+        sock.close()
+
+
+async def _ignore(envelope: Envelope) -> None:
+    """The gateway's agent only asks."""
+
+
+@asynccontextmanager
+async def gateway_echo() -> AsyncIterator[str]:
+    """An echo agent on one node, the gateway on another; yields the agent's A2A URL."""
+    echo = Agent("echo", tier=1)
+
+    @echo.on_request("echo.back")
+    async def back(message: AgentMessage) -> Any:
+        return message.payload
+
+    network, config = TrioNetwork(), NodeConfig(listen=(HOST, 0))
+    async with (
+        aio.open_node(Identity.generate(), network, config) as owner,
+        aio.open_node(Identity.generate(), network, config) as node,
+    ):
+        await owner.add_agent(echo)
+        await node.add_agent("gateway", _ignore, tier=1)
+        await node.connect((HOST, owner.listen_address[1]))
+        swarm = NodeSwarm(node, "gateway")
+        async with served(lambda url: Gateway(swarm, url)) as url:
+            yield f"{url}/agents/echo"
+
+
+async def one(client: Client, text: str) -> None:
+    msg = Message(message_id=text, role=Role.ROLE_USER, parts=[Part(text=text)])
+    async for event in client.send_message(SendMessageRequest(message=msg)):
+        assert event.task.artifacts[0].parts[0].text == text
+
+
+async def measure(url: str, args: argparse.Namespace) -> dict[str, float]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    limits = httpx.Limits(max_connections=args.concurrent)
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=30) as http:
+        config = ClientConfig(httpx_client=http, streaming=False)
+        client = await create_client(url, client_config=config)
+        for i in range(20):  # warm-up
+            await one(client, f"w{i}")
+        times = []
+        for i in range(args.calls):
+            start = time.perf_counter()
+            await one(client, f"m{i}")
+            times.append(time.perf_counter() - start)
+        burst = await _burst(lambda i: one(client, f"b{i}"), args.burst, args.concurrent)
+    quantiles = statistics.quantiles(times, n=10)
+    return {"p50_ms": quantiles[4] * 1e3, "p90_ms": quantiles[8] * 1e3, "per_s": burst}
+
+
+async def _burst(call: Callable[[int], Awaitable[None]], total: int, width: int) -> float:
+    """Messages per second of ``total`` calls with ``width`` in flight."""
+    slots = asyncio.Semaphore(width)
+
+    async def bounded(i: int) -> None:
+        async with slots:
+            await call(i)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(bounded(i) for i in range(total)))
+    return total / (time.perf_counter() - start)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    async with served(_sdk_app) as url:
+        sdk = await measure(url, args)
+    async with gateway_echo() as url:
+        gateway = await measure(url, args)
+    ratio = gateway["p50_ms"] / sdk["p50_ms"]
+    return {"sdk": sdk, "gateway": gateway, "p50_ratio": ratio, "target": TARGET_RATIO,
+            "met": ratio <= TARGET_RATIO}  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--concurrent", type=int, default=64)
+    parser.add_argument("--burst", type=int, default=640)
+    result = asyncio.run(main(parser.parse_args()))
+    for row in ("sdk", "gateway"):
+        print(row, {k: round(v, 2) for k, v in result[row].items()})
+    print(json.dumps({k: result[k] for k in ("p50_ratio", "target", "met")}))
