@@ -48,8 +48,7 @@ from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.jsonutil import is_flat_json_map, is_json_value
 from p2pnode.core.wire import DEFAULT_LIMITS
-from p2pnode.node.progress import ProgressCallback
-from p2pnode.node.service import ServiceHost
+from p2pnode.node.service import ProgressCallback, ServiceHost
 
 #: Owners asked at once while listing.
 LIST_CONCURRENCY = 16
