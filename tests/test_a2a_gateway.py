@@ -38,6 +38,7 @@ from p2pnode import Agent, Identity, NodeConfig, TrioNetwork, aio
 from p2pnode.agent.definition import Message as AgentMessage
 from p2pnode.bridges.a2a.gateway import CARD_PATH, SCHEMAS_EXTENSION, Gateway, NodeSwarm
 from p2pnode.bridges.a2a.http import BearerGuard, base_url, listen, serve
+from p2pnode.bridges.a2a.mapping import MAX_PARTS
 from p2pnode.core.envelope import Envelope
 
 #: Real sockets on loopback: the nodes' and the gateway's. One worker runs the module, so
@@ -81,6 +82,10 @@ def _owner_agents(swarm: Swarm) -> list[Agent]:
     @echo.on_request("echo.object", input_schema={"type": "object"})
     async def as_object(message: AgentMessage) -> Any:
         return {"got": message.payload}
+
+    @echo.on_request("echo.fail")
+    async def fail(message: AgentMessage) -> Any:
+        raise RuntimeError("the handler broke")
 
     slow = Agent("slow", tier=1)
 
@@ -258,7 +263,7 @@ def test_index_lists_the_discoverable_agents_and_each_card_is_served(running: Ru
             ("HTTP+JSON", f"{swarm.url}/agents/echo/rest"),
         ]
         assert bindings[2][0] == "P2PNODE-NOISE"
-        assert {s["id"] for s in card["skills"]} == {"echo.back", "echo.object"}
+        assert {s["id"] for s in card["skills"]} == {"echo.back", "echo.object", "echo.fail"}
         (extension,) = card["capabilities"]["extensions"]
         assert extension["uri"] == SCHEMAS_EXTENSION
         schemas = extension["params"]["skills"]
@@ -386,6 +391,37 @@ def test_input_the_owner_refuses_is_invalid_params(running: Running) -> None:
             await send(client, message(Part(text="x"), skill="echo.nothing"))
         assert unknown.value.data is not None
         assert unknown.value.data["code"] == "CAPABILITY_NOT_FOUND"
+
+    running.run(check)
+
+
+def test_an_owner_failure_fails_the_task_with_its_code(running: Running) -> None:
+    async def check(swarm: Swarm) -> None:
+        task = await send(await swarm.client("echo"), message(Part(text="x"), skill="echo.fail"))
+        assert task.status.state == TaskState.TASK_STATE_FAILED
+        text, data = (MessageToDict(p) for p in task.status.message.parts)
+        assert data["data"]["code"] == "HANDLER_FAILED"
+        assert text["text"].startswith("HANDLER_FAILED: ")
+
+    running.run(check)
+
+
+def test_parts_over_the_limits_are_refused_before_the_owner_is_asked(running: Running) -> None:
+    async def check(swarm: Swarm) -> None:
+        client = await swarm.client("echo")
+        before = {t.id for t in (await client.list_tasks(ListTasksRequest())).tasks}
+        asked = len(swarm.seen)
+        many = [Part(text=str(i)) for i in range(MAX_PARTS + 1)]
+        with pytest.raises(InvalidParamsError) as refused:
+            await send(client, message(*many, skill="echo.back"))
+        assert refused.value.data is not None
+        assert refused.value.data["code"] == "MESSAGE_TOO_LARGE"
+        assert len(swarm.seen) == asked  # the owner never saw it
+        after = (await client.list_tasks(ListTasksRequest())).tasks
+        # The SDK recorded the task it opened for the message; it ended failed.
+        assert [t.status.state for t in after if t.id not in before] == [
+            TaskState.TASK_STATE_FAILED
+        ]
 
     running.run(check)
 

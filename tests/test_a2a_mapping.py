@@ -76,8 +76,9 @@ def test_parts_survive_a2a_s_protobuf_form(parts: list[dict[str, Any]]) -> None:
     back = []
     for part in parts:
         converted = MessageToDict(ParseDict(part, Part()))
-        if "data" in converted:
-            converted["data"] = json_numbers(converted["data"])
+        for key in ("data", "metadata"):
+            if key in converted:
+                converted[key] = json_numbers(converted[key])
         back.append(converted)
     assert back == parts
 

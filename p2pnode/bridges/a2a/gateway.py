@@ -182,13 +182,15 @@ class SwarmExecutor(AgentExecutor):
     def _request_of(self, message: Message) -> tuple[Any, str | None]:
         """The payload and capability of ``message``. Raises InvalidParamsError."""
         parts = [MessageToDict(p) for p in message.parts]
-        for part in parts:
-            if "data" in part:
-                part["data"] = json_numbers(part["data"])
+        for part in parts:  # JSON numbers came as doubles (protobuf Value)
+            for key in ("data", "metadata"):
+                if key in part:
+                    part[key] = json_numbers(part[key])
         metadata = MessageToDict(message.metadata) if message.HasField("metadata") else None
         try:
             return payload_of_parts_untrusted(parts), skill_for_untrusted(metadata, self.skills)
         except RemoteError as exc:
+            logger.info("message %s to %s refused: %s", message.message_id, self.card.id, exc)
             raise InvalidParamsError(exc.message, data=error_data(exc)) from None
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:

@@ -16,6 +16,7 @@ import json
 import secrets
 import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,9 @@ class Announcing(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread only: whoever runs this one stops it
+            return
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.handle_exit, sig, None)
