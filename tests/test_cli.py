@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -290,17 +292,22 @@ def test_export_a2a_url_names_the_nodes_address(
 async def test_export_a2a_asks_the_running_node_for_its_address(tmp_path: Path) -> None:
     assert main(["--data-dir", str(tmp_path), "init", "--agent-id", "sun"]) == 0
     node = NodeProcess(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+
+    def export() -> int:
+        # The command only asks the daemon's control socket: it runs here, in a thread
+        # (it runs its own trio loop); the daemon is a real process.
+        with redirect_stdout(out), redirect_stderr(err):
+            return main(["--data-dir", str(tmp_path), "card", "export", "--a2a"])
+
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             try:
                 await node.start(nursery, None)
-                result = await trio.run_process(
-                    [sys.executable, "-m", "p2pnode", "--data-dir", str(tmp_path),
-                     "card", "export", "--a2a"],
-                    capture_stdout=True, capture_stderr=True,
-                )  # fmt: skip
+                code = await trio.to_thread.run_sync(export)
             finally:
                 await node.stop()
-    [interface] = json.loads(result.stdout)["supportedInterfaces"]
+    assert code == 0
+    [interface] = json.loads(out.getvalue())["supportedInterfaces"]
     assert interface["url"].startswith(f"p2pnode://{node.address}/")
-    assert result.stderr == b""
+    assert err.getvalue() == ""
