@@ -38,7 +38,7 @@ from p2pnode import Agent, Identity, NodeConfig, TrioNetwork, aio
 from p2pnode.agent.definition import Message as AgentMessage
 from p2pnode.bridges.a2a.gateway import CARD_PATH, SCHEMAS_EXTENSION, Gateway, NodeSwarm
 from p2pnode.bridges.a2a.http import BearerGuard, base_url, listen, serve
-from p2pnode.bridges.a2a.mapping import MAX_PARTS
+from p2pnode.bridges.a2a.mapping import MAX_PARTS, MAX_RAW_BYTES
 from p2pnode.core.envelope import Envelope
 
 #: Real sockets on loopback: the nodes' and the gateway's. One worker runs the module, so
@@ -406,7 +406,7 @@ def test_an_owner_failure_fails_the_task_with_its_code(running: Running) -> None
     running.run(check)
 
 
-def test_parts_over_the_limits_are_refused_before_the_owner_is_asked(running: Running) -> None:
+def test_parts_over_the_limits_are_refused_before_any_task(running: Running) -> None:
     async def check(swarm: Swarm) -> None:
         client = await swarm.client("echo")
         before = {t.id for t in (await client.list_tasks(ListTasksRequest())).tasks}
@@ -417,11 +417,20 @@ def test_parts_over_the_limits_are_refused_before_the_owner_is_asked(running: Ru
         assert refused.value.data is not None
         assert refused.value.data["code"] == "MESSAGE_TOO_LARGE"
         assert len(swarm.seen) == asked  # the owner never saw it
-        after = (await client.list_tasks(ListTasksRequest())).tasks
-        # The SDK recorded the task it opened for the message; it ended failed.
-        assert [t.status.state for t in after if t.id not in before] == [
-            TaskState.TASK_STATE_FAILED
-        ]
+        after = {t.id for t in (await client.list_tasks(ListTasksRequest())).tasks}
+        assert after == before  # nor was a task opened for it
+
+    running.run(check)
+
+
+def test_a_streamed_message_over_the_limits_is_refused_too(running: Running) -> None:
+    async def check(swarm: Swarm) -> None:
+        client = await swarm.client("echo", streaming=True)
+        raw = Part(raw=bytes(MAX_RAW_BYTES + 1))
+        with pytest.raises(InvalidParamsError) as refused:
+            await send(client, message(raw, skill="echo.back"))
+        assert refused.value.data is not None
+        assert refused.value.data["code"] == "MESSAGE_TOO_LARGE"
 
     running.run(check)
 

@@ -30,19 +30,26 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from functools import partial
 from typing import Any, Final, Protocol
 
 from a2a.helpers.proto_helpers import new_task_from_user_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
-from a2a.server.events import EventQueue
+from a2a.server.events import Event, EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
 from a2a.types import AgentCard as A2ACard
-from a2a.types import ListTasksRequest, ListTasksResponse, Message, Part, Task
+from a2a.types import (
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Part,
+    SendMessageRequest,
+    Task,
+)
 from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from starlette.applications import Starlette
@@ -179,7 +186,7 @@ class SwarmExecutor(AgentExecutor):
         self.skills = tuple(c.id for c in card.capabilities)
         self.timeout = timeout
 
-    def _request_of(self, message: Message) -> tuple[Any, str | None]:
+    def request_of(self, message: Message) -> tuple[Any, str | None]:
         """The payload and capability of ``message``. Raises InvalidParamsError."""
         parts = [MessageToDict(p) for p in message.parts]
         for part in parts:  # JSON numbers came as doubles (protobuf Value)
@@ -197,7 +204,7 @@ class SwarmExecutor(AgentExecutor):
         message = context.message
         if message is None:
             raise InvalidParamsError("a message is required")
-        payload, capability = self._request_of(message)
+        payload, capability = self.request_of(message)
         assert context.task_id is not None and context.context_id is not None
         updater = TaskUpdater(event_queue, context.task_id, context.context_id)
         if context.current_task is None:
@@ -236,6 +243,29 @@ class SwarmExecutor(AgentExecutor):
         # node told the owner. What is left is the task's state.
         assert context.task_id is not None and context.context_id is not None
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+class GatewayHandler(DefaultRequestHandler):
+    """The SDK's request handler, refusing a message the mapping refuses before the SDK
+    opens a task for it (InvalidParams, the owner never asked)."""
+
+    def __init__(self, executor: SwarmExecutor, store: TaskStore, card: A2ACard) -> None:
+        super().__init__(agent_executor=executor, task_store=store, agent_card=card)
+        self._executor = executor
+
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Message | Task:
+        self._executor.request_of(params.message)
+        answer: Message | Task = await super().on_message_send(params, context)
+        return answer
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        self._executor.request_of(params.message)
+        async for event in super().on_message_send_stream(params, context):
+            yield event
 
 
 class BoundedTaskStore(TaskStore):
@@ -395,11 +425,8 @@ class Gateway:
         store = self._stores.pop(card.id, None) or BoundedTaskStore()
         self._stores[card.id] = store  # tasks outlive a card update
         a2a_card = _a2a_card(card_document(card, self.agent_url(card.id)))
-        handler = DefaultRequestHandler(
-            agent_executor=SwarmExecutor(self.swarm, card, timeout=self.timeout),
-            task_store=store,
-            agent_card=a2a_card,
-        )
+        executor = SwarmExecutor(self.swarm, card, timeout=self.timeout)
+        handler = GatewayHandler(executor, store, a2a_card)
         app = Starlette(
             routes=[
                 *create_agent_card_routes(a2a_card, card_url=CARD_PATH),
@@ -422,6 +449,7 @@ __all__ = [
     "SCHEMAS_EXTENSION",
     "BoundedTaskStore",
     "Gateway",
+    "GatewayHandler",
     "NodeSwarm",
     "Swarm",
     "SwarmExecutor",
