@@ -28,6 +28,7 @@ from a2a.types import (
     SendMessageConfiguration,
     SendMessageRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
     Task,
     TaskState,
 )
@@ -469,6 +470,20 @@ def test_cancel_task_cancels_the_request_at_the_owner(running: Running) -> None:
         client = await swarm.client("slow")
         task = await send(client, message(Part(text="wait")), immediately=True)
         await swarm.started.wait()
+        streams = await swarm.client("slow", streaming=True)
+
+        subscribed = asyncio.Event()
+
+        async def follow() -> list[int]:  # SubscribeToTask, until the task ends
+            states = []
+            async for event in streams.subscribe(SubscribeToTaskRequest(id=task.id)):
+                subscribed.set()  # the first event is the task as it is
+                if event.HasField("status_update"):
+                    states.append(event.status_update.status.state)
+            return states
+
+        followed = asyncio.create_task(follow())
+        await subscribed.wait()
         cancelled = await client.cancel_task(CancelTaskRequest(id=task.id))
         assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
         await swarm.owner_cancelled.wait()  # the owner's handler was cancelled
@@ -476,5 +491,6 @@ def test_cancel_task_cancels_the_request_at_the_owner(running: Running) -> None:
         assert got.status.state == TaskState.TASK_STATE_CANCELED
         with pytest.raises(TaskNotCancelableError):  # a finished task cannot be cancelled again
             await client.cancel_task(CancelTaskRequest(id=task.id))
+        assert (await followed)[-1:] == [TaskState.TASK_STATE_CANCELED]
 
     running.run(check)

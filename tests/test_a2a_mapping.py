@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from a2a.types import Part
 from google.protobuf.json_format import MessageToDict, ParseDict
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from p2pnode.bridges.a2a.mapping import (
@@ -67,6 +67,7 @@ def test_parts_survive_a_trip_through_a_payload(parts: list[dict[str, Any]]) -> 
 
 @given(json_values)
 def test_a_payload_survives_a_trip_through_parts(value: Any) -> None:
+    assume(not (isinstance(value, dict) and set(value) == {PARTS_KEY}))  # the wrapper itself
     assert payload_of_parts_untrusted(parts_of_payload(value)) == value
 
 
