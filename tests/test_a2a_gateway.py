@@ -475,7 +475,7 @@ def test_cancel_task_cancels_the_request_at_the_owner(running: Running) -> None:
         subscribed = asyncio.Event()
 
         async def follow() -> list[int]:  # SubscribeToTask, until the task ends
-            states = []
+            states: list[int] = []
             async for event in streams.subscribe(SubscribeToTaskRequest(id=task.id)):
                 subscribed.set()  # the first event is the task as it is
                 if event.HasField("status_update"):
