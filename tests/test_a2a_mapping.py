@@ -18,6 +18,7 @@ from p2pnode.bridges.a2a.mapping import (
     MAX_RAW_BYTES,
     PARTS_KEY,
     Outcome,
+    error_data,
     json_numbers,
     outcome_of,
     parts_of_payload,
@@ -165,3 +166,12 @@ def test_every_code_has_an_outcome_and_refusals_reject() -> None:
     assert outcome_of(ErrorCode.TASK_CANCELED) is Outcome.CANCELED
     for code in (ErrorCode.TIMEOUT, ErrorCode.AGENT_NOT_FOUND, ErrorCode.HANDLER_FAILED):
         assert outcome_of(code) is Outcome.FAILED
+
+
+def test_error_data_is_json_whatever_the_details_hold() -> None:
+    exc = RemoteError(ErrorCode.INVALID_OUTPUT, "odd", blob=b"\x00", when=(1, 2))
+    assert error_data(exc) == {
+        "code": "INVALID_OUTPUT",
+        "message": "odd",
+        "details": {"blob": "b'\\x00'", "when": [1, 2]},
+    }

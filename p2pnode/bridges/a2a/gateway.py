@@ -413,7 +413,15 @@ class Gateway:
         if card is None:
             await JSONResponse({"error": failure}, status_code=404)(scope, receive, send)
             return
-        await self._app_for(card)(scope, receive, send)
+        try:
+            app = self._app_for(card)
+        except (ParseError, TypeError, ValueError) as exc:  # a card A2A cannot carry
+            logger.warning("agent %s: no A2A card: %s", agent_id, exc)
+            refused = LocalError(ErrorCode.INVALID_CARD, f"no A2A card for {agent_id!r}: {exc}")
+            answer = JSONResponse({"error": error_data(refused)}, status_code=502)
+            await answer(scope, receive, send)
+            return
+        await app(scope, receive, send)
 
     def _app_for(self, card: AgentCard) -> Starlette:
         """The A2A app of ``card``, built once per revision of the card."""

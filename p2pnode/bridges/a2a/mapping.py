@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -79,8 +80,10 @@ def outcome_of(code: ErrorCode) -> Outcome:
 
 def error_data(exc: P2PError) -> dict[str, Any]:
     """The error as A2A carries it (a JSON-RPC error's ``data``, a status message's data
-    part): ``{"code", "message", "details"}``."""
-    return exc.to_dict()
+    part): ``{"code", "message", "details"}``, as JSON (a detail JSON cannot hold, such
+    as bytes, as its text)."""
+    data: dict[str, Any] = json.loads(json.dumps(exc.to_dict(), default=str))
+    return data
 
 
 def _invalid(message: str, **details: Any) -> RemoteError:
