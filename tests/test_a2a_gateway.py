@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -34,6 +35,8 @@ from a2a.types import (
 )
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError
 from google.protobuf.json_format import MessageToDict, ParseDict
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from p2pnode import Agent, Identity, NodeConfig, TrioNetwork, aio
 from p2pnode.agent.definition import Message as AgentMessage
@@ -458,6 +461,42 @@ def test_malformed_json_rpc_gets_a_json_rpc_error(
         assert answer.json()["error"]["code"] == code, answer.text
         again = await send(await swarm.client("echo"), message(Part(text="ok"), skill="echo.back"))
         assert again.status.state == TaskState.TASK_STATE_COMPLETED  # still serving
+
+    running.run(check)
+
+
+_METHODS = ["SendMessage", "GetTask", "ListTasks", "CancelTask", "SubscribeToTask",
+            "GetExtendedAgentCard", "SendStreamingMessage", "tasks/get", ""]  # fmt: skip
+_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+_json = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_rpc = st.fixed_dictionaries(
+    {"jsonrpc": st.sampled_from(["2.0", "1.0"]), "method": st.sampled_from(_METHODS)},
+    optional={"id": _scalars, "params": _json},
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_rpc | _json)
+def test_any_json_body_gets_a_json_rpc_answer(running: Running, body: Any) -> None:
+    """Whatever JSON a client posts, the answer is a JSON-RPC response (an error or a
+    result), never a server error, and the gateway goes on serving."""
+
+    async def check(swarm: Swarm) -> None:
+        headers = {"content-type": "application/json", "A2A-Version": "1.0"}
+        url = f"{swarm.url}/agents/echo/jsonrpc"
+        answer = await swarm.http.post(url, content=json.dumps(body), headers=headers)
+        assert answer.status_code < 500, answer.text
+        if answer.headers["content-type"].startswith("application/json"):
+            reply = answer.json()
+            assert "error" in reply or "result" in reply, reply
+            if "error" in reply:
+                assert isinstance(reply["error"]["code"], int)
 
     running.run(check)
 
