@@ -368,6 +368,18 @@ def test_rest_binding_serves_the_same_methods(running: Running) -> None:
         assert get_artifact_text(task.artifacts[0]) == "r"
         got = await client.get_task(GetTaskRequest(id=task.id))
         assert got.status.state == TaskState.TASK_STATE_COMPLETED
+        with pytest.raises(InvalidParamsError) as refused:
+            await send(client, message(Part(text="x"), skill="echo.nothing"))
+        assert refused.value.data is not None
+        assert refused.value.data["code"] == "CAPABILITY_NOT_FOUND"
+        with pytest.raises(TaskNotFoundError):
+            await client.get_task(GetTaskRequest(id="no-such-task"))
+        broken = await swarm.http.post(
+            f"{swarm.url}/agents/echo/rest/message:send",
+            content=b"{not json",
+            headers={"content-type": "application/json", "A2A-Version": "1.0"},
+        )
+        assert broken.status_code == 400
 
     running.run(check)
 
