@@ -2,7 +2,8 @@
 written here, hosted by one daemon (``p2pnode run --mcp-server``), called by the official
 client directly and through ``p2pnode mcp serve`` on another daemon's node, gives the
 same result for every content type; a refusal is an error result the client reads as
-such; a timeout in ``_meta`` crosses the agent socket to the owner."""
+such; a timeout in ``_meta`` crosses the agent socket to the owner, and a client's cancel
+reaches the server."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from tests.sim import wait_until
 from tests.test_mcp_passthrough import EVERY_BLOCK, STRUCTURED, wire
 from tests.test_mcp_processes import SEEN_TIMEOUT, call_until, env_for, two_nodes
 
@@ -32,10 +34,17 @@ async def list_tools(ctx, params):
     return types.ListToolsResult(tools=[
         types.Tool(name="listing", input_schema={{"type": "object"}}),
         types.Tool(name="nap", input_schema={{"type": "object"}}),
+        types.Tool(name="hang", input_schema={{"type": "object"}}),
     ])
 
 
 async def call_tool(ctx, params):
+    if params.name == "hang":
+        try:
+            await anyio.sleep(600)
+        except anyio.get_cancelled_exc_class():
+            open({marker!r}, "w").close()  # it heard notifications/cancelled
+            raise
     if params.name == "nap":
         await anyio.sleep(5)
         return types.CallToolResult(content=[types.TextContent(text="rested")])
@@ -63,7 +72,10 @@ async def test_every_content_type_is_the_same_directly_and_through_mcp_serve(
     tmp_path: Path,
 ) -> None:
     server = tmp_path / "files_server.py"
-    server.write_text(FILES_SERVER.format(blocks=EVERY_BLOCK, structured=STRUCTURED))
+    marker = tmp_path / "cancelled"
+    server.write_text(
+        FILES_SERVER.format(blocks=EVERY_BLOCK, structured=STRUCTURED, marker=str(marker))
+    )
     env = env_for(tmp_path)
     owner_args = ["--mcp-server", f"files={sys.executable} {server}"]
     with trio.fail_after(120):
@@ -104,3 +116,10 @@ async def test_every_content_type_is_the_same_directly_and_through_mcp_serve(
                     "files.nap", {}, meta=cast(Any, {"p2pnode/timeout": 20})
                 )
                 assert not rested.is_error
+                # The client gives up a call: its cancel crosses mcp serve, the agent
+                # socket, the swarm and the owner's bridge to the server.
+                with trio.move_on_after(3):
+                    await session.call_tool(
+                        "files.hang", {}, meta=cast(Any, {"p2pnode/timeout": 600})
+                    )
+                await wait_until(marker.exists, SEEN_TIMEOUT)

@@ -33,6 +33,7 @@ FIND: Final = "find"
 TOOLS: Final = (
     "tools.list_tools",
     "tools.call_tool",
+    "tools.call_tool_result",
     "tools.list_resources",
     "tools.read_resource",
     "tools.list_prompts",

@@ -492,6 +492,22 @@ class AioTools:
 
         return await self._hosted.call(call)
 
+    async def call_tool_result(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        caller: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+    ) -> Any:
+        """The owner's whole ``tools/call`` answer (tools.md §3), ``content`` included."""
+        tools = self._hosted.running().tools
+
+        async def call() -> Any:
+            return await tools.call_tool_result(name, arguments, caller=caller, timeout=timeout)
+
+        return await self._hosted.call(call)
+
     async def read_resource(
         self, uri: str, *, caller: str | None = None, agent: str | None = None
     ) -> dict[str, Any]:

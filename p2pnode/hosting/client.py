@@ -450,12 +450,25 @@ class AgentClient:
             await call.done.wait()
         finally:
             del self._calls[call_id]
+            if call.reply is None and op.get("op") == "tools.call":
+                await self._give_up(call_id)
         reply = call.reply
         if reply is None:
             raise self._failure or LocalError(ErrorCode.CHANNEL_CLOSED, "the node closed")
         if reply.get("ok") is not True:
             raise _error(reply.get("error"))
         return call
+
+    async def _give_up(self, call_id: int) -> None:
+        """Tell the node a ``tools.call`` is no longer waited for (it was cancelled), so
+        the node cancels it at its owner; best effort, within a second."""
+        if self._closed.is_set():
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+            try:
+                await self._write({"op": "tools.cancel", "callId": call_id, "id": next(self._ids)})
+            except (P2PError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass  # the connection is gone: the node cancels what it ran for us
 
     async def _write(self, obj: dict[str, Any]) -> None:
         """One line to the node. Raises LocalError(INVALID_ARGUMENT) for data without a JSON

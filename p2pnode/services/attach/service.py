@@ -347,6 +347,8 @@ class _Connection:
             FindOp: self._find,
             TaskOp: self._task,
         }
+        #: Running tools.call ops by their id, for a tools.cancel to find.
+        self._tool_calls: dict[int | str, trio.CancelScope] = {}
         #: Tasks the agent proposed that have not ended, by id (their events are streamed).
         self._proposed: dict[str, ProposedTask] = {}
 
@@ -635,10 +637,12 @@ class _Connection:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "this node offers no tool ops")
         op, params, caller = event.ref.op, event.params, self._agent
         if op == "tools.call":
-            call = tools.call_tool_result if params["content"] else tools.call_tool
-            timeout = params.get("timeout")
-            result = await call(params["name"], params["arguments"], caller=caller, timeout=timeout)
-            return {"result": result}
+            return {"result": await self._call_tool(tools, event)}
+        if op == "tools.cancel":  # the process gave up that call: cancel it (node.md "Cancel")
+            scope = self._tool_calls.get(params["callId"])
+            if scope is not None:
+                scope.cancel()
+            return {"cancelled": scope is not None}
         if op == "resources.read":
             owner = params.get("agent")
             return await tools.read_resource(params["uri"], caller=caller, agent=owner)
@@ -650,6 +654,23 @@ class _Connection:
             "prompts.list": tools.list_prompts,
         }[op or ""]
         return (await listing(caller)).to_dict()
+
+    async def _call_tool(self, tools: ToolUse, event: ToolOp) -> Any:
+        """A ``tools.call``, cancelled by a ``tools.cancel`` naming its id."""
+        params, key = event.params, event.ref.id
+        call = tools.call_tool_result if params["content"] else tools.call_tool
+        with trio.CancelScope() as scope:
+            if key is not None and key not in self._tool_calls:
+                self._tool_calls[key] = scope
+            try:
+                return await call(
+                    params["name"], params["arguments"], caller=self._agent,
+                    timeout=params.get("timeout"),
+                )  # fmt: skip
+            finally:
+                if key is not None and self._tool_calls.get(key) is scope:
+                    del self._tool_calls[key]
+        raise LocalError(ErrorCode.TIMEOUT, f"tools.call {key!r} was cancelled by its caller")
 
     async def _find(self, event: FindOp) -> Any:
         cards = await self._host.find(event.capability)

@@ -136,6 +136,7 @@ PAUSED: Final = _Sentinel.PAUSED
 #: Ops that run as the node's tasks, counted against ``max_ops``.
 TOOL_OPS: Final = frozenset(
     {"tools.list", "tools.call", "resources.list", "resources.read", "prompts.list", "prompts.get"}
+    | {"tools.cancel"}
 )
 #: Task ops (the task service's), counted against ``max_ops``.
 TASK_OPS: Final = frozenset({"tasks.propose", "tasks.cancel"})
@@ -379,6 +380,11 @@ class AgentSession:
             params["timeout"] = float(timeout)
         if "content" in keys:  # the owner's whole answer (MCP content blocks included)
             params["content"] = obj.get("content") is True
+        if "callId" in keys:  # the id of a tools.call this process gave up
+            call_id = obj.get("callId")
+            if type(call_id) not in (int, str) or len(str(call_id)) > MAX_ID_LENGTH:
+                raise invalid("callId: the id of a running tools.call")
+            params["callId"] = call_id
         self._running += 1
         return ToolOp(ref, params)
 
@@ -580,6 +586,7 @@ _TOOL_KEYS: Final[dict[str, frozenset[str]]] = {
     "resources.list": frozenset(),
     "prompts.list": frozenset(),
     "tools.call": frozenset({"name", "arguments", "timeout", "content"}),
+    "tools.cancel": frozenset({"callId"}),
     "prompts.get": frozenset({"name", "arguments"}),
     "resources.read": frozenset({"uri", "agent"}),
 }
