@@ -2,8 +2,8 @@
 written here, hosted by one daemon (``p2pnode run --mcp-server``), called by the official
 client directly and through ``p2pnode mcp serve`` on another daemon's node, gives the
 same result for every content type; a refusal is an error result the client reads as
-such; a timeout in ``_meta`` crosses the agent socket to the owner, and a client's cancel
-reaches the server."""
+such; a timeout in ``_meta`` crosses the agent socket to the owner, progress comes back
+through it, and a client's cancel reaches the server."""
 
 from __future__ import annotations
 
@@ -35,10 +35,16 @@ async def list_tools(ctx, params):
         types.Tool(name="listing", input_schema={{"type": "object"}}),
         types.Tool(name="nap", input_schema={{"type": "object"}}),
         types.Tool(name="hang", input_schema={{"type": "object"}}),
+        types.Tool(name="steps", input_schema={{"type": "object"}}),
     ])
 
 
 async def call_tool(ctx, params):
+    if params.name == "steps":
+        for step in range(1, 7):
+            await anyio.sleep(1)
+            await ctx.session.report_progress(step, 6, f"step {{step}}")
+        return types.CallToolResult(content=[types.TextContent(text="walked")])
     if params.name == "hang":
         try:
             await anyio.sleep(600)
@@ -116,6 +122,19 @@ async def test_every_content_type_is_the_same_directly_and_through_mcp_serve(
                     "files.nap", {}, meta=cast(Any, {"p2pnode/timeout": 20})
                 )
                 assert not rested.is_error
+                # Progress crosses the agent socket: a 6 s call reporting every second
+                # outlives the caller's 3 s timeout, and the client hears each step.
+                steps: list[float] = []
+
+                async def heard(progress: float, total: float | None, message: str | None) -> None:
+                    steps.append(progress)
+
+                walked = await session.call_tool(
+                    "files.steps", {}, progress_callback=heard,
+                    meta=cast(Any, {"p2pnode/timeout": 3}),
+                )  # fmt: skip
+                assert not walked.is_error, walked
+                assert steps == sorted(steps) and len(steps) >= 5
                 # The client gives up a call: its cancel crosses mcp serve, the agent
                 # socket, the swarm and the owner's bridge to the server.
                 with trio.move_on_after(3):

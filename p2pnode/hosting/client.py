@@ -86,6 +86,7 @@ from p2pnode.core.identity import default_data_dir
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.hosting.aiohandoff import start_eagerly
 from p2pnode.hosting.clientlink import Link, ProtocolLink, StreamLink
+from p2pnode.node.service import ProgressCallback, progress_untrusted
 from p2pnode.services.attach.wire import (
     AGENT_SOCKET_NAME,
     MAX_LINE,
@@ -238,12 +239,14 @@ class _Running:
 class _Call:
     """An op waiting for its reply (``task``: the handle a ``tasks.propose`` made)."""
 
-    __slots__ = ("done", "reply", "task")
+    __slots__ = ("done", "on_progress", "reply", "task")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.reply: dict[str, Any] | None = None
         self.task: TaskHandle | None = None
+        #: Given each ``progress`` event of the op (a tools.call asked with progress).
+        self.on_progress: Any = None
 
 
 class AgentClient:
@@ -433,18 +436,20 @@ class AgentClient:
         except (P2PError, KeyError, TypeError) as exc:
             raise LocalError(ErrorCode.INTERNAL, f"unreadable card from the node: {exc}") from None
 
-    async def _call(self, op: dict[str, Any]) -> Any:
+    async def _call(self, op: dict[str, Any], on_progress: Any = None) -> Any:
         """Run one op; its result. Raises the node's error for it, typed by its code and
-        blame (``remote``), or the connection's failure."""
-        call = await self._exchange(op)
+        blame (``remote``), or the connection's failure. ``on_progress`` gets the op's
+        progress events."""
+        call = await self._exchange(op, on_progress)
         assert call.reply is not None
         return call.reply.get("result")
 
-    async def _exchange(self, op: dict[str, Any]) -> _Call:
+    async def _exchange(self, op: dict[str, Any], on_progress: Any = None) -> _Call:
         if self._closed.is_set():
             raise self._failure or LocalError(ErrorCode.CHANNEL_CLOSED, "not connected")
         call_id = next(self._ids)
         call = self._calls[call_id] = _Call()
+        call.on_progress = on_progress
         try:
             await self._write({**op, "id": call_id})
             await call.done.wait()
@@ -519,10 +524,23 @@ class AgentClient:
             self._on_envelope(obj.get("envelope"), caller, refusals)
         elif event == "task":
             self._on_task_event(obj)
+        elif event == "progress":
+            self._on_progress(obj)
         elif event == "overflow":
             logger.warning("%s: the node dropped %s envelopes", self.agent_id, obj.get("dropped"))
         elif "ok" in obj:
             self._on_reply(obj)
+
+    def _on_progress(self, event: dict[str, Any]) -> None:
+        """A ``progress`` event of a running tools.call: to its caller's callback."""
+        call = self._calls.get(event["id"]) if type(event.get("id")) is int else None
+        update = progress_untrusted(event)
+        if call is None or call.on_progress is None or update is None:
+            return
+        try:
+            call.on_progress(update)
+        except Exception:  # the caller's callback: logged, never the connection's end
+            logger.exception("%s: a progress callback failed", self.agent_id)
 
     def _on_reply(self, reply: dict[str, Any]) -> None:
         call = self._calls.get(reply["id"]) if type(reply.get("id")) is int else None
@@ -770,16 +788,18 @@ class Tools:
         arguments: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
-        on_progress: Any = None,
+        on_progress: ProgressCallback | None = None,
     ) -> Any:
         """The owner's whole ``tools/call`` answer (``content`` blocks and
-        ``structuredContent``: tools.md §3). Progress does not cross the agent socket:
-        ``on_progress`` is not called."""
+        ``structuredContent``: tools.md §3); ``on_progress`` gets each progress the
+        node passes on (agents.md ``progress`` events), in the reader's task."""
         op: dict[str, Any] = {"op": "tools.call", "name": name, "arguments": dict(arguments or {})}
         op["content"] = True
         if timeout is not None:
             op["timeout"] = timeout
-        return (await self._client._call(op))["result"]
+        if on_progress is not None:
+            op["progress"] = True
+        return (await self._client._call(op, on_progress))["result"]
 
     async def read_resource(self, uri: str, *, agent: str | None = None) -> dict[str, Any]:
         """Read resource ``uri`` (from ``agent``, default: the agent whose card lists it):

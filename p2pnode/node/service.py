@@ -52,6 +52,7 @@ from p2pnode.node.progress import (  # re-exported: the progress API of services
     ProgressCallback,
     ProgressReporter,
     current_progress,
+    progress_untrusted,
     report_progress,
 )
 from p2pnode.node.router import Interceptor, RoutingResult
@@ -276,5 +277,6 @@ __all__ = [
     "ServiceHost",
     "Signer",
     "current_progress",
+    "progress_untrusted",
     "report_progress",
 ]

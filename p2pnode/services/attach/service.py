@@ -60,7 +60,7 @@ from p2pnode.core.identity import Identity
 from p2pnode.crdt.clock import VectorClock
 from p2pnode.crdt.ops import Op
 from p2pnode.crdt.replica import Delta
-from p2pnode.node.service import ServiceHost
+from p2pnode.node.service import Progress, ProgressCallback, ServiceHost
 from p2pnode.services.attach.session import (
     NEED_DATA,
     PAUSED,
@@ -96,6 +96,8 @@ WITHDRAW_TIMEOUT = 4.0
 #: Seconds the last lines (a detach's reply, a fatal error) may take to be written.
 FLUSH_TIMEOUT = 1.0
 READ_SIZE = 65536
+#: Seconds between two progress events of one tools.call at least (the rest dropped).
+PROGRESS_INTERVAL = 0.05
 
 
 class Documents(Protocol):
@@ -128,6 +130,7 @@ class ToolUse(Protocol):
         *,
         caller: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
     ) -> Any: ...
 
     async def call_tool_result(
@@ -137,6 +140,7 @@ class ToolUse(Protocol):
         *,
         caller: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (it travels to the owner)
+        on_progress: ProgressCallback | None = None,
     ) -> Any: ...
 
     async def read_resource(
@@ -659,18 +663,37 @@ class _Connection:
         """A ``tools.call``, cancelled by a ``tools.cancel`` naming its id."""
         params, key = event.params, event.ref.id
         call = tools.call_tool_result if params["content"] else tools.call_tool
+        on_progress = self._progress_events(key) if params["progress"] else None
         with trio.CancelScope() as scope:
             if key is not None and key not in self._tool_calls:
                 self._tool_calls[key] = scope
             try:
                 return await call(
                     params["name"], params["arguments"], caller=self._agent,
-                    timeout=params.get("timeout"),
+                    timeout=params.get("timeout"), on_progress=on_progress,
                 )  # fmt: skip
             finally:
                 if key is not None and self._tool_calls.get(key) is scope:
                     del self._tool_calls[key]
         raise LocalError(ErrorCode.TIMEOUT, f"tools.call {key!r} was cancelled by its caller")
+
+    def _progress_events(self, key: int | str | None) -> ProgressCallback:
+        """A callback writing each progress of call ``key`` to the process as a
+        ``progress`` event line; at most one per :data:`PROGRESS_INTERVAL` seconds (the
+        others are dropped: each supersedes the one before), so no owner can flood the
+        connection."""
+        last = -math.inf
+
+        def forward(update: Progress) -> None:
+            nonlocal last
+            now = trio.current_time()
+            if now - last < PROGRESS_INTERVAL:
+                return
+            last = now
+            self.session.notify({"event": "progress", "id": key, **update.to_payload()})
+            self._kick()
+
+        return forward
 
     async def _find(self, event: FindOp) -> Any:
         cards = await self._host.find(event.capability)

@@ -380,6 +380,7 @@ class AgentSession:
             params["timeout"] = float(timeout)
         if "content" in keys:  # the owner's whole answer (MCP content blocks included)
             params["content"] = obj.get("content") is True
+            params["progress"] = obj.get("progress") is True  # progress events wanted
         if "callId" in keys:  # the id of a tools.call this process gave up
             call_id = obj.get("callId")
             if type(call_id) not in (int, str) or len(str(call_id)) > MAX_ID_LENGTH:
@@ -585,7 +586,7 @@ _TOOL_KEYS: Final[dict[str, frozenset[str]]] = {
     "tools.list": frozenset(),
     "resources.list": frozenset(),
     "prompts.list": frozenset(),
-    "tools.call": frozenset({"name", "arguments", "timeout", "content"}),
+    "tools.call": frozenset({"name", "arguments", "timeout", "content", "progress"}),
     "tools.cancel": frozenset({"callId"}),
     "prompts.get": frozenset({"name", "arguments"}),
     "resources.read": frozenset({"uri", "agent"}),
