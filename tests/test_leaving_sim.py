@@ -175,3 +175,34 @@ async def test_a_live_owner_keeps_its_id_against_a_new_claimant(autojump_clock: 
             await seed.request("caller", "carol", None)
             chosen = seed.registry.resolve("carol", virtual_ms())
             assert [c.peer_id for c in chosen] == [owner.peer_id]
+
+
+async def test_a_request_by_capability_fails_over_from_a_dead_provider(
+    autojump_clock: Any,
+) -> None:
+    sim = SimNetwork(random.Random(24))
+    async with AsyncExitStack() as stack:
+        _, boot = await start_seed(stack, sim, "hub")
+        hosts = [sim.add_host(), sim.add_host()]
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        stops = [trio.Event(), trio.Event()]
+        providers: list[Node] = []
+        for n, (host, stop) in enumerate(zip(hosts, stops, strict=True)):
+            provider: Node = await nursery.start(run_node, host, key(60 + n), boot, stop)
+            await provider.add_agent(f"svc-{'ab'[n]}", echo, capabilities=(SUMMARIZE,))
+            await provider.join()
+            providers.append(provider)
+        asker = await stack.enter_async_context(dht_node(sim.add_host(), key(3), boot))
+        await asker.add_agent("asker", echo)
+        await asker.join()
+        assert [c.id for c in await asker.find(SUMMARIZE.id)] == ["svc-a", "svc-b"]
+        assert asker.links.get(providers[0].peer_id) is None  # never met: nothing to notice
+        sim.kill(hosts[0].host)  # svc-a's device dies without a word
+        reply = await asker.request("asker", SUMMARIZE.id, None, capability=True)
+        assert reply.sender == "svc-b"
+        # Its owner is now known unreachable: find and routing leave it out.
+        assert [c.id for c in await asker.find(SUMMARIZE.id)] == ["svc-b"]
+        reply = await asker.request("asker", SUMMARIZE.id, None, capability=True)
+        assert reply.sender == "svc-b"
+        for stop in stops:
+            stop.set()

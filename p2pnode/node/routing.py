@@ -79,6 +79,10 @@ from p2pnode.node.router import (
 
 logger = logging.getLogger("p2pnode.node")
 
+#: Further providers a request by capability tries when the chosen one's owner cannot
+#: be reached (docs/protocol/node.md "Routing (egress)").
+FAILOVER_ATTEMPTS = 2
+
 Handler = Callable[[Envelope], Awaitable[Any]]
 #: An envelope's ingress so far, its hand-over left: its sender's card, recipients, size.
 Taken = tuple[AgentCard, Ingress, int]
@@ -421,10 +425,52 @@ class Routing:
             await self._links.link(peer_id).send_many([encode_envelope(routed.envelope)])
         except P2PError as exc:
             self._note_failure(routed.envelope, routed.start, exc)
-            raise
+            return await self._fail_over(envelope, routed, exc)
         return self._delivered(
             routed.envelope, RoutingPath.REMOTE, routed.target, routed.start, str(peer_id)
         )
+
+    async def _fail_over(self, envelope: Envelope, failed: Route, error: P2PError) -> RoutingResult:
+        """A request by capability whose provider could not be reached (no channel to its
+        owner opened) goes to the next provider, the owner now unreachable: at most
+        ``FAILOVER_ATTEMPTS`` more. Anything else raises ``error``."""
+        metadata = envelope.metadata
+        by_capability = metadata is not None and metadata.routing_hint == ROUTING_HINT_CAPABILITY
+        for _ in range(FAILOVER_ATTEMPTS):
+            if not by_capability or not self._dial_failed(failed.target.peer_id, error):
+                break
+            routed = await self._route(envelope)
+            if isinstance(routed, RoutingResult):
+                return routed  # delivered to a local agent
+            if routed.target.peer_id == failed.target.peer_id:
+                break  # no other provider
+            pending = self.pending.get(envelope.id)
+            if pending is not None:
+                pending.peer = routed.target.peer_id
+            try:
+                await self._links.link(routed.target.peer_id).send_many(
+                    [encode_envelope(routed.envelope)]
+                )
+            except P2PError as exc:
+                self._note_failure(routed.envelope, routed.start, exc)
+                failed, error = routed, exc
+                continue
+            where = str(routed.target.peer_id)
+            return self._delivered(
+                routed.envelope, RoutingPath.REMOTE, routed.target, routed.start, where
+            )
+        raise error
+
+    def _dial_failed(self, peer_id: PeerId, error: P2PError) -> bool:
+        """True when ``error`` means no channel to ``peer_id`` could be opened: the owner
+        is then unreachable (docs/protocol/node.md "Agent ids and owners")."""
+        link = self._links.get(peer_id)
+        if error.code is not ErrorCode.DELIVERY_FAILED or (
+            link is not None and link.state is ChannelState.OPEN
+        ):
+            return False
+        self._registry.note_unreachable(peer_id)
+        return True
 
     async def send_many(self, envelopes: Iterable[Envelope]) -> list[RoutingResult]:
         """Route envelopes in order, each as :meth:`send` would, and return their results.
