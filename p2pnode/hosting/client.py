@@ -83,10 +83,10 @@ from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Envelope, EnvelopeError, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.identity import default_data_dir
+from p2pnode.core.progress import ProgressCallback, progress_untrusted
 from p2pnode.crdt.ops import CounterAdd, MapRemove, Op, RegisterSet, SetAdd, SetRemove
 from p2pnode.hosting.aiohandoff import start_eagerly
 from p2pnode.hosting.clientlink import Link, ProtocolLink, StreamLink
-from p2pnode.node.service import ProgressCallback, progress_untrusted
 from p2pnode.services.attach.wire import (
     AGENT_SOCKET_NAME,
     MAX_LINE,

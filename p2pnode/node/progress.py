@@ -25,41 +25,24 @@ token: ``{"progress": number, "total"?: number, "message"?: str}``.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
 from typing import Any
 
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
+from p2pnode.core.progress import (  # re-exported: the value and its reading
+    MAX_PROGRESS_MESSAGE,
+    PROGRESS,
+    Progress,
+    ProgressCallback,
+    is_finite_number,
+    progress_untrusted,
+)
 
 logger = logging.getLogger("p2pnode.node")
 
-#: ``metadata.capability`` of the progress notification (MCP's method name).
-PROGRESS = "notifications/progress"
-#: Longest ``message`` kept (a longer one is cut).
-MAX_PROGRESS_MESSAGE = 1024
 #: The metadata every progress notification carries.
 PROGRESS_METADATA = Metadata(capability=PROGRESS)
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """One progress report: ``progress`` so far, of ``total`` when known, and a short
-    human ``message``."""
-
-    progress: float
-    total: float | None = None
-    message: str | None = None
-
-    def to_payload(self) -> dict[str, Any]:
-        """The notification's payload (MCP's ``notifications/progress`` params, no token)."""
-        out: dict[str, Any] = {"progress": self.progress}
-        if self.total is not None:
-            out["total"] = self.total
-        if self.message is not None:
-            out["message"] = self.message[:MAX_PROGRESS_MESSAGE]
-        return out
 
 
 def is_progress(envelope: Envelope) -> bool:
@@ -70,29 +53,6 @@ def is_progress(envelope: Envelope) -> bool:
         and meta is not None
         and meta.capability == PROGRESS
     )
-
-
-def _number(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
-
-
-def progress_untrusted(payload: Any) -> Progress | None:
-    """The progress a notification's payload reports; None when it is not a map with a
-    finite number ``progress``, an optional finite number ``total`` and an optional
-    string ``message`` (such a notification is dropped). Never raises."""
-    if type(payload) is not dict:
-        return None
-    progress: Any = payload.get("progress")
-    total, message = payload.get("total"), payload.get("message")
-    if not _number(progress) or (total is not None and not _number(total)):
-        return None
-    if message is not None and type(message) is not str:
-        return None
-    return Progress(progress, total, None if message is None else message[:MAX_PROGRESS_MESSAGE])
-
-
-#: What a requester is given for each progress of its request (sync: called on delivery).
-ProgressCallback = Callable[[Progress], None]
 
 
 class ProgressReporter:
@@ -116,7 +76,7 @@ class ProgressReporter:
     ) -> bool:
         """Push the handler's deadline out and tell the requester; True when sent.
         Raises ValueError for a progress or total that is not a finite number."""
-        if not _number(progress) or (total is not None and not _number(total)):
+        if not is_finite_number(progress) or (total is not None and not is_finite_number(total)):
             raise ValueError("progress and total must be finite numbers")
         self._extend()
         return await self._send(self.request, Progress(progress, total, message))
