@@ -179,18 +179,20 @@ class DhtNode(DhtPeer):
         # only some of them: read until the k closest answered, not to a quorum.
         recs = await self.get_records(capability_key(capability), quorum=0)
         providers: list[tuple[PeerId, str]] = []
+        withdrawn: list[tuple[PeerId, str]] = []
         for r in recs:
             if r.kind is not RecordKind.PROVIDER:
                 continue
             try:
-                agent_id = ProviderInfo.from_bytes_untrusted(r.payload).agent_id
+                info = ProviderInfo.from_bytes_untrusted(r.payload)
             except Exception as exc:
                 self.stats.records_rejected += 1
                 self.boundary.contain(str(r.publisher), "provider record", exc)
                 continue
-            if (r.publisher, agent_id) not in providers:
-                providers.append((r.publisher, agent_id))
-        providers = providers[:limit]
+            # No addresses: the newest record of its publisher here is a withdrawal (§4.5).
+            found = providers if info.addresses else withdrawn
+            if (r.publisher, info.agent_id) not in found:
+                found.append((r.publisher, info.agent_id))
         cards: list[AgentCard] = []
 
         async def fetch(peer_id: PeerId, agent_id: str) -> None:
@@ -200,9 +202,17 @@ class DhtNode(DhtPeer):
             if card.has_capability(capability) or capability == agent_capability(card.id):
                 cards.append(card)
 
+        async def read_withdrawal(peer_id: PeerId, agent_id: str) -> None:
+            # Every one of the k closest, so the signed withdrawal reaches the node (which
+            # drops the card it may hold) even where one of them keeps the old card.
+            recs = await self.get_records(card_key(peer_id, agent_id), quorum=0)
+            self._card_from(recs, peer_id)
+
         async with trio.open_nursery() as nursery:
-            for peer_id, agent_id in providers:
+            for peer_id, agent_id in providers[:limit]:
                 nursery.start_soon(fetch, peer_id, agent_id)
+            for peer_id, agent_id in withdrawn[:limit]:
+                nursery.start_soon(read_withdrawal, peer_id, agent_id)
         cards.sort(key=lambda c: (c.peer_id.raw, c.id))
         return cards
 
