@@ -436,8 +436,11 @@ class Kernel(TaskOwner):
         joined (one INFO line); one that cannot be resolved or reached is one WARNING,
         the first time. When none answered, the node tries again in the background
         (2 s doubling to 300 s, ±25%) until one does; ``status()["join"]`` says where
-        it stands.
+        it stands. With no bootstrap peer (the swarm's first node), the local cards are
+        published again all the same.
         """
+        if not self.config.bootstrap:
+            await self._publish_cards()
         return await self.joining.join(self.nursery)
 
     async def _publish_cards(self) -> None:
