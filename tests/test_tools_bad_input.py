@@ -406,7 +406,8 @@ async def test_a_dht_record_carrying_a_card_with_too_many_tools_is_ignored(
             card = signed_card_bytes(owner, agent_id, now, tools=tools)
             await publish(RecordKind.CARD, card_key(owner.peer_id, agent_id), card)
             capability = f"tool:{tools[0]}"
-            provider = ProviderInfo(capability, agent_id, ()).to_bytes()
+            # With an address: a provider record without one is a withdrawal (dht.md §4.5).
+            provider = ProviderInfo(capability, agent_id, (("10.0.0.4", 7000),)).to_bytes()
             await publish(RecordKind.PROVIDER, capability_key(capability), provider)
         asker = nodes[1]
         assert [c.id for c in await asker.find("tool:c0")] == ["fine"]
