@@ -52,6 +52,8 @@ def test_the_simulated_swarm_block_runs_as_written(tmp_path: Path) -> None:
     found, answers = done.stdout.splitlines()
     assert found == "found " + str([f"worker-{i}" for i in range(1, 8)])
     # Seven one-second jobs in parallel: one virtual second and the network's latency.
-    assert answers.startswith("[4, 9, 16, 25, 36, 49, 64] in 1.")
-    # What the README says it prints.
-    assert f"`{answers}`" in README.read_text(encoding="utf-8")
+    results, _, seconds = answers.partition(" in ")
+    assert results == "[4, 9, 16, 25, 36, 49, 64]"
+    assert seconds.endswith(" virtual s") and 1.0 < float(seconds.split()[0]) < 1.2
+    # What the README says it prints (the hundredths vary with the random keys).
+    assert f"`{results} in 1.0" in README.read_text(encoding="utf-8")

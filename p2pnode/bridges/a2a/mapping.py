@@ -5,7 +5,8 @@ A2A's JSON forms (the protobuf JSON mapping of A2A 1.0: a ``Part`` is
 ``{"text" | "raw" | "url" | "data": ..., "filename"?, "mediaType"?, "metadata"?}``):
 
 * **Parts -> payload** (§3): one bare text part is the string; one bare data
-  part is its value; anything else (several parts, a file, a part with a file
+  part is its value, unless that is a string (which would read back as text);
+  anything else (several parts, a file, a part with a file
   name, a media type or metadata) is ``{"a2a/parts": [part, ...]}`` with each
   part in its JSON form (``raw`` as base64), so nothing is lost. A data part
   whose value is itself such a wrapper is wrapped too, so the reverse is exact.
@@ -146,8 +147,9 @@ def payload_of_parts_untrusted(parts: Any) -> Any:
         (part,) = checked
         if set(part) == {"text"}:
             return part["text"]
-        if set(part) == {"data"} and not _is_wrapper(part["data"]):
-            return part["data"]
+        data = part.get("data")
+        if set(part) == {"data"} and not _is_wrapper(data) and not isinstance(data, str):
+            return data  # a string would read back as a text part: wrapped below
     return {PARTS_KEY: checked}
 
 
