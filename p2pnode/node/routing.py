@@ -82,6 +82,9 @@ logger = logging.getLogger("p2pnode.node")
 #: Further providers a request by capability tries when the chosen one's owner cannot
 #: be reached (docs/protocol/node.md "Routing (egress)").
 FAILOVER_ATTEMPTS = 2
+#: Seconds discovery is given to name another owner of an agent whose owner is known
+#: unreachable, before the known owner is dialed anyway.
+SUCCESSOR_WAIT = 1.0
 
 Handler = Callable[[Envelope], Awaitable[Any]]
 #: An envelope's ingress so far, its hand-over left: its sender's card, recipients, size.
@@ -430,6 +433,21 @@ class Routing:
             routed.envelope, RoutingPath.REMOTE, routed.target, routed.start, str(peer_id)
         )
 
+    async def _look_up(self, recipient: str, known: AgentCard | None) -> AgentCard:
+        """The target of ``recipient`` after asking discovery (:func:`find_agent`). When
+        a card is ``known`` (its owner unreachable), discovery gets ``SUCCESSOR_WAIT``
+        seconds to name another owner (one restarted under a new key); then the known
+        card is used: the dial tells."""
+        if known is None:
+            return await find_agent(
+                recipient, self.router, self.discovery, self.cards, self._links, self._clock_ms()
+            )
+        with trio.move_on_after(SUCCESSOR_WAIT):
+            return await find_agent(
+                recipient, self.router, self.discovery, self.cards, self._links, self._clock_ms()
+            )
+        return known
+
     async def _fail_over(self, envelope: Envelope, failed: Route, error: P2PError) -> RoutingResult:
         """A request by capability whose provider could not be reached (no channel to its
         owner opened) goes to the next provider, the owner now unreachable: at most
@@ -565,14 +583,7 @@ class Routing:
                     found = None  # decided below, after probing its owners
                 if found is None or not self.router.reachable(found):
                     # Unknown, ambiguous, or its owner gone: discovery may know more.
-                    found = await find_agent(
-                        recipient,
-                        self.router,
-                        self.discovery,
-                        self.cards,
-                        self._links,
-                        self._clock_ms(),
-                    )
+                    found = await self._look_up(recipient, found)
                 target = found
                 if target.id != envelope.recipient:  # agent@peer: the peer's agent is "agent"
                     self.router.pin(envelope)
