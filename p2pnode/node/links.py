@@ -250,14 +250,13 @@ class LinkManager(TaskOwner):
     def _addresses_of(self, peer_id: PeerId) -> list[Address]:
         addresses = list(self._addresses.get(peer_id, []))
         for card in self._registry.owned_by(peer_id):  # rival claims too
-            if card.peer_id == peer_id:
-                for text in card.addresses:
-                    address = parse_address(text)
-                    if address not in addresses:
-                        addresses.append(address)
-                if card.noise_static_key is not None and peer_id not in self._static:
-                    self._static[peer_id] = card.noise_static_key
-                    _bound(self._static, self._config.max_peers, self._links)
+            for text in card.addresses:
+                address = parse_address(text)
+                if address not in addresses:
+                    addresses.append(address)
+            if card.noise_static_key is not None and peer_id not in self._static:
+                self._static[peer_id] = card.noise_static_key
+                _bound(self._static, self._config.max_peers, self._links)
         return addresses
 
     async def _dial(self, peer_id: PeerId) -> SecureChannel:
