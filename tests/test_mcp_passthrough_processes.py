@@ -3,10 +3,12 @@ written here, hosted by one daemon (``p2pnode run --mcp-server``), called by the
 client directly and through ``p2pnode mcp serve`` on another daemon's node, gives the
 same result for every content type; a refusal is an error result the client reads as
 such; a timeout in ``_meta`` crosses the agent socket to the owner, progress comes back
-through it, and a client's cancel reaches the server."""
+through it, a client's cancel reaches the server, and a call in flight fails within 2 s
+of the owner's node being killed (SIGKILL)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -16,6 +18,7 @@ import pytest
 import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from p2pnode.core.errors import ErrorCode, P2PError
 from tests.sim import wait_until
 from tests.test_mcp_passthrough import EVERY_BLOCK, STRUCTURED, wire
 from tests.test_mcp_processes import SEEN_TIMEOUT, call_until, env_for, two_nodes
@@ -46,6 +49,8 @@ async def call_tool(ctx, params):
             await ctx.session.report_progress(step, 6, f"step {{step}}")
         return types.CallToolResult(content=[types.TextContent(text="walked")])
     if params.name == "hang":
+        with open({started!r}, "a") as started:  # one character per call begun
+            started.write("+")
         try:
             await anyio.sleep(600)
         except anyio.get_cancelled_exc_class():
@@ -79,8 +84,11 @@ async def test_every_content_type_is_the_same_directly_and_through_mcp_serve(
 ) -> None:
     server = tmp_path / "files_server.py"
     marker = tmp_path / "cancelled"
+    started = tmp_path / "started"
     server.write_text(
-        FILES_SERVER.format(blocks=EVERY_BLOCK, structured=STRUCTURED, marker=str(marker))
+        FILES_SERVER.format(
+            blocks=EVERY_BLOCK, structured=STRUCTURED, marker=str(marker), started=str(started)
+        )
     )
     env = env_for(tmp_path)
     owner_args = ["--mcp-server", f"files={sys.executable} {server}"]
@@ -91,7 +99,7 @@ async def test_every_content_type_is_the_same_directly_and_through_mcp_serve(
         ):
             await direct.initialize()
             straight = await direct.call_tool("listing", {})
-        async with two_nodes(tmp_path, owner_args) as (_owner, caller):
+        async with two_nodes(tmp_path, owner_args) as (owner, caller):
             await call_until(caller, "files.listing", {})  # the caller's node knows it
             serve = [sys.executable, "-m", "p2pnode", "--data-dir", str(caller.data_dir),
                      "mcp", "serve", "--agent-id", "ide"]  # fmt: skip
@@ -142,3 +150,25 @@ async def test_every_content_type_is_the_same_directly_and_through_mcp_serve(
                         "files.hang", {}, meta=cast(Any, {"p2pnode/timeout": 600})
                     )
                 await wait_until(marker.exists, SEEN_TIMEOUT)
+            # The owner's node dies (SIGKILL) during a call that may run 600 s: the
+            # caller's node fails it within 2 s, naming the owner, not at its deadline.
+            failure: list[P2PError] = []
+
+            async def hang() -> None:
+                try:
+                    await caller.call({"op": "tools.call", "name": "files.hang",
+                                       "arguments": {}, "timeout": 600})  # fmt: skip
+                except P2PError as exc:
+                    failure.append(exc)
+
+            async with trio.open_nursery() as calls:
+                calls.start_soon(hang)
+                await wait_until(lambda: started.read_text() == "++", SEEN_TIMEOUT)
+                await owner.kill()
+                killed = trio.current_time()
+            failed_after = trio.current_time() - killed
+            [error] = failure
+            assert failed_after < 2.0, failed_after
+            assert error.code is ErrorCode.DELIVERY_FAILED, error
+            assert re.search(r"peer \w+ left: channel closed .*redials failed", error.message)
+            assert "None" not in error.message
