@@ -54,6 +54,9 @@ class ErrorCode(enum.StrEnum):
     TIMEOUT = "TIMEOUT"
     BUSY = "BUSY"
     ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
+    #: A circuit relay refused a reservation, a connection or an accept (the details
+    #: carry ``reason``, docs/protocol/relay.md).
+    RELAY_REFUSED = "RELAY_REFUSED"
     # DHT.
     INVALID_RECORD = "INVALID_RECORD"
     LOOKUP_FAILED = "LOOKUP_FAILED"
