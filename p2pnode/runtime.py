@@ -15,7 +15,10 @@ with its services, built in this order and wired here only:
 4. **tools**: the audit (``node.tool_audit``), which serves the MCP request methods
    of the local agents, and the client (``node.tools``);
 5. **attach** (the agent socket, :meth:`Node.open_agent_socket`) and **metrics**
-   (:meth:`Node.serve_metrics`) where the daemon asks for them.
+   (:meth:`Node.serve_metrics`) where the daemon asks for them;
+6. **reachability** (``node.reachability``): serves ``reach.dialback`` to every peer
+   and checks this node's own addresses (:meth:`Node.check_reachability`); its UDP
+   side is the DHT's, wired by :func:`open_node`.
 
 :class:`Node` is a subclass of the kernel so that everything the kernel offers
 (``send``, ``request``, ``find``, ``add_agent``, ``connect``, its ``routing`` and
@@ -45,13 +48,18 @@ import trio
 
 from p2pnode.core.envelope import wall_clock_ms
 from p2pnode.core.errors import ErrorCode, LocalError
-from p2pnode.core.identity import Identity, write_private_file
+from p2pnode.core.identity import Identity, PeerId, write_private_file
 from p2pnode.dht.node import DhtNode
-from p2pnode.node.config import KernelConfig
+from p2pnode.node.channels import ChannelState
+from p2pnode.node.config import KernelConfig, parse_address
 from p2pnode.node.discovery import DhtDiscovery, Discovery
 from p2pnode.node.kernel import Kernel
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.metrics import MetricsExporter
+from p2pnode.services.reachability.dhtside import DhtReach
+from p2pnode.services.reachability.service import ReachabilityService
+from p2pnode.services.reachability.verdict import Verdict
+from p2pnode.services.reachability.wire import Candidate, Transport
 from p2pnode.services.shared.service import (
     STORE_FILE_NAME,
     SUBSCRIPTIONS_FILE_NAME,
@@ -103,6 +111,39 @@ class SwarmSlot:
         return service.statistics() if service is not None else {}
 
 
+class KernelReach:
+    """The kernel as the reachability service uses it (its
+    :class:`~p2pnode.services.reachability.service.KernelSide`)."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        #: The DHT's UDP address while :func:`open_node` runs it.
+        self.dht_address: Address | None = None
+
+    def observed(self, peer: PeerId) -> Address | None:
+        link = self._node.links.get(peer)
+        address = link.remote_address if link is not None else None
+        if address is None or not isinstance(address[0], str):
+            return None
+        return (address[0], int(address[1]))
+
+    def met(self) -> list[PeerId]:
+        return [link.peer_id for link in self._node.links if link.state is ChannelState.OPEN]
+
+    async def meet(self, address: Address) -> PeerId:
+        return await self._node.connect(address)
+
+    def sender(self) -> str:
+        return self._node.default_agent()
+
+    def candidates(self) -> list[Candidate]:
+        host, port = parse_address(self._node.advertised_addresses()[0])
+        out = [Candidate(Transport.TCP, host, port)]
+        if self.dht_address is not None:
+            out.append(Candidate(Transport.UDP, host, self.dht_address[1]))
+        return out
+
+
 class Node(Kernel):
     """A full peer: the kernel and its services (see the module docstring). Use
     ``async with Node(...) as node``, or :func:`open_node` (with the DHT)."""
@@ -134,6 +175,13 @@ class Node(Kernel):
         self.tool_audit.serve_on(self)
         #: The swarm's tools, resources and prompts, used as a local agent.
         self.tools = ToolClient(self, self.default_agent)
+        self._reach_kernel = KernelReach(self)
+        self._dht_reach: DhtReach | None = None
+        #: Dial-back checks: served to peers, and run for this node (check_reachability).
+        self.reachability = ReachabilityService(
+            self, network, self._reach_kernel, lambda: self._dht_reach
+        )
+        self.reachability.serve_on(self)
 
     async def _start(self, nursery: trio.Nursery) -> None:
         await super()._start(nursery)
@@ -205,6 +253,12 @@ class Node(Kernel):
         await self.start_service(exporter)
         return exporter
 
+    async def check_reachability(self) -> Verdict:
+        """Ask peers to dial this node's addresses back (docs/protocol/reachability.md);
+        the verdict, also in ``status``. Raises LocalError(AGENT_NOT_FOUND) when the node
+        hosts no agent to ask as."""
+        return await self.reachability.check()
+
     # -- status -----------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -216,6 +270,7 @@ class Node(Kernel):
         out["documentWarnings"] = shared.warnings() if shared is not None else {}
         out["discovery"] = discovery
         out["tasks"] = self.tasks.statistics()
+        out["reachability"] = self.reachability.statistics()
         out["metrics"] = metrics
         return out
 
@@ -246,6 +301,10 @@ async def open_node(
             node.discovery = DhtDiscovery(dht)
             # Joining asks a bootstrap peer that opened no channel whether its DHT answers.
             node.joining.probe_dht = partial(_dht_answers, dht)
+            node._dht_reach = DhtReach(
+                dht, network, node.reachability.dial_peer_id.raw, random.Random()
+            )
+            node._reach_kernel.dht_address = dht.address
             # What the DHT drops (a forged or poisoned record, a datagram that failed)
             # is a security event of the node, counted in `status` like a bad frame.
             dht.boundary.also_report(node.report_input_failure)
@@ -263,6 +322,8 @@ async def open_node(
                 # listing them now, not when their cards expire.
                 with trio.CancelScope(shield=True):
                     await node.leave()
+                node._dht_reach = None
+                node._reach_kernel.dht_address = None
                 if snapshot is not None:
                     write_private_file(snapshot, dht.snapshot())
 

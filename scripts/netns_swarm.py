@@ -236,6 +236,11 @@ class Daemon:
 
         poll(f"{self.name} ready", ready)
 
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: daemons stopping together leave together."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s; waits for the process either way."""
         proc = self.proc
@@ -476,6 +481,11 @@ def swarm(n: int, work: Path) -> Iterator[tuple[Topology, list[Daemon], Daemon]]
             _init(d)
         yield topo, daemons[:n], daemons[n]
     finally:
+        for d in daemons:
+            try:
+                d.terminate()
+            except Exception as exc:  # keep cleaning up
+                print(f"stopping {d.name}: {exc}", file=sys.stderr)
         for d in daemons:
             try:
                 d.stop()

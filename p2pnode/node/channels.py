@@ -61,6 +61,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -292,6 +293,13 @@ class PeerLink:
             and not self._inline_busy
             and self._machine.state is ChannelState.OPEN
         )
+
+    @property
+    def remote_address(self) -> tuple[Any, ...] | None:
+        """Where the open channel's connection comes from (None: no open channel, or
+        its stream cannot say): the peer's address as this node observes it."""
+        channel = self._channel
+        return channel.remote_address if channel is not None else None
 
     @property
     def queued_bytes(self) -> int:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from math import inf
 from types import TracebackType
+from typing import Any
 
 import trio
 
@@ -178,6 +179,13 @@ class SecureChannel:
     def state(self) -> ChannelState:
         """OPEN, BROKEN or CLOSED."""
         return self._state
+
+    @property
+    def remote_address(self) -> tuple[Any, ...] | None:
+        """Where the underlying connection comes from, as its stream tells it (None
+        when the stream cannot say)."""
+        address = getattr(self._stream, "remote_address", None)
+        return address if isinstance(address, tuple) else None
 
     def statistics(self) -> ChannelStatistics:
         """Queue sizes and counters."""
