@@ -192,9 +192,10 @@ async def test_reservation_flood_refused_earlier_unaffected(
                 except RelayRefusedError as exc:
                     refused.append(exc.reason)
 
-            for n, (host, who) in enumerate(zip(holders[:3], identities[:3], strict=True)):
+            for host, who in zip(holders[:3], identities[:3], strict=True):
+                before = len(held)
                 nursery.start_soon(hold, host, who)
-                await wait_until(lambda n=n: len(held) > n)
+                await wait_until(lambda: len(held) > before)  # noqa: B023 (awaited here)
             for host, who in zip(holders[3:], identities[3:], strict=True):
                 nursery.start_soon(hold, host, who)
             await wait_until(lambda: len(refused) == 3)
