@@ -19,6 +19,8 @@ from p2pnode.simnet import LinkConditions, SimHost, SimNetwork
 from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.transport.relay import (
     CircuitEnd,
+    Ok,
+    Refused,
     RelayAddress,
     RelayLimits,
     RelayRefusal,
@@ -331,4 +333,84 @@ async def test_pending_accept_timeout(autojump_clock: trio.testing.MockClock) ->
         assert caught.value.reason is RelayRefusal.ACCEPT_TIMEOUT
         assert 5.0 <= trio.current_time() - start <= 6.0
         assert w.server.statistics().circuits == 0
+        await stream.aclose()
+
+
+# --- hostile clients -----------------------------------------------------------------------
+
+
+async def first_reply(w: World, data: bytes) -> bytes:
+    """What the relay answers (until it hangs up) to a connection that sends ``data``."""
+    stream = await w.host().connect_stream(w.relay.address)
+    await stream.send_all(data)
+    got = b""
+    with trio.fail_after(30):
+        for _ in range(10):  # bounded: the relay answers one frame, then hangs up
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                break
+            got += chunk
+    await stream.aclose()
+    return got
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x00\x05hello",  # not msgpack
+        b"\xff\xff" + b"x" * 100,  # a frame longer than allowed
+        b"\x00\x00",  # an empty frame
+        encode_message(Refused(RelayRefusal.OTHER)),  # a reply, not a request
+        encode_message(Ok(1, 2, 3)),
+        b"\x01X" + b"\x00" * 400,  # a Noise preamble and handshake sent by mistake
+    ],
+)
+async def test_bad_first_frame_refused_malformed(
+    data: bytes, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with world() as w:
+        reply = await first_reply(w, data)
+        assert reply == encode_message(Refused(RelayRefusal.MALFORMED))
+        assert w.server.statistics().refusals == {RelayRefusal.MALFORMED: 1}
+        # The relay still serves.
+        async with alice_serving(w):
+            channel = await dial(w, ALICE.peer_id)
+            await channel.aclose()
+
+
+async def test_silent_client_dropped_after_control_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with world(RelayLimits(control_timeout=5.0)) as w:
+        start = trio.current_time()
+        assert await first_reply(w, b"") == b""
+        assert 5.0 <= trio.current_time() - start <= 6.0
+
+
+async def test_target_not_reading_notices(autojump_clock: trio.testing.MockClock) -> None:
+    """A target that never reads its control stream: dialers are refused (no pile-up
+    of pending circuits), and the relay keeps serving others."""
+    limits = RelayLimits(max_circuits_per_reservation=4, pending_timeout=5.0)
+    async with world(limits) as w:
+        stream = await w.host().connect_stream(w.relay.address)
+        message = reserve_message(MALLORY.identity, RELAY.peer_id, int(wall() * 1000))
+        await stream.send_all(encode_message(message))
+        await wait_until(lambda: w.server.core.reservation(MALLORY.peer_id) is not None)
+        reasons: list[RelayRefusal] = []
+
+        async def try_dial() -> None:
+            with pytest.raises(RelayRefusedError) as caught:
+                await connect_via_relay(w.host(), w.relay, MALLORY.peer_id)
+            reasons.append(caught.value.reason)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(try_dial)
+        assert sorted(reasons) == sorted(
+            [RelayRefusal.CONNECTION_LIMIT] * 2 + [RelayRefusal.ACCEPT_TIMEOUT] * 4
+        )
+        assert w.server.statistics().circuits == 0
+        async with alice_serving(w):
+            channel = await dial(w, ALICE.peer_id)
+            await channel.aclose()
         await stream.aclose()

@@ -229,6 +229,8 @@ class RelayServer:
             await _send_quietly(stream, Refused(RelayRefusal.MALFORMED))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except Exception:  # a defect: contained to this connection, never the relay
+            _log.exception("relay: connection from %s failed", source)
         finally:
             self._connections -= 1
             await trio.aclose_forcefully(stream)
@@ -292,10 +294,17 @@ class RelayServer:
                 )  # fmt: skip
             except RelayRefusedError as exc:
                 _log.info("relay refused a renewal of %s: %s", peer_id, exc)
-                frames.send_nowait(encode_message(Refused(exc.reason, exc.retry_after)))
+                reply: ControlMessage = Refused(exc.reason, exc.retry_after)
+            else:
+                scope.deadline = granted.expires
+                reply = Ok(ttl=int(self.limits.reservation_ttl))
+            try:
+                frames.send_nowait(encode_message(reply))
+            except trio.WouldBlock:  # the target does not read its notices: let it go
+                _log.info("relay: %s's control stream is not read; closing it", peer_id)
                 return
-            scope.deadline = granted.expires
-            frames.send_nowait(encode_message(Ok(ttl=int(self.limits.reservation_ttl))))
+            if isinstance(reply, Refused):
+                return
 
     # --- circuits --------------------------------------------------------------------
 
