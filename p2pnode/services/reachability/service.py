@@ -1,0 +1,382 @@
+"""The reachability service: every node checks others' addresses, and its own.
+
+Theory of operation (docs/protocol/reachability.md):
+
+* **Checker** (:meth:`ReachabilityService.serve`, the request method ``reach.dialback`` of
+  every local agent). A requester names candidate addresses and a nonce
+  (:mod:`~p2pnode.services.reachability.wire`). The checker looks up the address the
+  requester's channel comes from (the *observed* address) and dials back, at once, each
+  candidate whose IP is the observed IP: TCP with a new connection and a Noise handshake
+  that must prove the requester's peer id; UDP with a DHT ``ping`` from a fresh socket
+  whose reply must carry the requester's node id. Fresh sockets, never the node's own
+  listening ports, so a NAT mapping the requester opened towards the checker cannot
+  let a dial-back through by accident. A candidate on another IP is never dialed
+  (``refused``): a checker cannot be made to send to a third party. Requests are
+  limited per requesting peer (:class:`~p2pnode.node.limits.PeerQuota`).
+* **Requester** (:meth:`ReachabilityService.check`). Picks checkers partly from a DHT lookup
+  of a random key (peers the network chose) and partly from peers with an open channel
+  (:func:`~p2pnode.services.reachability.verdict.pick_checkers`), asks them all at once,
+  and asks each checker's DHT, by ``stun``, where it sees this node's UDP socket. The
+  answers go to :func:`~p2pnode.services.reachability.verdict.decide`; the last verdict
+  is :attr:`ReachabilityService.verdict`.
+
+The kernel side (observed addresses, open channels, opening one, the node's own
+addresses) and the DHT side come in as protocols from the composition root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from p2pnode.agent.definition import Agent, Reply
+from p2pnode.core.card import AgentCard
+from p2pnode.core.envelope import Envelope, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import Identity, PeerId
+from p2pnode.node.limits import PeerQuota
+from p2pnode.node.service import ServiceHost
+from p2pnode.services.reachability.verdict import (
+    DEFAULT_CHECKERS,
+    Report,
+    Verdict,
+    decide,
+    pick_checkers,
+)
+from p2pnode.services.reachability.wire import (
+    MAX_ADDRESSES,
+    METHOD,
+    NONCE_BYTES,
+    Address,
+    Candidate,
+    DialAnswer,
+    DialRequest,
+    Outcome,
+    ReachError,
+    Transport,
+    parse_answer_untrusted,
+    parse_request_untrusted,
+)
+from p2pnode.transport.channel import connect_secure
+from p2pnode.transport.net import Network
+from p2pnode.transport.secure import SecureIdentity
+
+logger = logging.getLogger("p2pnode.reachability")
+
+
+@dataclass(frozen=True, slots=True)
+class ReachConfig:
+    """Limits and timers (seconds) of the reachability service (defaults: §3 of the doc)."""
+
+    #: A dial-back of one candidate gives up after this long (``unreachable``).
+    dial_timeout: float = 3.0
+    #: The requester waits this long for each checker's answer.
+    answer_timeout: float = 10.0
+    #: Requests a peer may make: a burst of ``peer_burst``, then one per ``peer_interval``.
+    peer_burst: int = 2
+    peer_interval: float = 30.0
+    #: Candidate addresses being dialed back at once, for all requesters together.
+    max_dialing: int = 32
+    #: Checkers a check asks.
+    checkers: int = DEFAULT_CHECKERS
+
+
+class KernelSide(Protocol):
+    """What the service uses of the kernel (given by the composition root)."""
+
+    def observed(self, peer: PeerId) -> Address | None:
+        """The address ``peer``'s open channel comes from (None: no channel, or unknown)."""
+
+    def met(self) -> list[PeerId]:
+        """Peers with an open channel."""
+
+    async def meet(self, address: Address) -> PeerId:
+        """Open a channel to the node at ``address``; its proven peer id (raises
+        P2PError when nobody answers there)."""
+
+    def sender(self) -> str:
+        """The local agent a check asks as (raises LocalError when there is none)."""
+
+    def candidates(self) -> list[Candidate]:
+        """This node's own addresses, to be checked."""
+
+
+class DhtSide(Protocol):
+    """What the service uses of the node's DHT (absent: UDP is refused, not checked)."""
+
+    async def ping_from_fresh_socket(self, address: Address, node_id: bytes) -> bool:
+        """True when a DHT ``ping`` sent from a new socket is answered with ``node_id``."""
+
+    async def stun(self, address: Address) -> Address | None:
+        """Where the DHT at ``address`` sees this node's DHT socket (None: no answer)."""
+
+    async def looked_up(self) -> list[tuple[PeerId, Address]]:
+        """Peers near a random key, by a DHT lookup: their ids and UDP addresses."""
+
+
+def _card_of(host: ServiceHost, peer: PeerId, now_ms: int) -> AgentCard | None:
+    """A live card of an agent of ``peer`` (the agent a request to it is addressed to)."""
+    registry = host.registry
+    for card in registry:
+        if card.peer_id == peer and registry.is_live(card, now_ms):
+            return card
+    return None
+
+
+def _first_address(card: AgentCard) -> Address | None:
+    for text in card.addresses:
+        host, _, port = text.rpartition(":")
+        if host and port.isdigit():
+            return (host.strip("[]"), int(port))
+    return None
+
+
+class ReachabilityService:
+    """The service (see the module docstring): a :class:`~p2pnode.node.service.Service`
+    and the :class:`~p2pnode.node.service.MethodServer` of ``reach.dialback``."""
+
+    def __init__(
+        self,
+        host: ServiceHost,
+        network: Network,
+        kernel: KernelSide,
+        dht: Callable[[], DhtSide | None],
+        config: ReachConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+        dial_identity: Identity | None = None,
+        nonce: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        """``dht`` gives the node's DHT side while it runs (None otherwise).
+        ``dial_identity`` is whom dial-backs prove to be (default: a fresh key, never
+        the node's own, so a dial-back never replaces the channel to the requester)."""
+        self._host = host
+        self._network = network
+        self._kernel = kernel
+        self._dht = dht
+        self.config = config if config is not None else ReachConfig()
+        self._rng = rng if rng is not None else random.Random()
+        self._nonce = nonce
+        self._dialer = SecureIdentity(
+            dial_identity if dial_identity is not None else Identity.generate()
+        )
+        #: Whom dial-backs prove to be (also the node id a UDP dial-back states).
+        self.dial_peer_id: PeerId = self._dialer.peer_id
+        cfg = self.config
+        self._quota = PeerQuota(
+            1 / cfg.peer_interval,
+            cfg.peer_burst,
+            max_held=1,
+            max_bytes=MAX_ADDRESSES,
+            max_total_bytes=max(cfg.max_dialing, MAX_ADDRESSES),
+        )
+        #: The last check's verdict (None before the first).
+        self.verdict: Verdict | None = None
+        #: Requests answered, and refused whole (malformed or over a limit), since the start.
+        self.served = 0
+        self.refused = 0
+
+    def serve_on(self, host: ServiceHost) -> None:
+        """Serve ``reach.dialback`` on ``host``'s local agents."""
+        host.serve_methods([METHOD], self)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Nothing runs in the background: checks run in their caller's task."""
+        task_status.started()
+        await trio.sleep_forever()
+
+    def statistics(self) -> dict[str, Any]:
+        """For ``status``: the last verdict and the checker's counts."""
+        verdict = self.verdict.to_dict() if self.verdict is not None else None
+        return {"verdict": verdict, "served": self.served, "refused": self.refused}
+
+    # -- checker ------------------------------------------------------------------------
+
+    def deadline(self, agent: Agent, envelope: Envelope) -> float:
+        """Dial-backs run at once: one dial timeout, and a second for the answer."""
+        return self.config.dial_timeout + 1.0
+
+    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
+        """The answer to a dial-back request (an ``error`` reply when refused whole)."""
+        card = self._host.registry.find(envelope.sender)
+        if card is None:  # the kernel admitted the sender's card before delivering
+            return self._refuse(ReachError(ErrorCode.AGENT_NOT_FOUND, "sender unknown"), None)
+        peer = card.peer_id
+        try:
+            request = parse_request_untrusted(envelope.payload)
+        except ReachError as exc:
+            self._host.events.security(exc.code, f"dial-back request: {exc.message}", str(peer))
+            return self._refuse(exc, peer)
+        size = len(request.candidates)
+        retry = self._quota.admit(str(peer), size, trio.current_time())
+        if retry is not None:
+            busy = ReachError(
+                ErrorCode.BUSY, "too many dial-back requests", retryAfterMs=int(retry * 1000)
+            )
+            return self._refuse(busy, peer)
+        try:
+            answer = await self._dial_back(peer, request)
+        finally:
+            self._quota.release(str(peer), size)
+        self.served += 1
+        return Reply(MessageType.RESPONSE, answer.to_payload())
+
+    def _refuse(self, exc: P2PError, peer: PeerId | None) -> Reply:
+        self.refused += 1
+        logger.info("dial-back request from %s refused: %s", peer, exc.message)
+        return Reply(MessageType.ERROR, exc.to_dict())
+
+    async def _dial_back(self, peer: PeerId, request: DialRequest) -> DialAnswer:
+        observed = self._kernel.observed(peer)
+        outcomes = [Outcome.REFUSED] * len(request.candidates)
+
+        async def one(i: int, candidate: Candidate) -> None:
+            outcomes[i] = await self._dial_one(peer, candidate)
+
+        async with trio.open_nursery() as nursery:
+            for i, candidate in enumerate(request.candidates):
+                if observed is not None and candidate.host == observed[0]:
+                    nursery.start_soon(one, i, candidate)
+        return DialAnswer(request.nonce, observed, tuple(outcomes))
+
+    async def _dial_one(self, peer: PeerId, candidate: Candidate) -> Outcome:
+        """Dial ``candidate`` back; REACHED only when ``peer`` proved itself there."""
+        dht = self._dht()
+        if candidate.transport is Transport.UDP and dht is None:
+            return Outcome.REFUSED
+        reached = False
+        with trio.move_on_after(self.config.dial_timeout):
+            if candidate.transport is Transport.TCP:
+                reached = await self._tcp_reaches(candidate.address, peer)
+            elif dht is not None:
+                reached = await dht.ping_from_fresh_socket(candidate.address, peer.raw)
+        return Outcome.REACHED if reached else Outcome.UNREACHABLE
+
+    async def _tcp_reaches(self, address: Address, peer: PeerId) -> bool:
+        try:
+            stream = await self._network.connect_stream(address)
+        except OSError:
+            return False
+        try:
+            channel = await connect_secure(stream, self._dialer, expected_peer_id=peer)
+        except (P2PError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        with trio.CancelScope(shield=True):
+            await channel.aclose()
+        return True
+
+    # -- requester ----------------------------------------------------------------------
+
+    async def check(self, candidates: Sequence[Candidate] | None = None) -> Verdict:
+        """Ask :attr:`ReachConfig.checkers` peers to dial back ``candidates`` (default:
+        this node's own addresses); the verdict (also kept in :attr:`verdict`).
+
+        Raises LocalError(INVALID_ARGUMENT) for no or too many candidates, or when
+        this node hosts no agent to ask as.
+        """
+        chosen = list(candidates) if candidates is not None else self._kernel.candidates()
+        if not 0 < len(chosen) <= MAX_ADDRESSES:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"1-{MAX_ADDRESSES} candidates")
+        request = DialRequest(self._nonce(NONCE_BYTES), tuple(dict.fromkeys(chosen)))
+        sender = self._kernel.sender()
+        checkers = await self._checkers()
+        reports: list[Report] = []
+
+        async def ask(card: AgentCard, udp: Address | None) -> None:
+            report = await self._ask(sender, card, udp, request)
+            if report is not None:
+                reports.append(report)
+
+        async with trio.open_nursery() as nursery:
+            for card, udp in checkers:
+                nursery.start_soon(ask, card, udp)
+        verdict = decide(reports, request.candidates)
+        logger.info("reachability: %s", verdict.to_dict())
+        self.verdict = verdict
+        return verdict
+
+    async def _checkers(self) -> list[tuple[AgentCard, Address | None]]:
+        """The checkers to ask (see :func:`pick_checkers`): a card of each, and its DHT's
+        address (from the lookup; else its card's address, the DHT's port by default)."""
+        dht = self._dht()
+        looked_up = await dht.looked_up() if dht is not None else []
+        where = dict(looked_up)
+        me = self._host.peer_id
+        peers = pick_checkers(
+            [p for p, _ in looked_up],
+            self._kernel.met(),
+            self._rng,
+            count=self.config.checkers,
+            exclude=[me],
+        )
+        cards: list[tuple[AgentCard, Address | None]] = []
+        for peer in peers:
+            card = _card_of(self._host, peer, self._host.now_ms())
+            if card is None and peer in where:
+                card = await self._meet(peer, where[peer])
+            if card is not None:
+                cards.append((card, where.get(peer, _first_address(card))))
+        return cards
+
+    async def _meet(self, peer: PeerId, udp: Address) -> AgentCard | None:
+        """Open a channel to a looked-up peer (its TCP listener is on its DHT port,
+        docs/protocol/node.md) so its cards arrive; its card, or None."""
+        with trio.move_on_after(self.config.dial_timeout):
+            try:
+                met = await self._kernel.meet(udp)
+            except P2PError:
+                return None
+            if met == peer:
+                return _card_of(self._host, peer, self._host.now_ms())
+        return None
+
+    async def _ask(
+        self, sender: str, card: AgentCard, udp: Address | None, request: DialRequest
+    ) -> Report | None:
+        """One checker's report (None when it did not answer or answered nonsense); its
+        DHT (at ``udp``) is asked by ``stun`` meanwhile."""
+        dht = self._dht()
+        mapped: Address | None = None
+        answer: DialAnswer | None = None
+
+        async def stun(dht: DhtSide, udp: Address) -> None:
+            nonlocal mapped
+            mapped = await dht.stun(udp)
+
+        async with trio.open_nursery() as nursery:
+            if dht is not None and udp is not None:
+                nursery.start_soon(stun, dht, udp)
+            answer = await self._answer(sender, card, request)
+        if answer is None:
+            return None
+        outcomes = dict(zip(request.candidates, answer.outcomes, strict=True))
+        return Report(str(card.peer_id), outcomes, answer.observed, mapped)
+
+    async def _answer(
+        self, sender: str, card: AgentCard, request: DialRequest
+    ) -> DialAnswer | None:
+        claims = Metadata(int(card.tier), card.sandbox_id, capability=METHOD)
+        try:
+            reply = await self._host.request(
+                sender,
+                card.id,
+                request.to_payload(),
+                metadata=claims,
+                timeout=self.config.answer_timeout,
+            )
+            return parse_answer_untrusted(reply.payload, request)
+        except ReachError as exc:
+            what = f"dial-back answer: {exc.message}"
+            self._host.events.security(exc.code, what, str(card.peer_id))
+        except (RemoteError, LocalError) as exc:
+            logger.info("reachability: checker %s gave no answer: %s", card.peer_id, exc)
+        return None
+
+
+__all__ = ["DhtSide", "KernelSide", "ReachConfig", "ReachabilityService"]
