@@ -267,8 +267,16 @@ class ReachabilityService:
             channel = await connect_secure(stream, self._dialer, expected_peer_id=peer)
         except (P2PError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             return False
-        with trio.CancelScope(shield=True):
-            await channel.aclose()
+        try:
+            # The handshake proved the peer id. Its first message (its HELLO) shows it
+            # completed the handshake too: hanging up before would be a failed inbound
+            # handshake at the requester (a security event there).
+            await channel.receive_message()
+        except (P2PError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await channel.aclose()
         return True
 
     # -- requester ----------------------------------------------------------------------

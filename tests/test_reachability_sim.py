@@ -1,0 +1,143 @@
+"""The reachability service on the simulator (docs/protocol/reachability.md): a node whose
+listeners answer is confirmed reachable; one whose addresses nobody answers at is not; a
+lying checker is outvoted; a checker refuses bad and too frequent requests, never dials
+an IP the request did not come from, and answers with the address it saw."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from p2pnode.agent.definition import Agent, Reply
+from p2pnode.core.envelope import Envelope, MessageType, Metadata
+from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.runtime import Node, NodeConfig
+from p2pnode.services.reachability import (
+    METHOD,
+    Candidate,
+    NatMapping,
+    Outcome,
+    Reachability,
+    Transport,
+)
+from p2pnode.services.reachability.wire import NONCE_BYTES, DialAnswer, parse_request_untrusted
+from tests.sim import Swarm, met, open_swarm, wait_until
+
+
+async def echo(envelope: Envelope) -> Any:
+    return None
+
+
+@asynccontextmanager
+async def joined(count: int) -> AsyncIterator[Swarm]:
+    """``count`` nodes with their DHT, each hosting agent ``a<i>``, all met."""
+    async with open_swarm(count, NodeConfig(), seed=3, dht=True) as sw:
+        for i, node in enumerate(sw.nodes):
+            await node.add_agent(f"a{i}", echo, tier=3)
+        for node in sw.nodes:
+            await node.join()
+        nodes = sw.nodes
+        await wait_until(lambda: all(met(nodes[0], n) for n in nodes[1:]))
+        # The last node has met the others too (its checkers are then every other node).
+        for node in nodes[1:-1]:
+            await nodes[-1].connect(node.listen_address)
+        await wait_until(lambda: all(met(nodes[-1], n) for n in nodes[:-1]))
+        yield sw
+
+
+async def test_a_node_whose_listeners_answer_is_confirmed(autojump_clock: Any) -> None:
+    async with joined(4) as sw:
+        node = sw.nodes[-1]
+        verdict = await node.check_reachability()
+        host, port = node.listen_address
+        assert verdict.reachability is Reachability.REACHABLE
+        assert {(c.transport, c.host) for c in verdict.confirmed} == {
+            (Transport.TCP, host),
+            (Transport.UDP, host),
+        }
+        assert Candidate(Transport.TCP, host, port) in verdict.confirmed
+        assert verdict.external_ip == host
+        assert len(verdict.checkers) == 3
+        assert node.status()["reachability"]["verdict"]["reachability"] == "reachable"
+
+
+async def test_addresses_nobody_answers_at_are_not_confirmed(autojump_clock: Any) -> None:
+    async with joined(4) as sw:
+        node = sw.nodes[-1]
+        host = node.listen_address[0]
+        dead = [Candidate(Transport.TCP, host, 7999), Candidate(Transport.UDP, host, 7999)]
+        verdict = await node.reachability.check(dead)
+        assert verdict.reachability is Reachability.UNREACHABLE
+        assert verdict.denied == tuple(dead)
+        # The node's real listener on the same host is confirmed: the refusal above was
+        # the port, not the host.
+        assert (await node.check_reachability()).reachability is Reachability.REACHABLE
+
+
+class Liar:
+    """A checker that says every candidate was reached, seen from a made-up address."""
+
+    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
+        request = parse_request_untrusted(envelope.payload)
+        outcomes = tuple(Outcome.REACHED for _ in request.candidates)
+        answer = DialAnswer(request.nonce, ("198.51.100.66", 1), outcomes)
+        return Reply(MessageType.RESPONSE, answer.to_payload())
+
+    def deadline(self, agent: Agent, envelope: Envelope) -> float:
+        return 5.0
+
+
+async def test_a_lying_checker_is_outvoted(autojump_clock: Any) -> None:
+    async with joined(4) as sw:
+        liar = sw.nodes[0]
+        liar.serve_methods([METHOD], None)
+        liar.serve_methods([METHOD], Liar())
+        node = sw.nodes[-1]
+        host = node.listen_address[0]
+        dead = [Candidate(Transport.TCP, host, 7999)]
+        verdict = await node.reachability.check(dead)
+        assert str(liar.peer_id) in verdict.checkers
+        assert verdict.reachability is Reachability.UNREACHABLE
+        assert verdict.external_ip == host  # not the liar's 198.51.100.66
+
+
+async def _ask(node: Node, target: str, payload: Any) -> Envelope:
+    return await node.request(
+        node.default_agent(), target, payload, metadata=Metadata(3, capability=METHOD)
+    )
+
+
+async def test_a_checker_refuses_bad_and_too_frequent_requests(autojump_clock: Any) -> None:
+    async with joined(3) as sw:
+        checker, node = sw.nodes[0], sw.nodes[-1]
+        host, port = node.listen_address
+        with pytest.raises(RemoteError) as info:
+            await _ask(node, "a0", {"nonce": b"short", "addrs": [["tcp", host, port]]})
+        assert info.value.code is ErrorCode.INVALID_INPUT
+        assert checker.reachability.refused == 1
+        # Another IP than the request's is never dialed: refused, not unreachable.
+        third = sw.nodes[1].listen_address
+        request = {"nonce": b"n" * NONCE_BYTES, "addrs": [["tcp", host, port], ["tcp", *third]]}
+        reply = await _ask(node, "a0", request)
+        assert reply.payload["results"] == ["reached", "refused"]
+        assert reply.payload["observed"][0] == host
+        # The burst (2) is spent with the next one; the one after is BUSY with a retry time.
+        await _ask(node, "a0", request)
+        with pytest.raises(RemoteError) as info:
+            await _ask(node, "a0", request)
+        assert info.value.code is ErrorCode.BUSY
+        assert info.value.details["retryAfterMs"] > 0
+
+
+async def test_the_mapping_of_a_node_seen_by_three_checkers_is_consistent(
+    autojump_clock: Any,
+) -> None:
+    async with joined(4) as sw:
+        node = sw.nodes[-1]
+        verdict = await node.check_reachability()
+        assert verdict.mapping is NatMapping.CONSISTENT
+        assert verdict.external_udp is not None
+        assert verdict.external_udp[0] == node.listen_address[0]
