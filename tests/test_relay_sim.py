@@ -8,6 +8,7 @@ import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 import trio
@@ -28,7 +29,12 @@ from p2pnode.transport.relay import (
     encode_message,
     reserve_message,
 )
-from p2pnode.transport.relayserve import RelayServer, connect_via_relay, reserve
+from p2pnode.transport.relayserve import (
+    RelayListener,
+    RelayServer,
+    connect_via_relay,
+    reserve,
+)
 from p2pnode.transport.secure import SecureChannelError, SecureIdentity
 from tests.sim.waiting import wait_until
 
@@ -414,3 +420,57 @@ async def test_target_not_reading_notices(autojump_clock: trio.testing.MockClock
             channel = await dial(w, ALICE.peer_id)
             await channel.aclose()
         await stream.aclose()
+
+
+# --- the relay listener ---------------------------------------------------------------------
+
+
+async def test_error_in_reservation_block_is_not_wrapped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with world() as w:
+        with pytest.raises(KeyError):
+            async with reserve(w.host(), w.relay, ALICE.identity, wall_clock=wall):
+                raise KeyError("the caller's own")
+
+
+async def test_relay_listener_reserves_again_after_relay_restart(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sim = SimNetwork(random.Random(5), default=LinkConditions(latency=0.01, jitter=0.0))
+    relay_host = sim.add_host()
+    relay = RelayAddress((relay_host.host, RELAY_PORT), RELAY.peer_id)
+    listener = RelayListener(sim.add_host(), relay, ALICE.identity, wall_clock=wall, retry_max=4)
+    assert listener.local_address == relay.address
+
+    async def answer(count: int) -> None:
+        for _ in range(count):
+            stream = await listener.accept()
+            async with await accept_secure(stream, ALICE) as channel:
+                await channel.send_message(await channel.receive_message())
+
+    async def dial_once() -> None:
+        stream = await connect_via_relay(sim.add_host(), relay, ALICE.peer_id)
+        async with await connect_secure(stream, BOB, expected_peer_id=ALICE.peer_id) as ch:
+            await ch.send_message(b"ping")
+            assert await ch.receive_message() == b"ping"
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.keep)  # the relay is not up yet: it keeps trying
+        nursery.start_soon(answer, 2)
+        await trio.sleep(5)
+        assert listener.reservation is None and listener.failure is not None
+        for _ in range(2):  # the relay comes up, goes away, comes up again
+            server = RelayServer(relay_host, RELAY.peer_id, wall_clock=wall)
+            async with trio.open_nursery() as relay_nursery:
+                await relay_nursery.start(server.serve, relay.address)
+                await wait_until(partial(server.core.reservation, ALICE.peer_id))
+                await dial_once()
+                relay_nursery.cancel_scope.cancel()
+            sim.kill(relay_host.host)  # break the streams the stopped relay left open
+            await wait_until(lambda: listener.reservation is None)
+            sim.revive(relay_host.host)
+        await listener.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await listener.accept()
+        nursery.cancel_scope.cancel()

@@ -58,6 +58,7 @@ from p2pnode.transport.relay import (
 )
 
 __all__ = [
+    "RelayListener",
     "RelayReservation",
     "RelayServer",
     "RelayedStream",
@@ -624,12 +625,93 @@ async def reserve(
             wall_clock=wall_clock, reply_within=reply_within, backlog=backlog,
         )  # fmt: skip
         await reservation._open()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(reservation._run)
-            try:
-                yield reservation
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reservation._run)
+                try:
+                    yield reservation
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # _run contains its own failures: what escapes is the block's own exception,
+            # which the caller should see as raised, not wrapped by our nursery.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
     finally:
         await trio.aclose_forcefully(stream)
 
+
+
+class RelayListener(StreamListener):
+    """A listener whose inbound streams come through a relay: :meth:`keep` holds a
+    reservation there (made again after it is lost, at most every ``retry_max``
+    seconds), and :meth:`accept` returns the relayed streams, so a node's accept loop
+    takes relayed channels as it takes direct ones."""
+
+    def __init__(
+        self,
+        network: Network,
+        relay: RelayAddress,
+        identity: Identity,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        backlog: int = 16,
+        retry_min: float = 1.0,
+        retry_max: float = 60.0,
+    ) -> None:
+        self.relay = relay
+        self._network = network
+        self._identity = identity
+        self._wall_clock = wall_clock
+        self._backlog = backlog
+        self._retry = (retry_min, retry_max)
+        self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](backlog)
+        #: The reservation held now (None between a loss and the next reservation).
+        self.reservation: RelayReservation | None = None
+        #: Why the last reservation could not be made or ended.
+        self.failure: BaseException | None = None
+
+    @property
+    def local_address(self) -> Address:
+        """The relay's address (where dialers connect to reach this node)."""
+        return self.relay.address
+
+    async def accept(self) -> trio.abc.Stream:
+        """The next relayed inbound stream. Raises trio.ClosedResourceError once closed."""
+        try:
+            return await self._receive.receive()
+        except trio.EndOfChannel:
+            raise trio.ClosedResourceError("relay listener closed") from None
+
+    async def aclose(self) -> None:
+        """Stop taking streams (the reservation ends when :meth:`keep` is cancelled)."""
+        self._send.close()
+        await trio.lowlevel.checkpoint()
+
+    async def keep(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold a reservation until cancelled, reserving again after each loss."""
+        task_status.started()
+        delay = self._retry[0]
+        while True:
+            try:
+                async with reserve(
+                    self._network, self.relay, self._identity,
+                    wall_clock=self._wall_clock, backlog=self._backlog,
+                ) as reservation:  # fmt: skip
+                    self.reservation, delay = reservation, self._retry[0]
+                    await self._forward(reservation)
+            except (RemoteError, OSError) as exc:
+                self.failure = exc
+                _log.info("reservation on %s failed: %s", self.relay, exc)
+            self.reservation = None
+            await trio.sleep(delay)
+            delay = min(delay * 2, self._retry[1])
+
+    async def _forward(self, reservation: RelayReservation) -> None:
+        while True:
+            stream = await reservation.accept()  # RelayError once the reservation ends
+            try:
+                self._send.send_nowait(stream)
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                await trio.aclose_forcefully(stream)  # nobody takes it now
