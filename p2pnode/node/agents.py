@@ -375,7 +375,7 @@ class AgentHost:
             raise LocalError(ErrorCode.INVALID_CARD, "the card belongs to another identity")
         if not isinstance(agent, Agent):
             agent = agent_for_handler(card.id, agent)
-        card = _listing_catalog(card, agent)
+        card = _with_relays(_listing_catalog(card, agent), self._config.relays)
         if authority is not None:
             # The endorsement covers id, key, tier, sandbox and roles only, so it survives
             # the revision bump and re-signing in register().
@@ -837,4 +837,14 @@ def _withdrawn(agent_id: str) -> Agent:
     return agent
 
 
+def _with_relays(card: AgentCard, relays: tuple[str, ...]) -> AgentCard:
+    """``card`` listing each relayed address of ``relays`` as a ``tcp+noise`` endpoint
+    (docs/protocol/relay.md section 3): peers that know the form dial the node through
+    the relay, others skip it (they dial ``addresses`` only)."""
+    listed = {e.address for e in card.endpoints}
+    extra = tuple(Endpoint("tcp+noise", text) for text in relays if text not in listed)
+    return dataclasses.replace(card, endpoints=card.endpoints + extra) if extra else card
+
+
 __all__ = ["CARD_CHECK_INTERVAL", "AgentHost", "InlineWatch", "Writer"]
+

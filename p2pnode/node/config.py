@@ -16,6 +16,7 @@ from p2pnode.node.channels import RetryPolicy
 from p2pnode.node.policy import PolicyConfig
 from p2pnode.transport.channel import ChannelConfig
 from p2pnode.transport.net import Address
+from p2pnode.transport.relay import parse_relay_address
 
 #: The longest deadline a call may have (a tool's own included): one day, in seconds.
 MAX_DEADLINE = 86_400.0
@@ -138,6 +139,10 @@ class KernelConfig:
     envelope_burst: int = 200_000
     #: Bytes of frames queued for one peer that it has not read yet (None: no limit).
     max_link_queue_bytes: int | None = 16 * 1024 * 1024
+    #: Relays to keep a reservation on, as relayed addresses
+    #: (``relay:<host>:<port>/<relay peer id>``, docs/protocol/relay.md): channels
+    #: come in through them, and the node's cards list them as endpoints.
+    relays: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
@@ -153,6 +158,11 @@ class KernelConfig:
             problems.append("dial_probe_interval must be more than 0 and at most 60")
         if not 0 < self.tool_deadline <= MAX_DEADLINE:
             problems.append(f"tool_deadline must be more than 0 and at most {MAX_DEADLINE:g}")
+        problems.extend(
+            f"relay {text!r}: not a relayed address (relay:<host>:<port>/<relay peer id>)"
+            for text in self.relays
+            if parse_relay_address(text) is None
+        )
         for address in self.bootstrap:
             problem = bootstrap_problem(address)
             if problem is not None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,6 +66,8 @@ from p2pnode.node.limits import DialBudget, FailureSummary, HandshakeSlots, Repo
 from p2pnode.node.observability import Observability
 from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.transport.net import Address, Network, StreamListener
+from p2pnode.transport.relay import RelayAddress, parse_relay_address
+from p2pnode.transport.relayserve import RelayListener, connect_via_relay
 from p2pnode.transport.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
@@ -128,6 +131,8 @@ class LinkManager(TaskOwner):
         self._reports = ReportGate()
         #: Envelopes dropped by the per-peer rate limit, in all.
         self.envelopes_dropped = 0
+        #: The listeners of ``config.relays`` (their reservations), once serving.
+        self.relay_listeners: list[RelayListener] = []
 
     @property
     def local_peer_id(self) -> PeerId:
@@ -247,23 +252,31 @@ class LinkManager(TaskOwner):
             self._addresses.pop(peer_id, None)
             self._static.pop(peer_id, None)
 
-    def _addresses_of(self, peer_id: PeerId) -> list[Address]:
-        addresses = list(self._addresses.get(peer_id, []))
+    def _addresses_of(self, peer_id: PeerId) -> list[Address | RelayAddress]:
+        """Where to dial ``peer_id``: its direct addresses, then the relays its cards
+        name as endpoints (docs/protocol/relay.md; other endpoint forms are skipped)."""
+        addresses: list[Address | RelayAddress] = list(self._addresses.get(peer_id, []))
+        relayed: list[RelayAddress] = []
         for card in self._registry.owned_by(peer_id):  # rival claims too
             for text in card.addresses:
                 address = parse_address(text)
                 if address not in addresses:
                     addresses.append(address)
+            for endpoint in card.endpoints:
+                relay = parse_relay_address(endpoint.address)
+                if relay is not None and relay not in relayed:
+                    relayed.append(relay)
             if card.noise_static_key is not None and peer_id not in self._static:
                 self._static[peer_id] = card.noise_static_key
                 _bound(self._static, self._config.max_peers, self._links)
-        return addresses
+        return addresses + relayed
 
     async def _dial(self, peer_id: PeerId) -> SecureChannel:
         """One attempt per known address of ``peer_id`` while its budget allows.
         Raises LocalError(CHANNEL_CLOSED) saying why none reached it."""
         last: str | None = None
         addresses = self._addresses_of(peer_id)
+        direct_limit = self._direct_limit(addresses)
         await self._wait_for_probe(peer_id)
         for address in addresses:
             now = trio.current_time()
@@ -275,9 +288,11 @@ class LinkManager(TaskOwner):
                     f"attempts a minute are spent, next in {wait:.1f} s"
                     + (f" (last: {last})" if last else ""),
                 )
+            limit = math.inf if isinstance(address, RelayAddress) else direct_limit
             try:
-                channel = await self._dial_address(address, peer_id)
-            except (P2PError, OSError, trio.BrokenResourceError) as exc:
+                with trio.fail_after(limit):
+                    channel = await self._dial_address(address, peer_id)
+            except (P2PError, OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
                 last = describe_loss(exc)
                 self._dial_failed(peer_id, last)
             else:
@@ -285,6 +300,15 @@ class LinkManager(TaskOwner):
                 return channel
         why = last if last is not None else "no address known"
         raise LocalError(ErrorCode.CHANNEL_CLOSED, f"cannot reach {peer_id}: {why}")
+
+    def _direct_limit(self, addresses: list[Address | RelayAddress]) -> float:
+        """Seconds each direct address may take when relayed ones follow: together half
+        the dial timeout, so a NAT that drops connection attempts leaves the relay time
+        within the same dial (docs/protocol/relay.md). Unbounded otherwise."""
+        direct = sum(not isinstance(a, RelayAddress) for a in addresses)
+        if direct == len(addresses) or not direct:
+            return math.inf
+        return self._config.retry.dial_timeout / (2 * direct)
 
     async def _wait_for_probe(self, peer_id: PeerId) -> None:
         """A new link to a peer whose budget is spent waits for its next probe (at most
@@ -315,8 +339,15 @@ class LinkManager(TaskOwner):
                 why,
             )
 
-    async def _dial_address(self, address: Address, peer_id: PeerId | None) -> SecureChannel:
-        stream = await self._network.connect_stream(address)
+    async def _dial_address(
+        self, address: Address | RelayAddress, peer_id: PeerId | None
+    ) -> SecureChannel:
+        if isinstance(address, RelayAddress):
+            if peer_id is None:
+                raise LocalError(ErrorCode.INVALID_ARGUMENT, "a relay is dialed for a known peer")
+            stream: trio.abc.Stream = await connect_via_relay(self._network, address, peer_id)
+        else:
+            stream = await self._network.connect_stream(address)
         channel = await connect_secure(
             stream,
             self._secure,
@@ -342,6 +373,8 @@ class LinkManager(TaskOwner):
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Accept secure channels until cancelled; closes the listener on the way out.
+        Channels through each relay of ``config.relays`` are accepted as well, by a loop
+        of their own (:meth:`serve_relays`).
 
         Handshakes run in this loop's own nursery. When the process is out of file
         descriptors or buffers, accepting pauses (doubling from ACCEPT_PAUSE up to
@@ -351,6 +384,8 @@ class LinkManager(TaskOwner):
         pause = ACCEPT_PAUSE
         try:
             async with trio.open_nursery() as nursery:
+                if self._config.relays and not isinstance(listener, RelayListener):
+                    nursery.start_soon(self.serve_relays)
                 while True:
                     try:
                         stream = await listener.accept()
@@ -374,6 +409,19 @@ class LinkManager(TaskOwner):
         finally:
             with trio.CancelScope(shield=True):
                 await listener.aclose()
+
+    async def serve_relays(self) -> None:
+        """Keep a reservation on each relay of ``config.relays`` and accept the channels
+        that come through it, until cancelled (a lost reservation is made again)."""
+        async with trio.open_nursery() as nursery:
+            for text in self._config.relays:
+                relay = parse_relay_address(text)
+                if relay is None:  # KernelConfig validated them
+                    continue
+                listener = RelayListener(self._network, relay, self._secure.identity)
+                self.relay_listeners.append(listener)
+                nursery.start_soon(listener.keep)
+                nursery.start_soon(self.accept_loop, listener)
 
     def _refused(self, host: str | None) -> None:
         key = self.handshakes.key(host) or "all"
