@@ -52,6 +52,8 @@ from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
 from p2pnode.services.metrics import check_metrics_extra
 from p2pnode.services.shared.docops import op_from_json, value_to_json
 from p2pnode.transport.net import Address, DatagramEndpoint, StreamListener, TrioNetwork
+from p2pnode.transport.relay import RelayStatistics, format_relay_address
+from p2pnode.transport.relayserve import RelayServer
 
 CONTROL_TIMEOUT = 60.0
 logger = logging.getLogger("p2pnode.node")
@@ -79,12 +81,13 @@ def bootstrap_addresses(args: argparse.Namespace) -> tuple[Address, ...]:
     return tuple(parse_bootstrap(text) for text in texts)
 
 
-def ready_line(node: Node, control: Path) -> str:
+def ready_line(node: Node, control: Path, relay: str | None = None) -> str:
     """The JSON line ``run`` prints once it serves: who it is, where, and whether it
     joined (``join``: ``joined via 1 of 2 bootstrap peers, 3 peers`` or ``not joined:
-    no bootstrap peer answered; retrying in 4 s, 0 peers``)."""
+    no bootstrap peer answered; retrying in 4 s, 0 peers``); with ``--relay``, the
+    relay's address for other nodes' ``--use-relay`` (``relay``)."""
     join = node.joining.status(trio.current_time())
-    line = {
+    line: dict[str, Any] = {
         "event": "ready",
         "peerId": str(node.peer_id),
         "addresses": node.advertised_addresses(),
@@ -93,6 +96,8 @@ def ready_line(node: Node, control: Path) -> str:
         "peers": join.peers,
         "join": join.summary(),
     }
+    if relay is not None:
+        line["relay"] = relay
     return json.dumps(line)
 
 
@@ -110,9 +115,43 @@ async def echo_handler(envelope: Envelope) -> Any:
     return {"agent": envelope.recipient, "echo": envelope.payload, "from": envelope.sender}
 
 
-def _node_ops(node: Node) -> dict[str, Any]:
+def _relay_status(node: Node, relay: tuple[RelayServer, str] | None) -> dict[str, Any]:
+    """``status``'s ``relay`` (this node relaying, ``--relay``) and ``relays`` (the
+    reservations it keeps, ``--use-relay``)."""
+    out: dict[str, Any] = {
+        "relays": [
+            {"relay": str(r.relay), "reserved": r.reservation is not None,
+             "failure": None if r.failure is None else str(r.failure)}
+            for r in node.links.relay_listeners
+        ]
+    }  # fmt: skip
+    if relay is not None:
+        stats: RelayStatistics = relay[0].statistics()
+        out["relay"] = {
+            "address": relay[1], "reservations": stats.reservations, "circuits": stats.circuits,
+            "circuitsOpened": stats.circuits_opened, "bytesRelayed": stats.bytes_relayed,
+            "refusals": dict(stats.refusals), "circuitEnds": dict(stats.circuit_ends),
+        }  # fmt: skip
+    return out
+
+
+async def _start_relay(node: Node, args: argparse.Namespace) -> tuple[RelayServer, str] | None:
+    """``--relay HOST:PORT``: relay for nodes behind NAT (docs/protocol/relay.md), with
+    this node's peer id; the relayed-address prefix others reserve with."""
+    if not args.relay:
+        return None
+    server = RelayServer(_DaemonNetwork(), node.peer_id)
+    host, port = await node.nursery.start(server.serve, parse_address(args.relay))
+    if args.advertise_host:
+        host = args.advertise_host
+    elif host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return server, format_relay_address((host, port), node.peer_id)
+
+
+def _node_ops(node: Node, relay: tuple[RelayServer, str] | None = None) -> dict[str, Any]:
     async def status(request: dict[str, Any]) -> Any:
-        return node.status()
+        return {**node.status(), **_relay_status(node, relay)}
 
     async def find(request: dict[str, Any]) -> Any:
         viewer = request.get("agent")
@@ -316,6 +355,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         advertise_host=args.advertise_host,
         bootstrap=bootstrap_addresses(args),
         policy=PolicyConfig(authority_key=_authority_key(args)),
+        relays=tuple(args.use_relay or ()),
     )
     endorser = load_identity(Path(args.endorse_with)) if args.endorse_with else None
     roles = tuple(args.role or ())
@@ -338,7 +378,8 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         await node.open_swarms()  # its agents may join swarms, and it may open some
         # The control socket answers before joining, which can take a while (bootstrap
         # peers down or slow): `status` shows what the node is doing meanwhile.
-        server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node))
+        relay = await _start_relay(node, args)  # --relay
+        server = ControlServer(data_dir / CONTROL_SOCKET_NAME, _node_ops(node, relay))
         await node.nursery.start(server.serve)
         if args.metrics:  # Prometheus, read from the node at each scrape
             await node.serve_metrics(parse_address(args.metrics))
@@ -346,7 +387,8 @@ async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) ->
         # Attached processes use the swarm's tools and offer their own (audited here).
         await node.open_agent_socket(data_dir / AGENT_SOCKET_NAME, endorser=endorser)
         await start_mcp_servers(node, args, authority=endorser, roles=roles)  # --mcp-server
-        print(ready_line(node, data_dir / CONTROL_SOCKET_NAME), flush=True)
+        relay_text = relay[1] if relay else None
+        print(ready_line(node, data_dir / CONTROL_SOCKET_NAME, relay_text), flush=True)
         stopper.serving()
         await stopper.requested.wait()
 
@@ -427,6 +469,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"peers      {len(status['peers'])}")
     if "join" in status:
         print(f"join       {status['join']['summary']}")
+    for held in status.get("relays", []):
+        state = "reserved" if held["reserved"] else f"not reserved ({held['failure']})"
+        print(f"relay via  {held['relay']}  {state}")
+    if "relay" in status:
+        r = status["relay"]
+        print(f"relaying   {r['address']}  reservations {r['reservations']}  circuits "
+              f"{r['circuits']} ({r['circuitsOpened']} opened)  bytes {r['bytesRelayed']}  "
+              f"refusals {sum(r['refusals'].values())}")  # fmt: skip
     for channel in status["channels"]:
         print(f"  channel  {channel['peer']}  {channel['state']}")
     warnings = status.get("documentWarnings", {})
@@ -565,6 +615,19 @@ def _add_run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="host the p2pnode.Agent NAME of MODULE (repeatable; like uvicorn module:app)",
     )
     run.add_argument("--card", action="append", help="card file (repeatable; default card.json)")
+    run.add_argument(
+        "--relay",
+        metavar="HOST:PORT",
+        help="relay connections for nodes behind NAT at this TCP address (off by default; "
+        "the ready line names the address they use with --use-relay)",
+    )
+    run.add_argument(
+        "--use-relay",
+        action="append",
+        metavar="relay:HOST:PORT/PEERID",
+        help="keep a reservation on this relay so peers reach this node through it "
+        "(repeatable; for a node behind NAT)",
+    )
     run.add_argument("--authority-key", help="base64 Ed25519 key of the swarm authority")
     run.add_argument("--endorse-with", help="authority key file to endorse this node's cards")
     run.add_argument(
