@@ -310,9 +310,12 @@ async def test_a_card_whose_schema_refers_to_itself_is_carried_and_checked_bound
 UNSIGNED = ("signature", "origin", "lastSeenAt", "endorsement")
 
 
-def signed_card_bytes(owner: Identity, agent_id: str, now_ms: int, **lists: list[str]) -> bytes:
+def signed_card_bytes(
+    owner: Identity, agent_id: str, now_ms: int, address: str = "10.0.0.4:7000", **lists: list[str]
+) -> bytes:
     """A card's bytes with ``lists`` (tools, resources, prompts) of any length, signed
-    by ``owner`` as a real card is: what a hostile peer can send, whatever the limits."""
+    by ``owner`` as a real card is: what a hostile peer can send, whatever the limits.
+    ``address``: where its owner listens (find dials it)."""
     card = AgentCard(
         id=agent_id,
         name=agent_id,
@@ -320,6 +323,7 @@ def signed_card_bytes(owner: Identity, agent_id: str, now_ms: int, **lists: list
         public_key=owner.public_key,
         issued_at=now_ms,
         expires_at=now_ms + 3_600_000,
+        addresses=(address,),
     )
     plain = card.to_dict() | lists
     signed = {k: v for k, v in plain.items() if k not in UNSIGNED}

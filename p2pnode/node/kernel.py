@@ -73,6 +73,7 @@ from p2pnode.node.joining import Joining, resolve_host
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
 from p2pnode.node.policy import Policy
+from p2pnode.node.probe import probe
 from p2pnode.node.progress import ProgressCallback
 from p2pnode.node.router import BoundedSet, Interceptor, Router, RoutingResult
 from p2pnode.node.routing import Handler, LocalAgent, PendingRequest, Routing
@@ -81,6 +82,11 @@ from p2pnode.transport.net import Address, Network, StreamListener
 from p2pnode.transport.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.node")
+
+#: Owners ``find`` dials at most, per call, to check that they are alive, and how long
+#: it waits for their channels to open.
+FIND_PROBES = 16
+FIND_WINDOW = 3.0
 
 
 class Kernel(TaskOwner):
@@ -475,7 +481,9 @@ class Kernel(TaskOwner):
         """Agents offering ``capability`` that local agent ``viewer`` (default: the first)
         may discover: the registry, refreshed from the DHT, filtered by the viewer's
         sandbox rules as capability routing is (seed R10.4). Agents withdrawn, expired
-        or whose owner is known unreachable are not returned. Unfiltered on a node
+        or whose owner is known unreachable are not returned, nor those whose owner
+        opens no channel within ``FIND_WINDOW`` seconds when dialed (the first
+        ``FIND_PROBES`` owners this node has no channel to are). Unfiltered on a node
         that hosts no agent (there is no viewer).
 
         Raises LocalError(AGENT_NOT_FOUND) when ``viewer`` is not a local agent.
@@ -484,10 +492,25 @@ class Kernel(TaskOwner):
         for card in await self.discovery.find_providers(capability):
             if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
                 self.routing.cards.learn(card)
+        cards = self._live_providers(capability)
+        if seer is not None:
+            cards = self.policy.filter_discoverable(seer, cards)
+        # A card says only that its owner was alive when it signed it: the owners this
+        # node has no channel to are dialed (at most FIND_PROBES, at once, for up to
+        # FIND_WINDOW seconds); one that opened no channel by then is left out.
+        remote = dict.fromkeys(c.peer_id for c in cards if c.origin is Origin.REMOTE)
+        probed = set(list(remote)[:FIND_PROBES])
+        await probe(self.links, probed, FIND_WINDOW)
+        return [c for c in cards if c.peer_id not in probed or self._answers(c.peer_id)]
+
+    def _answers(self, peer_id: PeerId) -> bool:
+        link = self.links.get(peer_id)
+        return link is not None and link.state is ChannelState.OPEN
+
+    def _live_providers(self, capability: str) -> list[AgentCard]:
         now = self._clock_ms()
         registry = self.registry
-        cards = [c for c in registry.find_by_capability(capability) if registry.is_live(c, now)]
-        return cards if seer is None else self.policy.filter_discoverable(seer, cards)
+        return [c for c in registry.find_by_capability(capability) if registry.is_live(c, now)]
 
     def _first_card(self) -> AgentCard | None:
         for agent in self._agents.values():
