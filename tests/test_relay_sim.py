@@ -254,7 +254,7 @@ async def test_connect_without_reservation_refused(autojump_clock: trio.testing.
 async def test_connect_rate_limited_per_source(autojump_clock: trio.testing.MockClock) -> None:
     limits = RelayLimits(requests_per_ip=1.0, request_burst=3)
     async with world(limits) as w, alice_serving(w):
-        noisy, quiet = w.host(), w.host()
+        noisy = w.host()
         reasons: list[RelayRefusal | None] = []
         for _ in range(5):
             try:
@@ -271,7 +271,6 @@ async def test_connect_rate_limited_per_source(autojump_clock: trio.testing.Mock
         await trio.sleep(3)
         stream = await connect_via_relay(noisy, w.relay, ALICE.peer_id)
         await stream.aclose()
-        del quiet
 
 
 async def test_circuits_per_reservation_limit(autojump_clock: trio.testing.MockClock) -> None:
