@@ -85,6 +85,11 @@ FAILOVER_ATTEMPTS = 2
 #: Seconds discovery is given to name another owner of an agent whose owner is known
 #: unreachable, before the known owner is dialed anyway.
 SUCCESSOR_WAIT = 1.0
+#: Seconds after discovery named no other owner of such an agent during which it is not
+#: asked again: every request to a dead agent would cost a DHT lookup otherwise.
+SUCCESSOR_RECHECK = 3.0
+#: Agents remembered that way at most (the oldest forgotten first).
+SUCCESSOR_MEMORY = 1024
 
 Handler = Callable[[Envelope], Awaitable[Any]]
 #: An envelope's ingress so far, its hand-over left: its sender's card, recipients, size.
@@ -316,6 +321,8 @@ class Routing:
         self._clock_ms = clock_ms
         self._max_peers = max_peers
         self._seen = BoundedSet(dedup_window)
+        #: agent -> when discovery last named no successor of its unreachable owner.
+        self._no_successor: dict[str, float] = {}
         #: Admits the cards peers present.
         self.cards = CardIntake(
             links.local_peer_id, registry, policy, events, clock_ms, on_fresh=links.peer_returned
@@ -437,16 +444,26 @@ class Routing:
         """The target of ``recipient`` after asking discovery (:func:`find_agent`). When
         a card is ``known`` (its owner unreachable), discovery gets ``SUCCESSOR_WAIT``
         seconds to name another owner (one restarted under a new key); then the known
-        card is used: the dial tells."""
+        card is used: the dial tells. Discovery is not asked again for that agent for
+        ``SUCCESSOR_RECHECK`` seconds after it named no other owner."""
         if known is None:
             return await find_agent(
                 recipient, self.router, self.discovery, self.cards, self._links, self._clock_ms()
             )
+        now = trio.current_time()
+        if now - self._no_successor.get(recipient, -math.inf) < SUCCESSOR_RECHECK:
+            return known
+        found = known
         with trio.move_on_after(SUCCESSOR_WAIT):
-            return await find_agent(
+            found = await find_agent(
                 recipient, self.router, self.discovery, self.cards, self._links, self._clock_ms()
             )
-        return known
+        if found.peer_id == known.peer_id:
+            self._no_successor.pop(recipient, None)
+            self._no_successor[recipient] = trio.current_time()
+            if len(self._no_successor) > SUCCESSOR_MEMORY:
+                del self._no_successor[next(iter(self._no_successor))]
+        return found
 
     async def _fail_over(self, envelope: Envelope, failed: Route, error: P2PError) -> RoutingResult:
         """A request by capability whose provider could not be reached (no channel to its
