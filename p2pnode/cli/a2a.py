@@ -1,5 +1,5 @@
-"""``p2pnode a2a serve``: the swarm's agents for A2A clients (p2pnode.bridges.a2a;
-docs/protocol/a2a.md).
+"""``p2pnode a2a serve`` and ``p2pnode a2a publish``: the swarm's agents for A2A clients,
+and an A2A server as an agent of the swarm (p2pnode.bridges.a2a; docs/protocol/a2a.md).
 
 The gateway is a node of its own (its identity in ``--data-dir``, a directory
 no daemon runs in) that joins the swarm through ``--bootstrap`` and hosts one
@@ -8,7 +8,13 @@ agent, ``--agent-id``: the agent every owner sees asking. It runs on asyncio
 loopback only, and every request must carry the bearer token it writes to
 ``a2a-http.token`` in its data directory (mode 0600).
 
-Registering the command needs no SDK; running it does, and without it the
+``a2a publish URL --agent-id ID`` reads the AgentCard of the A2A server at
+URL and attaches agent ID, offering its skills, to the node of ``--data-dir``
+over ``agent.sock`` (as ``mcp publish`` does); each request to ID becomes one
+A2A message to the server. It runs until SIGINT or SIGTERM, withdrawing the
+agent while the server is gone (p2pnode.bridges.a2a.supervise).
+
+Registering the commands needs no SDK; running one does, and without it the
 command fails with one line naming the extra (``pip install 'p2pnode[a2a]'``).
 """
 
@@ -18,15 +24,19 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from p2pnode.bridges.a2a import require_sdk
 from p2pnode.cli.datalock import hold_data_dir
 from p2pnode.cli.options import add_log_level
 from p2pnode.core.envelope import Envelope
-from p2pnode.core.errors import ErrorCode, LocalError
+from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import default_data_dir, load_or_create_identity
 from p2pnode.node.config import parse_address, parse_bootstrap
 
@@ -116,9 +126,132 @@ def cmd_a2a_serve(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(args, data_dir, http))
 
 
+# -- a2a publish --------------------------------------------------------------------------------
+
+
+def server_url(value: str) -> str:
+    """``a2a publish URL``: an http or https URL. Raises LocalError(INVALID_ARGUMENT)."""
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest.strip("/"):
+        raise LocalError(
+            ErrorCode.INVALID_ARGUMENT, f"{value!r}: expected the A2A server's http(s):// URL"
+        )
+    return value
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _run_async(main: Callable[[], Awaitable[int]]) -> int:
+    """Run ``main`` on asyncio; what ends it badly becomes one P2PError (printed as one
+    line by the command line's handler)."""
+    try:
+        return anyio.run(main, backend="asyncio")
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            raise KeyboardInterrupt from None
+        first = next((e for e in leaves if isinstance(e, P2PError)), None)
+        if first is not None:
+            raise first from None
+        raise
+
+
+def cmd_a2a_publish(args: argparse.Namespace) -> int:
+    """``p2pnode a2a publish``: returns 0 after SIGINT or SIGTERM. Raises LocalError:
+    INVALID_ARGUMENT for a bad URL, agent id or interval, CONFIG_ERROR without the SDK,
+    the first card read's code when it fails (INVALID_CARD, AGENT_UNAVAILABLE, TIMEOUT,
+    MESSAGE_TOO_LARGE), and what attaching to the node raises."""
+    url = server_url(args.url)
+    if not args.agent_id:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "an agent id is required")
+    if not 0 < args.timeout <= 86_400 or not 0 < args.poll <= 86_400:
+        raise LocalError(
+            ErrorCode.INVALID_ARGUMENT,
+            "--timeout and --poll are more than 0 and at most 86400 seconds",
+        )
+    require_sdk()
+    from p2pnode.bridges.a2a.supervise import PublishSpec, ServerPublisher, host_attached
+
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="p2pnode a2a: %(levelname)s %(message)s"
+    )
+    # httpx logs each request at INFO: a card read every --poll seconds is no news.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    allowed = frozenset(args.allow_agent) if args.allow_agent else None
+    spec = PublishSpec(url, args.agent_id, tier=args.tier, sandbox=args.sandbox,
+                       allow_agents=allowed, call_timeout=args.timeout, poll=args.poll)  # fmt: skip
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    publisher = ServerPublisher(spec, host_attached(data_dir))
+
+    async def main() -> int:
+        async with anyio.create_task_group() as tasks:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        tasks.cancel_scope.cancel()
+                        return
+
+            async def announce() -> None:
+                agent = await publisher.wait_published()
+                print(json.dumps({"event": "published", "agent": agent.id, "url": url,
+                                  "capabilities": [c.id for c in agent.capabilities]}),
+                      flush=True)  # fmt: skip
+                if allowed is None:
+                    logger.warning(
+                        "%s: no --allow-agent: any agent the node's policy lets send %s a "
+                        "request may use the A2A server",
+                        agent.id,
+                        agent.id,
+                    )
+
+            tasks.start_soon(stop_on_signal)
+            tasks.start_soon(announce)
+            await publisher.run()
+        return 0
+
+    return _run_async(main)
+
+
+def _add_publish(a2a_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    publish = a2a_sub.add_parser(
+        "publish",
+        help="publish an A2A server as an agent of the swarm",
+        description="Read the AgentCard of the A2A server at URL (its "
+        "/.well-known/agent-card.json, or URL itself when it ends in .json) and attach "
+        "agent --agent-id to the node of --data-dir: each skill is a capability, each "
+        "request one A2A message to the server. The agent is withdrawn while the server "
+        "is gone and published again when it returns or its card changes.",
+    )
+    publish.add_argument("url", metavar="URL", help="the A2A server's http(s) URL")
+    publish.add_argument("--agent-id", required=True, help="the agent the server becomes")
+    options: list[tuple[str, dict[str, Any]]] = [
+        ("--tier", {"type": int, "choices": range(4), "default": 3, "help": "its tier 0-3"}),
+        ("--sandbox", {"help": "its sandbox id"}),
+        ("--allow-agent", {"action": "append", "metavar": "AGENT",
+                           "help": "a caller agent id that may use the server (repeatable; "
+                           "default: any the node's policy lets in)"}),
+        ("--timeout", {"type": float, "default": 30.0, "metavar": "SECONDS",
+                       "help": "how long a message waits for the server when the request "
+                       "has no deadline (default 30)"}),
+        ("--poll", {"type": float, "default": 30.0, "metavar": "SECONDS",
+                    "help": "how often the card is read again (default 30)"}),
+    ]  # fmt: skip
+    for flag, kwargs in options:
+        publish.add_argument(flag, **kwargs)
+    add_log_level(publish, "INFO")
+    publish.set_defaults(handler=cmd_a2a_publish)
+
+
 def add_a2a_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``a2a serve``."""
-    a2a = sub.add_parser("a2a", help="the swarm's agents for A2A clients")
+    """Register ``a2a serve`` and ``a2a publish``."""
+    a2a = sub.add_parser("a2a", help="bridge A2A: the swarm's agents for A2A clients, and back")
     a2a_sub = a2a.add_subparsers(dest="a2a_command", required=True, metavar="ACTION")
     serve = a2a_sub.add_parser(
         "serve",
@@ -149,6 +282,15 @@ def add_a2a_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         serve.add_argument(flag, **kwargs)
     add_log_level(serve, "WARNING")
     serve.set_defaults(handler=cmd_a2a_serve)
+    _add_publish(a2a_sub)
 
 
-__all__ = ["DEFAULT_AGENT", "TOKEN_FILE", "add_a2a_commands", "cmd_a2a_serve", "loopback_address"]
+__all__ = [
+    "DEFAULT_AGENT",
+    "TOKEN_FILE",
+    "add_a2a_commands",
+    "cmd_a2a_publish",
+    "cmd_a2a_serve",
+    "loopback_address",
+    "server_url",
+]
