@@ -49,6 +49,7 @@ import trio
 from p2pnode.core.envelope import wall_clock_ms
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.identity import Identity, PeerId, write_private_file
+from p2pnode.dht.config import DhtConfig
 from p2pnode.dht.node import DhtNode
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import KernelConfig, parse_address
@@ -87,6 +88,8 @@ class NodeConfig(KernelConfig):
 
     #: Task negotiation timers and bounds (p2pnode.services.tasks.service).
     tasks: TaskConfig = field(default_factory=TaskConfig)
+    #: The DHT's tunables (:func:`open_node`); defaults as docs/protocol/dht.md §7.
+    dht: DhtConfig = field(default_factory=DhtConfig)
 
 
 class SwarmSlot:
@@ -296,7 +299,13 @@ async def open_node(
         host, port = config.dht_listen
         if port == 0:
             port = node.listen_address[1]
-        dht_node = DhtNode(network, identity=identity, address=(host, port), wall_clock_ms=clock_ms)
+        dht_node = DhtNode(
+            network,
+            identity=identity,
+            address=(host, port),
+            config=config.dht,
+            wall_clock_ms=clock_ms,
+        )
         async with dht_node as dht:
             node.discovery = DhtDiscovery(dht)
             # Joining asks a bootstrap peer that opened no channel whether its DHT answers.
