@@ -310,27 +310,39 @@ class ReachabilityService:
         return verdict
 
     async def _checkers(self) -> list[tuple[AgentCard, Address | None]]:
-        """The checkers to ask (see :func:`pick_checkers`): a card of each, and its DHT's
-        address (from the lookup; else its card's address, the DHT's port by default)."""
+        """The checkers to ask: a card of each, and its DHT's address (from the lookup;
+        else its card's address, the DHT's port by default). Peers are taken in
+        :func:`pick_checkers`'s order, those whose card this node holds first; looked-up
+        peers it holds no card of are then met (at once), to fill what is missing."""
         dht = self._dht()
         looked_up = await dht.looked_up() if dht is not None else []
         where = dict(looked_up)
-        me = self._host.peer_id
-        peers = pick_checkers(
-            [p for p, _ in looked_up],
-            self._kernel.met(),
-            self._rng,
-            count=self.config.checkers,
-            exclude=[me],
+        met = self._kernel.met()
+        count = self.config.checkers
+        order = pick_checkers(
+            list(where), met, self._rng, count=len(where) + len(met), exclude=[self._host.peer_id]
         )
-        cards: list[tuple[AgentCard, Address | None]] = []
-        for peer in peers:
+        chosen: list[tuple[AgentCard, Address | None]] = []
+        unmet: list[PeerId] = []
+        for peer in order:
             card = _card_of(self._host, peer, self._host.now_ms())
-            if card is None and peer in where:
-                card = await self._meet(peer, where[peer])
             if card is not None:
-                cards.append((card, where.get(peer, _first_address(card))))
-        return cards
+                chosen.append((card, where.get(peer, _first_address(card))))
+            elif peer in where:
+                unmet.append(peer)
+        if len(chosen) < count and unmet:
+            found: list[AgentCard] = []
+
+            async def meet(peer: PeerId) -> None:
+                card = await self._meet(peer, where[peer])
+                if card is not None:
+                    found.append(card)
+
+            async with trio.open_nursery() as nursery:
+                for peer in unmet[: 2 * (count - len(chosen))]:
+                    nursery.start_soon(meet, peer)
+            chosen.extend((card, where[card.peer_id]) for card in found)
+        return chosen[:count]
 
     async def _meet(self, peer: PeerId, udp: Address) -> AgentCard | None:
         """Open a channel to a looked-up peer (its TCP listener is on its DHT port,
