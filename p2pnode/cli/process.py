@@ -46,7 +46,8 @@ class NodeProcess:
 
     ``log_lines`` is how many of the last stderr lines :attr:`log` keeps;
     ``fd_limit`` starts the daemon with that many file descriptors at most
-    (tests of descriptor exhaustion).
+    (tests of descriptor exhaustion); ``prefix`` goes before the command (e.g.
+    ``ip netns exec NS`` to run the daemon in a network namespace).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class NodeProcess:
         *,
         log_lines: int = _LOG_LINES,
         fd_limit: int | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
         self.env = dict(env if env is not None else os.environ, PYTHONUNBUFFERED="1")
@@ -64,6 +66,7 @@ class NodeProcess:
         self.log: list[str] = []
         self._log_lines = log_lines
         self._fd_limit = fd_limit
+        self._prefix = list(prefix)
         self._drained = trio.Event()
 
     def prepare(
@@ -108,7 +111,7 @@ class NodeProcess:
         self.address = ""
         self._drained = trio.Event()
         self.process = await trio.lowlevel.open_process(
-            argv,
+            [*self._prefix, *argv],
             stdout=-1,
             stderr=-1,
             stdin=-3,

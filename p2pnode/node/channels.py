@@ -302,6 +302,12 @@ class PeerLink:
         return channel.remote_address if channel is not None else None
 
     @property
+    def relayed(self) -> bool | None:
+        """Whether the open channel goes through a relay (None: no open channel)."""
+        channel = self._channel
+        return channel.relayed if channel is not None else None
+
+    @property
     def queued_bytes(self) -> int:
         """Bytes of frames waiting for the writer."""
         return self._queued_bytes

@@ -699,6 +699,7 @@ class Kernel(TaskOwner):
                 {
                     "peer": str(link.peer_id),
                     "state": link.state.value,
+                    "relayed": link.relayed,
                     "sent": link.frames_sent,
                     "received": link.frames_received,
                 }

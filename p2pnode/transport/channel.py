@@ -187,6 +187,12 @@ class SecureChannel:
         address = getattr(self._stream, "remote_address", None)
         return address if isinstance(address, tuple) else None
 
+    @property
+    def relayed(self) -> bool:
+        """True when the connection goes through a circuit relay (its stream names the
+        relay, docs/protocol/relay.md); False for a direct connection."""
+        return getattr(self._stream, "relay_address", None) is not None
+
     def statistics(self) -> ChannelStatistics:
         """Queue sizes and counters."""
         return ChannelStatistics(
