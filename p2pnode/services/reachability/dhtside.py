@@ -62,7 +62,10 @@ class DhtReach:
 
     async def ping_from_fresh_socket(self, address: Address, node_id: bytes) -> bool:
         any_host = "::" if ":" in address[0] else "0.0.0.0"
-        endpoint = await self._network.bind_datagram((any_host, 0))
+        try:
+            endpoint = await self._network.bind_datagram((any_host, 0))
+        except OSError:  # no socket of that family here: the address cannot be checked
+            return False
         try:
             msg_id = self._rng.randbytes(MSG_ID_BYTES)
             await endpoint.sendto(encode_request(msg_id, "ping", [self._caller_id]), address)

@@ -138,8 +138,10 @@ def _first_address(card: AgentCard) -> Address | None:
 
 
 class ReachabilityService:
-    """The service (see the module docstring): a :class:`~p2pnode.node.service.Service`
-    and the :class:`~p2pnode.node.service.MethodServer` of ``reach.dialback``."""
+    """The service (see the module docstring): the
+    :class:`~p2pnode.node.service.MethodServer` of ``reach.dialback``, and the check.
+    Nothing runs in the background: dial-backs run in the request's task, a check in
+    its caller's."""
 
     def __init__(
         self,
@@ -185,11 +187,6 @@ class ReachabilityService:
     def serve_on(self, host: ServiceHost) -> None:
         """Serve ``reach.dialback`` on ``host``'s local agents."""
         host.serve_methods([METHOD], self)
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Nothing runs in the background: checks run in their caller's task."""
-        task_status.started()
-        await trio.sleep_forever()
 
     def statistics(self) -> dict[str, Any]:
         """For ``status``: the last verdict and the checker's counts."""
