@@ -125,7 +125,9 @@ class KernelReach:
 
     def observed(self, peer: PeerId) -> Address | None:
         link = self._node.links.get(peer)
-        address = link.remote_address if link is not None else None
+        if link is None or link.relayed:  # a relayed channel comes from the relay's address
+            return None
+        address = link.remote_address
         if address is None or not isinstance(address[0], str):
             return None
         return (address[0], int(address[1]))
