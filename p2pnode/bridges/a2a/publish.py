@@ -35,10 +35,10 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
 import anyio.lowlevel
@@ -120,11 +120,18 @@ class _CountedStream(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         total = 0
-        async for chunk in self._inner:
-            total += len(chunk)
-            if total > self._limit:
-                raise BodyTooLarge(self._limit, self._request)
-            yield chunk
+        chunks = aiter(self._inner)
+        try:
+            async for chunk in chunks:
+                total += len(chunk)
+                if total > self._limit:
+                    raise BodyTooLarge(self._limit, self._request)
+                yield chunk
+        finally:
+            # The inner stream may be a generator: closed here, not by the collector.
+            close = getattr(chunks, "aclose", None)
+            if close is not None:
+                await close()
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -239,12 +246,14 @@ def card_url(url: str) -> str:
 
 
 class A2AServer:
-    """The A2A server at ``url``, reached with ``http`` (a :func:`bounded_client`)."""
+    """The A2A server at ``url``, reached with ``http`` (a :func:`bounded_client`); a card
+    read takes ``timeout`` seconds at most."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
+    def __init__(self, http: httpx.AsyncClient, url: str, *, timeout: float = CARD_TIMEOUT) -> None:
         self.http = http
         self.url = url
         self.card_url = card_url(url)
+        self.timeout = timeout
 
     async def read_card(self, etag: str | None = None) -> CardRead | None:
         """The card, or None when it is unchanged since the read that gave ``etag``.
@@ -252,7 +261,7 @@ class A2AServer:
         interface the bridge speaks), MESSAGE_TOO_LARGE, TIMEOUT, AGENT_UNAVAILABLE."""
         headers = {"If-None-Match": etag} if etag else {}
         try:
-            with anyio.fail_after(CARD_TIMEOUT):
+            with anyio.fail_after(self.timeout):
                 status, body, tag = await self._get(headers)
         except Exception as exc:  # httpx's and the transport's: translated
             raise error_of(exc) from None
@@ -448,7 +457,11 @@ class Forwarder:
 
     async def _exchange(self, request: SendMessageRequest, answer: _Answer, seconds: float) -> None:
         context = ClientCallContext(timeout=seconds)
-        async with aclosing(self.client.send_message(request, context=context)) as events:
+        # The SDK's clients implement send_message as an async generator (it is declared
+        # an iterator): closed here, not left to the garbage collector.
+        sent = self.client.send_message(request, context=context)
+        stream = cast(AsyncGenerator[StreamResponse], sent)
+        async with aclosing(stream) as events:
             async for event in events:
                 answer.take(event)
                 if answer.ended:

@@ -45,6 +45,7 @@ import httpx
 from p2pnode.agent.definition import Agent
 from p2pnode.bridges.a2a.publish import (
     CALL_TIMEOUT,
+    CARD_TIMEOUT,
     A2AServer,
     CardRead,
     Forwarder,
@@ -103,6 +104,7 @@ class PublishSpec:
     sandbox: str | None = None
     allow_agents: frozenset[str] | None = None
     call_timeout: float = CALL_TIMEOUT
+    card_timeout: float = CARD_TIMEOUT
     poll: float = POLL
     retry: float = RETRY
     max_failures: int = MAX_FAILURES
@@ -133,7 +135,7 @@ class ServerPublisher:
     def __init__(
         self, spec: PublishSpec, host: Host, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
-        if not (spec.poll > 0 and spec.retry > 0 and spec.call_timeout > 0):
+        if not min(spec.poll, spec.retry, spec.call_timeout, spec.card_timeout) > 0:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "intervals and timeouts are positive")
         if spec.max_failures < 1:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "max_failures is at least 1")
@@ -173,7 +175,7 @@ class ServerPublisher:
         (the node refused the agent, the node went away)."""
         try:
             async with bounded_client(self._transport) as http:
-                server = A2AServer(http, self.spec.url)
+                server = A2AServer(http, self.spec.url, timeout=self.spec.card_timeout)
                 try:
                     read = await server.read_card()
                 except RemoteError as exc:
