@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from a2a.client.errors import A2AClientError
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -207,6 +208,15 @@ def test_task_states_without_a_carried_error() -> None:
         assert (error.code, error.message) == (code, "why")
 
 
+def _status(status: int) -> A2AClientError:
+    request = httpx.Request("POST", URL)
+    response = httpx.Response(status, request=request)
+    cause = httpx.HTTPStatusError("status", request=request, response=response)
+    error = A2AClientError(f"HTTP Error {status}")
+    error.__cause__ = cause
+    return error
+
+
 @pytest.mark.parametrize(
     ("raised", "code"),
     [
@@ -221,6 +231,9 @@ def test_task_states_without_a_carried_error() -> None:
         (httpx.ReadTimeout("slow"), ErrorCode.TIMEOUT),
         (httpx.RemoteProtocolError("cut"), ErrorCode.AGENT_UNAVAILABLE),
         (ValueError("garbage"), ErrorCode.INVALID_OUTPUT),
+        (A2AClientError("JSON-RPC Error -1: odd"), ErrorCode.INVALID_OUTPUT),
+        (_status(403), ErrorCode.PERMISSION_DENIED),
+        (_status(502), ErrorCode.HANDLER_FAILED),
     ],
 )
 def test_what_the_sdk_raises_is_a_typed_error(raised: Exception, code: ErrorCode) -> None:

@@ -5,8 +5,11 @@ Needs the official SDK: ``pip install 'p2pnode[a2a]'``.
   gateway's acting agent may discover (JSON-RPC and HTTP+JSON bindings, an
   AgentCard at each agent's well-known path, an index), each message a request
   to the owning agent through the gateway's node.
+* :mod:`p2pnode.bridges.a2a.publish` and :mod:`p2pnode.bridges.a2a.supervise` are
+  the other direction (``a2a publish``): an A2A server as one agent of the swarm,
+  kept published while it answers.
 * :mod:`p2pnode.bridges.a2a.mapping` is the SDK-free part: parts and payloads,
-  errors and A2A outcomes.
+  errors and A2A outcomes, and their inverse for published servers.
 
 Only the ``a2a`` command imports the modules that import the SDK, so the core
 package never needs it; :func:`require_sdk` turns its absence into one line.

@@ -451,9 +451,13 @@ class Forwarder:
             error = error_of(exc)
             if error.details.get("unreachable"):
                 self._unreachable()
-            logger.info("A2A call for %s failed: %s", skill_id, error)
+            logger.info("A2A call for skill %s failed: %s", skill_id, error)
             raise error from None
-        return answer.result()
+        try:
+            return answer.result()
+        except RemoteError as error:
+            logger.info("A2A call for skill %s failed: %s", skill_id, error)
+            raise
 
     async def _exchange(self, request: SendMessageRequest, answer: _Answer, seconds: float) -> None:
         context = ClientCallContext(timeout=seconds)
