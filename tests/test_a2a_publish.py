@@ -435,3 +435,20 @@ def test_the_server_stopping_withdraws_the_agent_and_its_return_restores_it(
         assert await swarm.request("again", "echo") == "again"
 
     running.run(check)
+
+
+def test_a_callers_cancel_cancels_the_task_at_the_server(running: Running) -> None:
+    async def check(swarm: Swarm) -> None:
+        swarm.seen.canceled.clear()
+        swarm.seen.slow_started.clear()
+        call = asyncio.create_task(swarm.request("x", "slow", seconds=LIMIT * 2))
+        async with asyncio.timeout(LIMIT):
+            await swarm.seen.slow_started.wait()
+        await asyncio.sleep(0.3)  # the server's first event (the task's id) comes back
+        call.cancel()  # the caller gives up long before any deadline
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        async with asyncio.timeout(LIMIT):
+            await swarm.seen.canceled.wait()
+
+    running.run(check)

@@ -16,6 +16,10 @@ import anyio
 import httpx
 import pytest
 from a2a.client.errors import A2AClientError
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_rest_routes
+from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import AgentCard as A2ACard
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -32,8 +36,10 @@ from a2a.utils.errors import InternalError, InvalidParamsError, UnsupportedOpera
 from google.protobuf.json_format import ParseDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.applications import Starlette
 
 from p2pnode.agent.definition import Agent
+from p2pnode.agent.definition import Message as AgentMessage
 from p2pnode.bridges.a2a.gateway import SCHEMAS_EXTENSION as GATEWAY_EXTENSION
 from p2pnode.bridges.a2a.gateway import card_document
 from p2pnode.bridges.a2a.mapping import (
@@ -57,9 +63,11 @@ from p2pnode.bridges.a2a.publish import (
 from p2pnode.bridges.a2a.supervise import TRANSITIONS, PublishSpec, ServerPublisher, ServerState
 from p2pnode.core.a2a import to_a2a
 from p2pnode.core.card import AgentCard, Capability
+from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.core.identity import Identity
 from tests.test_a2a_mapping import json_values
+from tests.test_a2a_publish import Executor, Seen, server_card
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 URL = "http://a2a.test"
@@ -468,3 +476,55 @@ def test_bad_intervals_are_refused_and_stopped_is_final() -> None:
         assert refused.value.code is ErrorCode.INVALID_ARGUMENT
     assert TRANSITIONS[ServerState.STOPPED] == frozenset()
     assert ServerState.WITHDRAWN not in TRANSITIONS[ServerState.READING]
+
+
+# -- the HTTP+JSON binding and the allowed agents, in process -----------------------------------
+
+
+def rest_app() -> Any:
+    """The SDK's server (tests.test_a2a_publish's executor) with only an HTTP+JSON
+    interface, not streaming."""
+    document = server_card(URL)
+    document["supportedInterfaces"] = [
+        {"url": f"{URL}/rest", "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"}
+    ]
+    document["capabilities"] = {"streaming": False}
+    card = ParseDict(document, A2ACard())
+    handler = DefaultRequestHandler(
+        agent_executor=Executor(Seen()), task_store=InMemoryTaskStore(), agent_card=card
+    )
+    routes = [*create_agent_card_routes(card), *create_rest_routes(handler, path_prefix="/rest")]
+    return Starlette(routes=routes)
+
+
+def test_a_server_speaking_http_json_only_is_called_through_it() -> None:
+    async def main() -> None:
+        async with bounded_client(httpx.ASGITransport(app=rest_app())) as http:
+            read = await A2AServer(http, URL).read_card()
+            assert read is not None and not read.facts.streaming
+            forwarder = Forwarder(read.client)
+            assert await forwarder.send("quiet", "shout", 5.0) == "QUIET"
+            assert await forwarder.send({"n": 1}, "echo", 5.0) == {"n": 1}
+            with pytest.raises(RemoteError) as failed:
+                await forwarder.send("x", "fail", 5.0)
+            assert (failed.value.code, failed.value.message) == (
+                ErrorCode.HANDLER_FAILED,
+                "it broke",
+            )
+
+    anyio.run(main)
+
+
+def test_only_the_allowed_agents_reach_the_server() -> None:
+    client = FakeClient([StreamResponse(task=task(TaskState.TASK_STATE_COMPLETED, "ok"))])
+    forwarder = Forwarder(client, allow_agents=frozenset({"friend"}))  # type: ignore[arg-type]
+    handler = forwarder.handler("s")
+
+    def asked_by(sender: str) -> AgentMessage:
+        return AgentMessage(Envelope("e1", sender, "mock", MessageType.REQUEST, 1, "hi"))
+
+    assert anyio.run(handler, asked_by("friend")) == "ok"
+    with pytest.raises(RemoteError) as refused:
+        anyio.run(handler, asked_by("stranger"))
+    assert refused.value.code is ErrorCode.PERMISSION_DENIED
+    assert len(client.sent) == 1
