@@ -302,6 +302,14 @@ async def test_a_fastmcp_server_published_on_one_node_is_called_from_another(
                     if again != first:
                         break
                     await trio.sleep(0.1)
+            # The owner's node restarts (as a device does): the publisher attaches again.
+            address = owner.address
+            await owner.stop()
+            await owner.start(nursery, None, listen=address)
+            assert (await call_until(caller, "notes.shout", {"text": "back"})) == {
+                "result": "BACK"
+            }
+            assert publish.returncode is None
         finally:
             publish.send_signal(signal.SIGTERM)
             with trio.fail_after(10):

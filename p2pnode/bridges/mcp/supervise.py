@@ -67,6 +67,10 @@ Host = Callable[[Agent, anyio.Event], Awaitable[None]]
 START_TIMEOUT = 30.0
 #: Seconds withdrawing an agent from a node may take.
 WITHDRAW_TIMEOUT = 5.0
+#: An attached publisher whose node closed the connection (a restart) attaches again
+#: every REATTACH_DELAY seconds for up to REATTACH_WINDOW seconds.
+REATTACH_DELAY = 1.0
+REATTACH_WINDOW = 300.0
 
 
 class ChildState(enum.Enum):
@@ -353,13 +357,21 @@ class ChildServers:
             task_status.started()
 
 
-def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None = None) -> Host:
+def host_attached(
+    data_dir: Path | str | None = None,
+    *,
+    path: Path | str | None = None,
+    reattach_for: float = REATTACH_WINDOW,
+) -> Host:
     """A host that attaches the agent to the node of ``data_dir`` (or its socket ``path``)
-    over ``agent.sock``. Raises what :class:`~p2pnode.hosting.client.AgentClient` raises, and
-    LocalError(CHANNEL_CLOSED) when the node closes the connection."""
+    over ``agent.sock``. A node that closes the connection (it is restarting) is attached
+    to again, every second or so, for up to ``reattach_for`` seconds. Raises what
+    :class:`~p2pnode.hosting.client.AgentClient` raises on the first attach, and
+    LocalError(CHANNEL_CLOSED) when the node did not come back in time."""
     from p2pnode.hosting.client import AgentClient
 
-    async def host(agent: Agent, gone: anyio.Event) -> None:
+    async def attached(agent: Agent, gone: anyio.Event) -> bool:
+        """Host ``agent`` until ``gone``: False, or until the node closes: True."""
         async with (
             AgentClient(agent, data_dir=data_dir, path=path) as client,
             anyio.create_task_group() as tasks,
@@ -374,13 +386,36 @@ def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None
             tasks.start_soon(node_closed)
             await gone.wait()
             tasks.cancel_scope.cancel()
-        if ended:
-            raise LocalError(ErrorCode.CHANNEL_CLOSED, "the node closed the agent's connection")
+        return bool(ended)
+
+    async def host(agent: Agent, gone: anyio.Event) -> None:
+        if not await attached(agent, gone):
+            return
+        logger.warning("%s: the node closed the agent's connection; attaching again", agent.id)
+        with anyio.move_on_after(reattach_for):
+            while not gone.is_set():  # bounded by reattach_for
+                await anyio.sleep(REATTACH_DELAY)
+                try:
+                    closed = await attached(agent, gone)
+                except (P2PError, OSError) as exc:  # the node is not back yet
+                    logger.debug("%s: attaching again: %s", agent.id, describe(exc))
+                    continue
+                if not closed:
+                    return
+                logger.warning("%s: the node closed the agent's connection again", agent.id)
+        if not gone.is_set():
+            raise LocalError(
+                ErrorCode.CHANNEL_CLOSED,
+                f"the node closed the agent's connection and was not back within "
+                f"{reattach_for:g} s",
+            )
 
     return host
 
 
 __all__ = [
+    "REATTACH_DELAY",
+    "REATTACH_WINDOW",
     "START_TIMEOUT",
     "WITHDRAW_TIMEOUT",
     "ChildServer",
