@@ -159,6 +159,9 @@ def _run_async(main: Callable[[], Awaitable[int]]) -> int:
         first = next((e for e in leaves if isinstance(e, P2PError)), None)
         if first is not None:
             raise first from None
+        failed = next((e for e in leaves if isinstance(e, OSError)), None)
+        if failed is not None:
+            raise LocalError(ErrorCode.CONFIG_ERROR, str(failed)) from None
         raise
 
 

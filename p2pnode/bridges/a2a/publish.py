@@ -370,15 +370,21 @@ class _Answer:
             self.status_parts = _json_parts(status.message.parts)
 
     def result(self) -> Any:
-        """The response payload. Raises RemoteError (the task's error)."""
-        if self.message is not None:
-            return payload_of_answer_untrusted(self.message)
-        if self.state != "TASK_STATE_COMPLETED":
-            raise error_of_task_untrusted(self.state, self.status_parts)
-        parts = [part for listed in self.artifacts.values() for part in listed]
-        if not parts:
-            parts = self.status_parts
-        return payload_of_answer_untrusted(parts) if parts else None
+        """The response payload. Raises RemoteError (the task's error, or an answer the
+        swarm cannot carry)."""
+        try:
+            if self.message is not None:
+                return payload_of_answer_untrusted(self.message)
+            if self.state != "TASK_STATE_COMPLETED":
+                raise error_of_task_untrusted(self.state, self.status_parts)
+            parts = [part for listed in self.artifacts.values() for part in listed]
+            if not parts:
+                parts = self.status_parts
+            return payload_of_answer_untrusted(parts) if parts else None
+        except RecursionError:  # data nested past what Python's stack holds
+            raise RemoteError(
+                ErrorCode.INVALID_OUTPUT, "the A2A server's answer nests too deep"
+            ) from None
 
 
 def _request_of(payload: Any, skill_id: str | None) -> SendMessageRequest:
