@@ -82,8 +82,10 @@ class Device:
     scope: trio.CancelScope | None = None
     closing: trio.Event = dataclasses.field(default_factory=trio.Event)
     stopped: trio.Event = dataclasses.field(default_factory=trio.Event)
-    #: Running with its agent hosted and joined (the ground truth of "live").
+    #: Running with its agent hosted and joined: it sends requests and calls find.
     up: bool = False
+    #: Its node hosts its agent (set before the node joined): the ground truth of "live".
+    serving: bool = False
 
     @property
     def key(self) -> tuple[str, bytes]:
@@ -134,6 +136,7 @@ class Swarm:
                 ) as node:
                     cap = Capability(device.capability, device.capability)
                     await node.add_agent(device.agent, answer, capabilities=(cap,))
+                    device.serving = True  # its agent answers from here on, joined or not
                     await node.join()
                     task_status.started(node)
                     await device.closing.wait()
@@ -141,12 +144,12 @@ class Swarm:
             device.stopped.set()
 
     async def stop(self, device: Device) -> None:
-        device.up = False
+        device.up = device.serving = False
         device.closing.set()
         await device.stopped.wait()
 
     async def crash(self, device: Device) -> None:
-        device.up = False
+        device.up = device.serving = False
         self.sim.kill(device.network.host)
         assert device.scope is not None
         device.scope.cancel()
@@ -206,7 +209,9 @@ class Churn:
         self.left: set[tuple[str, bytes]] = set()
 
     def live_keys(self) -> set[tuple[str, bytes]]:
-        return {d.key for d in self.swarm.running()}
+        """The agents hosted now: a restarting device's too, from the moment its node
+        hosts the agent (its join, which follows, may take a while)."""
+        return {d.key for d in self.swarm.devices if d.serving}
 
     def still(self, device: Device, node: Node) -> bool:
         """``device`` still runs ``node`` (a stopped node's registry is frozen)."""
