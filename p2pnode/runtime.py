@@ -54,6 +54,7 @@ from p2pnode.dht.node import DhtNode
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import KernelConfig, parse_address
 from p2pnode.node.discovery import DhtDiscovery, Discovery
+from p2pnode.node.holepunch import HolePunchService, KernelLinks, tcp_dial_from
 from p2pnode.node.kernel import Kernel
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.metrics import MetricsExporter
@@ -75,7 +76,7 @@ from p2pnode.services.tasks.negotiation import TaskConfig
 from p2pnode.services.tasks.service import TaskHandle, TaskService
 from p2pnode.services.tools.audit import ToolAudit
 from p2pnode.services.tools.client import ToolClient
-from p2pnode.transport.net import Address, Network
+from p2pnode.transport.net import Address, Network, TrioNetwork
 
 SNAPSHOT_FILE = "routing.snapshot"
 logger = logging.getLogger("p2pnode.node")
@@ -187,10 +188,17 @@ class Node(Kernel):
             self, network, self._reach_kernel, lambda: self._dht_reach
         )
         self.reachability.serve_on(self)
+        #: Upgrades relayed channels to direct ones (docs/protocol/holepunch.md); only
+        #: on real TCP sockets.
+        self.holepunch = HolePunchService(
+            self, KernelLinks(self), tcp_dial_from if isinstance(network, TrioNetwork) else None
+        )
+        self.holepunch.serve_on(self)
 
     async def _start(self, nursery: trio.Nursery) -> None:
         await super()._start(nursery)
         await nursery.start(self.tasks.run)
+        await nursery.start(self.holepunch.run)
 
     # -- services opened on demand ----------------------------------------------------------
 
@@ -276,6 +284,7 @@ class Node(Kernel):
         out["discovery"] = discovery
         out["tasks"] = self.tasks.statistics()
         out["reachability"] = self.reachability.statistics()
+        out["holepunch"] = self.holepunch.statistics()
         out["metrics"] = metrics
         return out
 

@@ -250,6 +250,25 @@ class NatLab:
         return self.namespaces
 
 
+#: Drops new TCP connections to the router's own WAN address instead of answering RST.
+QUIET_WAN = """table ip natlab_quiet {
+  chain input {
+    type filter hook input priority filter; policy accept;
+    iifname "wan" meta l4proto tcp ct state new,invalid drop
+  }
+}
+"""
+
+
+def quiet_wan(site: NatSite) -> None:
+    """Make ``site``'s router drop unsolicited inbound TCP SYNs silently, as RFC 5382
+    REQ-4 asks of a NAT ("MUST NOT respond to an unsolicited inbound SYN for at least 6
+    seconds"), so a TCP simultaneous open survives one side's SYN arriving first. As
+    built, a router is a Linux host with no socket on that port: it answers RST, and
+    the RST closes the other side's fresh mapping on its way back."""
+    _run(["ip", "netns", "exec", site.router, "nft", "-f", "-"], QUIET_WAN)
+
+
 @contextmanager
 def nat_lab(publics: int = 3, kinds: tuple[NatKind, ...] = tuple(NatKind)) -> Iterator[NatLab]:
     """A lab with ``publics`` public hosts and one NAT site per kind, removed on exit."""
@@ -315,6 +334,7 @@ __all__ = [
     "NatLab",
     "NatSite",
     "nat_lab",
+    "quiet_wan",
     "ruleset",
     "run_in",
     "start_in",

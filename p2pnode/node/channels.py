@@ -41,8 +41,10 @@ Theory of operation (seed R3, Properties 10-12):
   :attr:`PeerLink.last_dial_error`) is kept for the one line the node logs.
 * Simultaneous opens: when a second channel to the same peer arrives while
   one is open, both ends send on the channel dialed by the lower peer id, so
-  both converge on the same connection. The other one is still read (frames
-  already in flight on it are not lost) and closed after ``retire_grace``.
+  both converge on the same connection; except that a direct channel always
+  wins over a relayed one (the switch after a hole punch, node/holepunch.py).
+  The other one is still read (frames already in flight on it are not lost)
+  and closed after ``retire_grace``.
 * Limits (:class:`LinkLimits`): the envelopes a peer sends go through a token
   bucket per link (an ENVELOPES frame costs one token per member, read from
   its msgpack header before decoding, a HELLO ``HELLO_COST``). A frame the
@@ -339,6 +341,10 @@ class PeerLink:
             keep_current = self._channel_dialed_by is not None and (
                 self._channel_dialed_by.raw <= dialed_by.raw
             )
+            if current.relayed != channel.relayed:
+                # A direct channel replaces a relayed one (a hole punch succeeded), and
+                # never the reverse; both ends see the same kinds, so both switch.
+                keep_current = channel.relayed
             if keep_current:
                 self._nursery.start_soon(self._read_loop, channel)
                 self._nursery.start_soon(self._retire, channel)

@@ -133,6 +133,7 @@ class LinkManager(TaskOwner):
         self.envelopes_dropped = 0
         #: The listeners of ``config.relays`` (their reservations), once serving.
         self.relay_listeners: list[RelayListener] = []
+        self._open_watchers: list[Callable[[PeerLink], object]] = []
 
     @property
     def local_peer_id(self) -> PeerId:
@@ -189,6 +190,42 @@ class LinkManager(TaskOwner):
         if link is not None:
             link.departing = True
 
+    def watch_open(self, watcher: Callable[[PeerLink], object]) -> None:
+        """Call ``watcher(link)`` each time a link opens, and when an open link takes an
+        accepted or hole-punched channel in place of its current one (the hole punch
+        watches relayed links open and turn direct); it must not block."""
+        self._open_watchers.append(watcher)
+
+    def _adopt(self, peer_id: PeerId, channel: SecureChannel, dialer: PeerId) -> None:
+        link = self.link(peer_id)
+        was_open = link.state is ChannelState.OPEN
+        if link.adopt(channel, dialer) and was_open:
+            for watcher in self._open_watchers:
+                watcher(link)
+
+    async def adopt_punched(
+        self, stream: trio.abc.Stream, peer_id: PeerId, *, initiator: bool
+    ) -> None:
+        """Run the secure handshake on a hole-punched connection to ``peer_id`` (as the
+        Noise initiator or responder, docs/protocol/holepunch.md) and give the channel
+        to its link, where a direct channel replaces a relayed one.
+        Raises what the handshake raises (RemoteError, OSError, trio.BrokenResourceError)."""
+        if initiator:
+            channel = await connect_secure(
+                stream,
+                self._secure,
+                expected_peer_id=peer_id,
+                remote_static=self._static.get(peer_id),
+                config=self._channel_config,
+            )
+        else:
+            channel = await accept_secure(stream, self._secure, config=self._channel_config)
+            if channel.remote_peer_id != peer_id:
+                await close_quietly(channel)
+                raise RemoteError(ErrorCode.PEER_ID_MISMATCH, "punched through to another peer")
+        await channel.send_message(self._hello())
+        self._adopt(peer_id, channel, self.local_peer_id if initiator else peer_id)
+
     def _remember(self, peer_id: PeerId, addresses: list[Address]) -> None:
         """Keep ``addresses`` (first first, no repeats) for ``peer_id``: at most
         ``hello_addresses`` of them, for at most ``max_peers`` peers (those with no
@@ -204,6 +241,8 @@ class LinkManager(TaskOwner):
         # ids and owners"): a link closes for good only once its redials failed.
         if state is ChannelState.OPEN:
             self._registry.note_reachable(link.peer_id)
+            for watcher in self._open_watchers:
+                watcher(link)
         elif state is ChannelState.CLOSED and not self._closing:
             self._registry.note_unreachable(link.peer_id)
             if link.departing:  # it said it is stopping: its withdrawal was the line
@@ -458,7 +497,7 @@ class LinkManager(TaskOwner):
             await close_quietly(channel)
             return
         self.peer_returned(peer_id)
-        self.link(peer_id).adopt(channel, peer_id)
+        self._adopt(peer_id, channel, peer_id)
 
 
 def _bound(table: dict[PeerId, Any], limit: int, links: dict[PeerId, PeerLink]) -> None:

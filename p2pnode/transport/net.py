@@ -319,6 +319,11 @@ class TrioNetwork(Network):
         try:
             sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
             await sock.bind(address)
+            if hasattr(trio.socket, "SO_REUSEPORT"):
+                # Set after bind, so a port in use still fails the bind: a hole punch
+                # connects from the listening port (node/holepunch.py), and the kernel
+                # lets only a socket of the same user that sets it too share the port.
+                sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
             sock.listen(128)
         except BaseException:
             sock.close()
