@@ -30,6 +30,6 @@ def test_the_library_joining_example_finds_the_agent_through_the_hub(tmp_path: P
     )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert lines == ["found ['io'] | joined, 1 peer", "io {'echo': {'run': 'all'}}"]
+    assert lines == ["found ['io'] | joined, 2 peers", "io {'echo': {'run': 'all'}}"]
     text = README.read_text(encoding="utf-8")
     assert f"It prints `{lines[0]}` and `{lines[1]}`" in text
