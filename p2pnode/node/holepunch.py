@@ -132,14 +132,15 @@ def parse_address_untrusted(text: object) -> Address:
     if not isinstance(text, str) or not 0 < len(text) <= MAX_ADDRESS_LEN:
         raise refusal(Refusal.MALFORMED, "an address is not a short string")
     host, sep, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
         host = host[1:-1]
     try:
         ip = ipaddress.ip_address(host)
-        number = int(port) if port.isdigit() else 0
     except ValueError:
-        raise refusal(Refusal.MALFORMED, f"not an IP address: {text[:MAX_ADDRESS_LEN]!r}") from None
-    if not sep or not 0 < number < 65536 or (":" in host) != (ip.version == 6):
+        raise refusal(Refusal.MALFORMED, f"not an IP address: {text!r}") from None
+    number = int(port) if port.isascii() and port.isdigit() else 0
+    if not sep or not 0 < number < 65536 or bracketed != (ip.version == 6):
         raise refusal(Refusal.MALFORMED, f"not host:port: {text!r}")
     return (str(ip), number)
 
@@ -208,8 +209,9 @@ class PunchConfig:
     refused_pause: float = 0.2
     #: Peers whose budget is remembered (least recently used forgotten first).
     max_peers: int = 1024
-    #: How long the external IP an OBSERVE answer gave is used.
+    #: How long the external IP an OBSERVE answer gave is used, and how long one waits.
     observed_ttl: float = 60.0
+    observe_timeout: float = 2.0
 
 
 class Role(enum.Enum):
@@ -510,6 +512,7 @@ class HolePunchService:
         self._direct: dict[PeerId, trio.Event] = {}  # set when the link turns direct
         self._running: set[PeerId] = set()
         self._external: tuple[str, float] | None = None  # (IP, until)
+        self._observing = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._handlers: dict[type, Callable[[PeerId, Any], Awaitable[Message]]] = {
             Connect: self._on_connect,
@@ -543,6 +546,9 @@ class HolePunchService:
         nursery = self._nursery
         if not relayed or self._dial_from is None or nursery is None:
             return
+        # Both sides learn their external IP now, so a CONNECT's round trip does not
+        # include an OBSERVE (the initiator times SYNC by it).
+        nursery.start_soon(self._external_ip)
         if self._host.peer_id.raw < peer.raw and peer not in self._running:
             self._running.add(peer)
             nursery.start_soon(self._punch_peer, peer)
@@ -579,6 +585,9 @@ class HolePunchService:
                 nursery.start_soon(self._sync, card.id, int(card.tier), card.sandbox_id)
                 await trio.sleep(delay)
                 direct = await self._dial(peer, punch)
+        except HolePunchError as exc:
+            self._host.events.security(exc.code, f"hole punch answer: {exc.message}", str(peer))
+            direct = False
         except (P2PError, trio.TooSlowError) as exc:
             logger.info("hole punch with %s: %s", peer, exc)
             direct = False
@@ -622,6 +631,10 @@ class HolePunchService:
         return tuple(dict.fromkeys([*out, own]))
 
     async def _external_ip(self) -> str | None:
+        async with self._observing:  # one OBSERVE round at a time; the others reuse it
+            return await self._observe()
+
+    async def _observe(self) -> str | None:
         now = trio.current_time()
         if self._external is not None and self._external[1] > now:
             return self._external[0]
@@ -631,7 +644,8 @@ class HolePunchService:
                 continue
             card = cards[0]
             try:
-                answer = await self._ask(card.id, int(card.tier), card.sandbox_id, Observe())
+                with trio.fail_after(self.config.observe_timeout):
+                    answer = await self._ask(card.id, int(card.tier), card.sandbox_id, Observe())
             except (P2PError, trio.TooSlowError):
                 continue
             if isinstance(answer, Observed):
