@@ -361,9 +361,11 @@ class PeerLink:
     async def _retire(self, channel: SecureChannel) -> None:
         # The losing channel of a simultaneous open is no longer written to, but frames
         # the peer wrote before it switched are still read; close it once both ends
-        # have surely moved to the winner.
-        await trio.sleep(self._retry.retire_grace)
-        await close_quietly(channel)
+        # have surely moved to the winner (or the node closes: it is closed then too).
+        try:
+            await trio.sleep(self._retry.retire_grace)
+        finally:
+            await close_quietly(channel)
 
     async def _read_loop(self, channel: SecureChannel) -> None:
         try:
