@@ -3,6 +3,7 @@ the per-peer budget, and the responder's refusals, without sockets."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -28,6 +29,7 @@ from p2pnode.node.holepunch import (
     PunchState,
     Role,
     Sync,
+    dialable,
     encode_message,
 )
 from p2pnode.node.service import ServiceHost
@@ -92,12 +94,33 @@ def test_initiator_dials_half_a_round_trip_after_sync(t0: float, rtt: float) -> 
     assert punch.hold >= 0.25
 
 
-@given(st.lists(st.tuples(st.ip_addresses(v=4).map(str), st.integers(1, 65535)), max_size=8))
-def test_at_most_max_dials_candidates_are_dialed(peer: list[Address]) -> None:
-    punch = Punch(Role.RESPONDER, OWN, CONFIG)
+candidate_ips = st.one_of(
+    st.ip_addresses(v=4).map(str),
+    st.sampled_from(["127.0.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "::1", "::"]),
+)
+
+
+@given(
+    st.lists(st.tuples(candidate_ips, st.integers(1, 65535)), max_size=8, unique=True),
+    st.booleans(),
+)
+def test_dialed_candidates_are_the_first_dialable_ones(
+    peer: list[Address], on_loopback: bool
+) -> None:
+    own: tuple[Address, ...] = (("127.0.0.1", 7000),) if on_loopback else OWN
+    punch = Punch(Role.RESPONDER, own, CONFIG)
     punch.receive_connect(Connect(tuple(peer)), 0.0)
     punch.receive_sync(0.1)
-    assert punch.dial_targets == tuple(peer)[: CONFIG.max_dials]
+    targets = punch.dial_targets
+    assert len(targets) <= CONFIG.max_dials
+    assert (
+        list(targets)
+        == [a for a in peer if dialable(a[0], loopback=on_loopback)][: CONFIG.max_dials]
+    )
+    for host, _ in targets:  # never the host's own services on a peer's word
+        ip = ipaddress.ip_address(host)
+        assert not (ip.is_unspecified or ip.is_multicast or ip.is_reserved)
+        assert on_loopback or not ip.is_loopback
 
 
 def test_responder_fails_without_sync_by_the_deadline() -> None:

@@ -145,6 +145,16 @@ def parse_address_untrusted(text: object) -> Address:
     return (str(ip), number)
 
 
+def dialable(host: str, *, loopback: bool) -> bool:
+    """Whether a candidate's IP may be dialed: not unspecified, multicast, broadcast or
+    reserved, and loopback only when ``loopback`` (this node listens there itself): a
+    peer's word must not turn a punch into a connection to this host's own services."""
+    ip = ipaddress.ip_address(host)
+    if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+        return False
+    return loopback or not ip.is_loopback
+
+
 def encode_message(message: Message) -> dict[str, Any]:
     """The payload map of ``message``."""
     match message:
@@ -310,7 +320,13 @@ class Punch:
 
     @property
     def dial_targets(self) -> tuple[Address, ...]:
-        return self.peer[: self.config.max_dials]
+        """The peer's first ``max_dials`` candidates that may be dialed (§3: never an
+        unspecified, multicast or reserved address, and a loopback one only by a node
+        listening on loopback itself)."""
+        loopback = any(ipaddress.ip_address(host).is_loopback for host, _ in self.own)
+        return tuple(a for a in self.peer if dialable(a[0], loopback=loopback))[
+            : self.config.max_dials
+        ]
 
     @property
     def hold(self) -> float:
@@ -738,7 +754,7 @@ class HolePunchService:
         return Observed(address)
 
     async def _on_connect(self, peer: PeerId, message: Connect) -> Message:
-        if self._dial_from is None:
+        if self._dial_from is None or self._nursery is None:
             raise refusal(Refusal.UNSUPPORTED, "this node does not punch holes")
         if not self._links.relayed(peer):
             raise refusal(Refusal.NOT_RELAYED, "the channel is not relayed")
@@ -752,9 +768,13 @@ class HolePunchService:
         self.stats.attempts += 1
         answer = punch.receive_connect(message, trio.current_time())
         self._punches[peer] = punch
-        assert self._nursery is not None
-        self._nursery.start_soon(self._expire, peer, punch)
+        self._background(self._expire, peer, punch)
         return answer
+
+    def _background(self, work: Callable[[PeerId, Punch], Awaitable[None]], *args: Any) -> None:
+        if self._nursery is None:
+            raise refusal(Refusal.UNSUPPORTED, "hole punching is not running")
+        self._nursery.start_soon(work, *args)
 
     async def _expire(self, peer: PeerId, punch: Punch) -> None:
         """A responder's attempt whose SYNC never comes fails at its deadline."""
@@ -773,8 +793,7 @@ class HolePunchService:
         if punch is None:
             raise refusal(Refusal.UNEXPECTED_SYNC, "SYNC with no CONNECT before it")
         punch.receive_sync(trio.current_time())
-        assert self._nursery is not None
-        self._nursery.start_soon(self._respond, peer, punch)
+        self._background(self._respond, peer, punch)
         return Sync()
 
     async def _respond(self, peer: PeerId, punch: Punch) -> None:
