@@ -233,7 +233,7 @@ def _table(rows: list[_Row]) -> str:
     def secs(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    lines = [f"{'pair':40} {'path':8} {'answer s':>8} {'direct s':>8}  first direct dial"]
+    lines = [f"{'pair':40} {'first':8} {'answer s':>8} {'direct s':>8}  first direct dial"]
     for row in rows:
         lines.append(
             f"{row.pair:40} {row.path:8} {secs(row.first_answer):>8} "
