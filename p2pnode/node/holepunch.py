@@ -254,8 +254,9 @@ _TRANSITIONS: dict[PunchState, frozenset[PunchState]] = {
 
 class Punch:
     """One attempt with one peer, either role: the rules, no I/O. ``now`` is the caller's
-    clock (trio's). A message out of order raises HolePunchError(ILLEGAL_TRANSITION) and
-    leaves the state unchanged."""
+    clock (trio's). A step the state does not allow raises and leaves the state
+    unchanged: LocalError(ILLEGAL_TRANSITION) for this node's own misuse,
+    HolePunchError(ILLEGAL_TRANSITION, reason UNEXPECTED_SYNC) for a peer's SYNC."""
 
     def __init__(self, role: Role, own: tuple[Address, ...], config: PunchConfig) -> None:
         self.role = role
@@ -571,23 +572,28 @@ class HolePunchService:
 
     async def _punch_peer(self, peer: PeerId) -> None:
         """Attempts with ``peer`` while its link is relayed and the budget allows."""
+        unknown = 0  # pauses while the peer's card (whom to ask) has not arrived yet
         try:
-            while self._links.relayed(peer):
-                now = trio.current_time()
-                if self.budget.retry_after(peer, now) > 0:
+            while self._links.relayed(peer) and unknown <= self.config.max_attempts:
+                if self.budget.retry_after(peer, trio.current_time()) > 0:
                     return
                 direct = await self._attempt(peer)
-                self.budget.note(peer, trio.current_time(), direct=direct)
-                if direct:
-                    return
+                if direct is None:
+                    unknown += 1
+                else:
+                    self.budget.note(peer, trio.current_time(), direct=direct)
+                    if direct:
+                        return
                 await trio.sleep(self.config.retry_interval)
         finally:
             self._running.discard(peer)
 
-    async def _attempt(self, peer: PeerId) -> bool:
+    async def _attempt(self, peer: PeerId) -> bool | None:
+        """One attempt as the initiator: True when the link is direct now; None when it
+        did not start (no card of the peer's is known yet, so no agent to ask)."""
         cards = self._links.cards_of(peer)
         if not cards:
-            return False
+            return None
         card = cards[0]
         punch = Punch(Role.INITIATOR, await self._candidates(), self.config)
         self.stats.attempts += 1
