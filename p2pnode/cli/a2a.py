@@ -102,7 +102,10 @@ async def _serve(args: argparse.Namespace, data_dir: Path, http: tuple[str, int]
             app = BearerGuard(gateway, new_token(token_file))
             ready = {"event": "ready", "url": f"{url}/agents", "tokenFile": str(token_file),
                      "peerId": str(node.peer_id), "agent": args.agent_id}  # fmt: skip
-            await serve(app, sock, lambda: print(json.dumps(ready), flush=True))
+            try:
+                await serve(app, sock, lambda: print(json.dumps(ready), flush=True))
+            finally:
+                await gateway.aclose()  # the pushes still waiting are lost (§6.1)
     return 0
 
 

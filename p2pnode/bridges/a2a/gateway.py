@@ -18,6 +18,9 @@ Theory of operation (docs/protocol/a2a.md):
   (:mod:`p2pnode.bridges.a2a.mapping`), the task is ``working`` while the
   request waits, and the response becomes the task's artifact. CancelTask
   cancels the waiting request, which tells the owner.
+* The push-notification configs of every task are kept by one bounded store, and
+  the gateway posts each task's events to its webhooks itself, in the
+  background (:mod:`p2pnode.bridges.a2a.push`).
 * Every task store is bounded (:class:`BoundedTaskStore`), every agent's app is
   built once per card revision, and the discovered agents are cached for
   ``refresh`` seconds, so no client can grow the gateway without bound.
@@ -66,6 +69,7 @@ from p2pnode.bridges.a2a.mapping import (
     payload_of_parts_untrusted,
     skill_for_untrusted,
 )
+from p2pnode.bridges.a2a.push import PushConfigStore, PushDelivery
 from p2pnode.core.a2a import A2A_PROTOCOL_VERSION, to_a2a
 from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Metadata
@@ -249,8 +253,22 @@ class GatewayHandler(DefaultRequestHandler):
     """The SDK's request handler, refusing a message the mapping refuses before the SDK
     opens a task for it (InvalidParams, the owner never asked)."""
 
-    def __init__(self, executor: SwarmExecutor, store: TaskStore, card: A2ACard) -> None:
-        super().__init__(agent_executor=executor, task_store=store, agent_card=card)
+    def __init__(
+        self,
+        executor: SwarmExecutor,
+        store: TaskStore,
+        card: A2ACard,
+        *,
+        push: PushDelivery | None = None,
+    ) -> None:
+        configs = push.store if push is not None else None
+        super().__init__(
+            agent_executor=executor,
+            task_store=store,
+            agent_card=card,
+            push_config_store=configs,
+            push_sender=push,
+        )
         self._executor = executor
 
     async def on_message_send(
@@ -318,7 +336,7 @@ def card_document(card: AgentCard, base_url: str) -> dict[str, Any]:
     }
     document["capabilities"] = {
         "streaming": True,
-        "pushNotifications": False,
+        "pushNotifications": True,
         "extensions": [
             {
                 "uri": SCHEMAS_EXTENSION,
@@ -355,9 +373,17 @@ class Gateway:
     clients reach it (``http://127.0.0.1:8080``), for the cards' interfaces."""
 
     def __init__(
-        self, swarm: Swarm, base_url: str, *, timeout: float = REQUEST_TIMEOUT
+        self,
+        swarm: Swarm,
+        base_url: str,
+        *,
+        timeout: float = REQUEST_TIMEOUT,
+        push: PushDelivery | None = None,
     ) -> None:
         self.swarm = swarm
+        #: Delivers every agent's pushes; one config store serves all agents, as task ids
+        #: are unique and each agent's handler finds only its own tasks.
+        self.push = push if push is not None else PushDelivery(PushConfigStore())
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._apps: OrderedDict[str, tuple[tuple[object, ...], Starlette]] = OrderedDict()
@@ -371,6 +397,10 @@ class Gateway:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await self.app(scope, receive, send)
+
+    async def aclose(self) -> None:
+        """Stop delivering pushes (those waiting are lost) and close their HTTP client."""
+        await self.push.aclose()
 
     def agent_url(self, agent_id: str) -> str:
         """Where agent ``agent_id``'s A2A interfaces are (its card is below it)."""
@@ -434,7 +464,7 @@ class Gateway:
         self._stores[card.id] = store  # tasks outlive a card update
         a2a_card = _a2a_card(card_document(card, self.agent_url(card.id)))
         executor = SwarmExecutor(self.swarm, card, timeout=self.timeout)
-        handler = GatewayHandler(executor, store, a2a_card)
+        handler = GatewayHandler(executor, store, a2a_card, push=self.push)
         app = Starlette(
             routes=[
                 *create_agent_card_routes(a2a_card, card_url=CARD_PATH),
