@@ -21,7 +21,6 @@ command fails with one line naming the extra (``pip install 'p2pnode[a2a]'``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import signal
@@ -32,13 +31,11 @@ from typing import Any
 
 import anyio
 
-from p2pnode.bridges.a2a import require_sdk
 from p2pnode.cli.datalock import hold_data_dir
 from p2pnode.cli.options import add_log_level
 from p2pnode.core.envelope import Envelope
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import default_data_dir, load_or_create_identity
-from p2pnode.node.config import parse_address, parse_bootstrap
 
 logger = logging.getLogger("p2pnode.a2a")
 
@@ -76,6 +73,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, http: tuple[str, int]
     from p2pnode import NodeConfig, TrioNetwork, aio
     from p2pnode.bridges.a2a.gateway import Gateway, NodeSwarm
     from p2pnode.bridges.a2a.http import BearerGuard, base_url, listen, new_token, serve
+    from p2pnode.node.config import parse_address, parse_bootstrap
 
     config = NodeConfig(
         data_dir=data_dir,
@@ -120,6 +118,10 @@ def cmd_a2a_serve(args: argparse.Namespace) -> int:
             ErrorCode.INVALID_ARGUMENT,
             "--timeout is more than 0 and at most 86400 seconds; --refresh is 0 or more",
         )
+    import asyncio
+
+    from p2pnode.bridges.a2a import require_sdk
+
     require_sdk()
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="p2pnode a2a: %(levelname)s %(message)s"
@@ -181,6 +183,8 @@ def cmd_a2a_publish(args: argparse.Namespace) -> int:
             ErrorCode.INVALID_ARGUMENT,
             "--timeout and --poll are more than 0 and at most 86400 seconds",
         )
+    from p2pnode.bridges.a2a import require_sdk
+
     require_sdk()
     from p2pnode.bridges.a2a.supervise import PublishSpec, ServerPublisher, host_attached
 

@@ -17,8 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-import trio
-
 from p2pnode import __version__
 from p2pnode.cli.a2a import add_a2a_commands
 from p2pnode.cli.datalock import hold_data_dir
@@ -46,9 +44,10 @@ from p2pnode.core.identity import (
     write_private_file,
 )
 from p2pnode.core.jsonutil import b64encode
-from p2pnode.node.config import format_address, parse_address
-from p2pnode.node.control import CONTROL_SOCKET_NAME, control_call
-from p2pnode.runtime import SNAPSHOT_FILE, STORE_FILE_NAME, SUBSCRIPTIONS_FILE_NAME
+
+# trio, the kernel (p2pnode.node) and the composed node (p2pnode.runtime) are imported
+# by the commands that use them, here and in the command modules: `p2pnode --help`,
+# `init`, `id`, `card` and the commands that only ask a running node start without them.
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -92,6 +91,8 @@ def _signed_card(
 def _node_addresses(args: argparse.Namespace) -> tuple[str, ...]:
     """The addresses to publish a card with: ``--address``, else those the node running
     on the data directory advertises, else none."""
+    from p2pnode.node.config import format_address, parse_address
+
     if args.address:
         return tuple(format_address(parse_address(a)) for a in args.address)
     status = _ask_node(args, {"op": "status"})
@@ -106,6 +107,8 @@ def _node_addresses(args: argparse.Namespace) -> tuple[str, ...]:
 def _identity_state(data_dir: Path) -> list[Path]:
     """What in ``data_dir`` belongs to its identity: the key, the card, and the state
     the node keeps under its peer id (DHT contacts, CRDT replica and subscriptions)."""
+    from p2pnode.runtime import SNAPSHOT_FILE, STORE_FILE_NAME, SUBSCRIPTIONS_FILE_NAME
+
     names = [KEY_FILE_NAME, CARD_FILE_NAME, SNAPSHOT_FILE, SUBSCRIPTIONS_FILE_NAME]
     paths = [data_dir / name for name in names]
     paths += sorted(data_dir.glob(STORE_FILE_NAME + "*"))  # with SQLite's -wal and -shm
@@ -132,6 +135,8 @@ def _move_aside(data_dir: Path, paths: list[Path]) -> Path:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from p2pnode.node.control import CONTROL_SOCKET_NAME
+
     data_dir = _data_dir(args)
     key_path = data_dir / KEY_FILE_NAME
     card_path = data_dir / CARD_FILE_NAME
@@ -173,6 +178,10 @@ def cmd_id(args: argparse.Namespace) -> int:
 
 def _ask_node(args: argparse.Namespace, request: dict[str, Any]) -> Any:
     """The answer of the node running on the data directory, or None if none answers."""
+    import trio
+
+    from p2pnode.node.control import CONTROL_SOCKET_NAME, control_call
+
     control = _data_dir(args) / CONTROL_SOCKET_NAME
     if not control.exists():
         return None  # no node has run there (a stale socket is caught below)

@@ -27,18 +27,20 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from p2pnode.agent.definition import Agent
 from p2pnode.agent.tools import Access
-from p2pnode.bridges.mcp import require_sdk
 from p2pnode.cli.options import add_log_level
 from p2pnode.core.cardfile import read_card_file
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import Identity, default_data_dir
-from p2pnode.runtime import Node
+
+if TYPE_CHECKING:
+    # The bridge and the composed node load when a command runs them, not with the parser.
+    from p2pnode.runtime import Node
 
 logger = logging.getLogger("p2pnode.mcp")
 
@@ -152,6 +154,8 @@ def _serve_agent(args: argparse.Namespace) -> Agent:
 
 
 def cmd_mcp_serve(args: argparse.Namespace) -> int:
+    from p2pnode.bridges.mcp import require_sdk
+
     require_sdk()
     from p2pnode.bridges.mcp.serve import SwarmServer, serve_stdio
     from p2pnode.hosting.client import AgentClient
@@ -223,6 +227,8 @@ def cmd_mcp_publish(args: argparse.Namespace) -> int:
             ErrorCode.INVALID_ARGUMENT, "give the server's command after --: publish ... -- CMD"
         )
     access = access_rule(_publish_rules(args))
+    from p2pnode.bridges.mcp import require_sdk
+
     require_sdk()
     from p2pnode.bridges.mcp.supervise import ChildServer, ServerSpec, host_attached
 
@@ -308,6 +314,8 @@ async def start_mcp_servers(
         kind, _, value = rule.partition("=")
         rules.append((kind, value))
     access = access_rule(rules)
+    from p2pnode.bridges.mcp import require_sdk
+
     require_sdk()
     from p2pnode.bridges.mcp.supervise import ChildServer, ChildServers, ServerSpec, host_in_node
 

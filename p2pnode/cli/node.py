@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -36,7 +36,6 @@ from p2pnode.core.envelope import Envelope, MessageType, wall_clock_ms
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import default_data_dir, load_identity, load_or_create_identity
 from p2pnode.core.jsonutil import b64decode
-from p2pnode.node.config import format_address, parse_address, parse_bootstrap
 from p2pnode.node.control import (
     CONTROL_SOCKET_NAME,
     ControlServer,
@@ -45,15 +44,14 @@ from p2pnode.node.control import (
     control_call,
     parse_message_type,
 )
-from p2pnode.node.logs import configure_logging
-from p2pnode.node.policy import PolicyConfig
-from p2pnode.runtime import Node, NodeConfig, open_node
-from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
-from p2pnode.services.metrics import check_metrics_extra
-from p2pnode.services.shared.docops import op_from_json, value_to_json
 from p2pnode.transport.net import Address, DatagramEndpoint, StreamListener, TrioNetwork
-from p2pnode.transport.relay import RelayStatistics, format_relay_address
-from p2pnode.transport.relayserve import RelayServer
+
+if TYPE_CHECKING:
+    # The composed node, its services and the relay load when `run` starts a node; the
+    # commands that only ask a running node over its control socket start without them.
+    from p2pnode.runtime import Node
+    from p2pnode.transport.relay import RelayStatistics
+    from p2pnode.transport.relayserve import RelayServer
 
 CONTROL_TIMEOUT = 60.0
 logger = logging.getLogger("p2pnode.node")
@@ -75,6 +73,8 @@ def read_bootstrap_file(path: Path) -> list[str]:
 def bootstrap_addresses(args: argparse.Namespace) -> tuple[Address, ...]:
     """``--bootstrap`` and ``--bootstrap-file``, parsed (host names resolved later, when
     joining). Raises LocalError(CONFIG_ERROR) naming the first malformed address."""
+    from p2pnode.node.config import parse_bootstrap
+
     texts = list(args.bootstrap or [])
     if args.bootstrap_file:
         texts += read_bootstrap_file(Path(args.bootstrap_file))
@@ -138,6 +138,10 @@ def _relay_status(node: Node, relay: tuple[RelayServer, str] | None) -> dict[str
 async def _start_relay(node: Node, args: argparse.Namespace) -> tuple[RelayServer, str] | None:
     """``--relay HOST:PORT``: relay for nodes behind NAT (docs/protocol/relay.md), with
     this node's peer id; the relayed-address prefix others reserve with."""
+    from p2pnode.node.config import parse_address
+    from p2pnode.transport.relay import format_relay_address
+    from p2pnode.transport.relayserve import RelayServer
+
     if not args.relay:
         return None
     server = RelayServer(_DaemonNetwork(), node.peer_id)
@@ -188,6 +192,7 @@ def _node_ops(node: Node, relay: tuple[RelayServer, str] | None = None) -> dict[
 
 def _doc_ops(node: Node) -> dict[str, Any]:
     """``doc.subscribe``, ``doc.update``, ``doc.read`` (docs/protocol/node.md)."""
+    from p2pnode.services.shared.docops import op_from_json, value_to_json
 
     def member(request: dict[str, Any]) -> str:
         return str(request.get("agent") or node.default_agent())
@@ -280,6 +285,8 @@ class _DaemonNetwork(TrioNetwork):
 
 
 def _bind_error(protocol: str, address: Address, exc: OSError) -> LocalError:
+    from p2pnode.node.config import format_address
+
     reason = exc.strerror or str(exc)
     where = format_address(address)
     return LocalError(
@@ -337,6 +344,11 @@ async def run_daemon(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, data_dir: Path, stopper: _Stopper) -> None:
+    from p2pnode.node.config import parse_address
+    from p2pnode.node.policy import PolicyConfig
+    from p2pnode.runtime import NodeConfig, open_node
+    from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
+
     identity = load_or_create_identity(data_dir)
     agents = [load_agent(spec) for spec in args.agent or []]
     # With --agent, the card file's echo agent is hosted only when asked for (--card).
@@ -397,6 +409,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon. Whatever ends it, the user sees at most one line: a P2PError
     is raised on to the command line's handler; anything else becomes
     P2PError(INTERNAL) naming the exception, its traceback logged at DEBUG."""
+    from p2pnode.node.logs import configure_logging
+    from p2pnode.services.metrics import check_metrics_extra
+
     if args.role and not args.endorse_with:
         raise LocalError(
             ErrorCode.INVALID_ARGUMENT,

@@ -42,7 +42,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -50,9 +50,10 @@ from p2pnode.agent.task import TERMINAL_STATES, Selection, Task, TaskState, vali
 from p2pnode.cli.options import add_acting_agent, add_json
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.core.jsonutil import loads_untrusted
-from p2pnode.runtime import Node, TaskHandle, open_swarms
-from p2pnode.services.shared.docops import doc_capability
-from p2pnode.services.swarms import doc_name
+
+if TYPE_CHECKING:
+    # The composed node and the swarm service load in the daemon, where the ops run.
+    from p2pnode.runtime import Node, TaskHandle
 
 Op = Callable[[dict[str, Any]], Any]
 Control = Callable[[argparse.Namespace, dict[str, Any]], Any]
@@ -148,6 +149,9 @@ def _proposal_ops(node: Node) -> dict[str, Op]:
 
 def _swarm_ops(node: Node) -> dict[str, Op]:
     """``swarm.*``: open a swarm, follow one by its document, cancel one."""
+    from p2pnode.runtime import open_swarms
+    from p2pnode.services.shared.docops import doc_capability
+    from p2pnode.services.swarms import doc_name
 
     async def swarm_open(request: dict[str, Any]) -> Any:
         service = await open_swarms(node)

@@ -39,14 +39,16 @@ import sys
 import unicodedata
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pnode.agent.toolwire import split_qualified
 from p2pnode.cli.options import add_acting_agent, add_hidden_alias, add_json
 from p2pnode.core.card import AgentCard
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.control import Op
-from p2pnode.runtime import Node
+
+if TYPE_CHECKING:
+    from p2pnode.runtime import Node  # loaded by the daemon, where the ops run
 
 #: How a command asks the running node: ``control(args, request)`` is the op's result.
 Control = Callable[[argparse.Namespace, dict[str, Any]], Any]
