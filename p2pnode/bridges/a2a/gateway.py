@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
@@ -42,6 +43,7 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers.response_helpers import build_error_response
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
 from a2a.types import AgentCard as A2ACard
@@ -53,7 +55,8 @@ from a2a.types import (
     SendMessageRequest,
     Task,
 )
-from a2a.utils.errors import InvalidParamsError
+from a2a.utils.error_handlers import build_rest_error_payload
+from a2a.utils.errors import A2A_ERROR_MAPPING, InvalidParamsError, VersionNotSupportedError
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -90,6 +93,11 @@ MAX_TASKS: Final = 1000
 #: The card extension listing each skill's JSON Schemas (A2A's AgentSkill has no field).
 SCHEMAS_EXTENSION: Final = "urn:p2pnode:a2a:skill-schemas:1"
 CARD_PATH: Final = "/.well-known/agent-card.json"
+#: The A2A version the gateway serves (Major.Minor; a patch number is ignored), and the
+#: most of a refused JSON-RPC body it reads to answer with the request's id.
+SERVED_VERSION: Final = (1, 0)
+MAX_REFUSED_BODY: Final = 1 << 20
+_VERSION = re.compile(r"\s*(\d{1,6})\.(\d{1,6})(?:\.\d{1,6})?\s*")
 
 
 class Swarm(Protocol):
@@ -365,6 +373,49 @@ def _a2a_card(document: dict[str, Any]) -> A2ACard:
     return card
 
 
+# -- versions ----------------------------------------------------------------------------------
+
+
+def unserved_version(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The ``A2A-Version`` a request names when it is a version (Major.Minor[.patch]) other
+    than 1.0, else None. The SDK refuses a request without the header (it takes 0.3) or
+    with one that is not a version; it takes every 1.x as 1.0, which the gateway does not."""
+    value = dict(headers).get(b"a2a-version")
+    if value is None:
+        return None
+    text = value.decode("latin-1")
+    match = _VERSION.fullmatch(text)
+    if match is None or (int(match[1]), int(match[2])) == SERVED_VERSION:
+        return None
+    return text.strip()
+
+
+async def _refuse_version(version: str, rpc: bool, receive: Any, send: Any) -> None:
+    """Answer a request of an unserved A2A version with the spec's VersionNotSupported:
+    JSON-RPC ``-32009`` with the request's id, HTTP+JSON 400 ``VERSION_NOT_SUPPORTED``."""
+    error = VersionNotSupportedError(
+        f"A2A version {version!r} is not served; the gateway speaks A2A 1.0"
+    )
+    if rpc:
+        body = b""
+        more = True
+        while more and len(body) <= MAX_REFUSED_BODY:
+            event = await receive()
+            body += event.get("body", b"")
+            more = event.get("more_body", False)
+        try:
+            request = json.loads(body)
+            given = request.get("id") if isinstance(request, dict) else None
+        except ValueError:
+            given = None
+        request_id = given if isinstance(given, (str, int)) else None
+        answer = JSONResponse(build_error_response(request_id, error))
+    else:
+        status = A2A_ERROR_MAPPING[VersionNotSupportedError].http_code
+        answer = JSONResponse(build_rest_error_payload(error), status_code=status)
+    await answer({"type": "http"}, receive, send)
+
+
 # -- the HTTP app ------------------------------------------------------------------------------
 
 
@@ -451,6 +502,14 @@ class Gateway:
             answer = JSONResponse({"error": error_data(refused)}, status_code=502)
             await answer(scope, receive, send)
             return
+        root, path = scope.get("root_path", ""), scope.get("path", "")
+        inside = path[len(root) :] if path.startswith(root) else path
+        binding = inside == "/jsonrpc" or inside.startswith("/rest/")
+        version = unserved_version(list(scope.get("headers") or ())) if binding else None
+        if version is not None:
+            logger.info("agent %s: A2A version %r refused", agent_id, version)
+            await _refuse_version(version, inside == "/jsonrpc", receive, send)
+            return
         await app(scope, receive, send)
 
     def _app_for(self, card: AgentCard) -> Starlette:
@@ -485,6 +544,7 @@ __all__ = [
     "MAX_TASKS",
     "REQUEST_TIMEOUT",
     "SCHEMAS_EXTENSION",
+    "SERVED_VERSION",
     "BoundedTaskStore",
     "Gateway",
     "GatewayHandler",
@@ -492,4 +552,5 @@ __all__ = [
     "Swarm",
     "SwarmExecutor",
     "card_document",
+    "unserved_version",
 ]
