@@ -5,6 +5,8 @@ Needs the official SDK: ``pip install 'p2pnode[a2a]'``.
   gateway's acting agent may discover (JSON-RPC and HTTP+JSON bindings, an
   AgentCard at each agent's well-known path, an index), each message a request
   to the owning agent through the gateway's node.
+* :mod:`p2pnode.bridges.a2a.push` is the gateway's push notifications: the
+  configs of its tasks and the delivery of their events to the webhooks.
 * :mod:`p2pnode.bridges.a2a.publish` and :mod:`p2pnode.bridges.a2a.supervise` are
   the other direction (``a2a publish``): an A2A server as one agent of the swarm,
   kept published while it answers.
