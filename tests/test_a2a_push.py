@@ -103,6 +103,7 @@ class Hook:
     url: str
     posts: list[tuple[str, dict[str, str], dict[str, Any]]] = field(default_factory=list)
     hold: bool = False
+    status: int = 200
     posted: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def bodies(self, path: str = "/hook") -> list[dict[str, Any]]:
@@ -149,7 +150,7 @@ def _hook_app(hook: Hook) -> Starlette:
             hook.posted.notify_all()
         if hook.hold:
             await asyncio.Event().wait()
-        return Response(status_code=200)
+        return Response(status_code=hook.status)
 
     return Starlette(routes=[Route("/hook{rest:path}", record, methods=["POST"])])
 
@@ -300,6 +301,41 @@ def test_a_webhook_that_never_answers_holds_up_nothing_but_its_own_pushes() -> N
             await wait_until(s.hook, lambda: len(s.hook.posts) == 1)
             assert push.statistics()["pending"] >= 1  # the rest wait behind the first
             assert s.hook.posts[0][2]["task"]["id"] == task.id
+
+    run(main)
+
+
+@pytest.mark.slow
+def test_a_failing_webhook_is_tried_three_times_per_push() -> None:
+    async def main() -> None:
+        push = PushDelivery(PushConfigStore(), backoff=0.01)
+        async with served(push) as s:
+            s.hook.status = 500
+            s.swarm.answer.set()
+            client = await s.client()
+            await send(client, "job", config=push_config(s.hook.url), immediately=False)
+            await push.wait_idle()
+            assert states(s.hook.bodies()) == [
+                state for state in ["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING", "artifact",
+                                    "TASK_STATE_COMPLETED"] for _ in range(3)
+            ]  # fmt: skip
+            assert push.statistics()["failed"] == 4
+
+    run(main)
+
+
+@pytest.mark.slow
+def test_a_push_whose_body_is_too_large_is_not_sent() -> None:
+    async def main() -> None:
+        small = PushDelivery(PushConfigStore(), max_body=300)
+        async with served(small) as s:
+            s.swarm.answer.set()
+            client = await s.client()
+            await send(client, "x" * 400, config=push_config(s.hook.url), immediately=False)
+            await small.wait_idle()
+            sent = states(s.hook.bodies())
+            assert sent == ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"], sent
+            assert small.statistics()["too_large"] == 2  # the task and the artifact
 
     run(main)
 
