@@ -15,9 +15,13 @@ alone at the end.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +39,26 @@ settings.register_profile(
     deadline=None,
 )
 settings.load_profile("shared-machine")
+
+
+def _cache_bytecode_outside_the_tree() -> None:
+    """With PYTHONDONTWRITEBYTECODE set (no ``__pycache__`` in the checkout), every
+    interpreter the suite starts (each daemon, each ``p2pnode`` command) would compile the
+    whole package from source again: about half a second of CPU per process. Instead the
+    compiled modules go to one temporary directory for the run (PYTHONPYCACHEPREFIX),
+    shared by this process, the xdist workers and every process they start, and removed
+    at the end. What any test runs is the same code; only its compilation is shared."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return  # bytecode is cached already (in the tree), or a parent run set this up
+    prefix = tempfile.mkdtemp(prefix="p2pnode-test-bytecode-")
+    atexit.register(shutil.rmtree, prefix, ignore_errors=True)
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    sys.pycache_prefix = prefix
+    sys.dont_write_bytecode = False
+
+
+_cache_bytecode_outside_the_tree()
 
 #: What a fast test may not call: (owner, attribute, description).
 GUARDED: tuple[tuple[Any, str, str], ...] = (
