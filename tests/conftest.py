@@ -121,6 +121,11 @@ GROUPS: dict[str, str] = {
     "tests/test_conn_limits.py::test_junk_connection_floods_do_not_grow_the_daemon": "floods",
     "tests/dht/test_flood_loopback.py": "floods",
     "tests/test_hostile_processes.py::test_more_connections_than_file_descriptors": "floods",
+    # Both fuzz the CRDT decoders with the same large signed seeds (scripts/fuzz_seeds.py
+    # bulk_crdt_seeds, cached per process), which take seconds of CPU to build: on one
+    # worker they are built once.
+    "tests/test_fuzz.py::test_entry_point_holds[crdt.delta]": "crdt-seeds",
+    "tests/test_fuzz.py::test_entry_point_holds[crdt.sealed]": "crdt-seeds",
 }
 
 #: The longest tests (a parallel run's --durations on a loaded 2-core machine: 40-190 s
@@ -166,3 +171,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.xdist_group(group))
     # Stable: each test not in FIRST keeps its order relative to the others.
     items.sort(key=lambda item: _rank(item.nodeid))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In an xdist worker, give each grouped test the ``@GROUP`` suffix of its node id by
+    which the scheduler keeps a group on one worker.
+
+    pytest-xdist writes that suffix to ``item._nodeid``, which pytest 9.2 no longer reads
+    (an item's id is ``item._id``): without this every group would be scattered over the
+    workers like any other test. Runs before the worker reports its collection; a no-op
+    where xdist's own suffix took effect."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for item in session.items:
+        names = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        suffix = "@" + "_".join(sorted(names))
+        node_id = getattr(item, "_id", None)
+        if names and node_id is not None and not item.nodeid.endswith(suffix):
+            item._id = type(node_id).parse(item.nodeid + suffix)
