@@ -238,3 +238,47 @@ async def test_find_leaves_out_a_dead_owner_it_never_had_a_channel_to(autojump_c
         assert card is not None and not card.is_expired(virtual_ms())  # not by its lifetime
         for stop in stops:
             stop.set()
+
+
+async def test_a_request_by_capability_in_flight_moves_on_when_its_provider_dies(
+    autojump_clock: Any,
+) -> None:
+    # The request reached svc-a, whose device then dies without a word: once the asker's
+    # channel to it is lost for good, the request goes to svc-b instead of failing.
+    sim = SimNetwork(random.Random(26))
+    working = trio.Event()
+
+    async def slow(envelope: Envelope) -> Any:
+        working.set()
+        await trio.sleep(600)
+        return {"by": envelope.recipient}
+
+    async with AsyncExitStack() as stack:
+        _, boot = await start_seed(stack, sim, "hub")
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        doomed_host, stop_a, stop_b = sim.add_host(), trio.Event(), trio.Event()
+        doomed: Node = await nursery.start(run_node, doomed_host, key(80), boot, stop_a)
+        await doomed.add_agent("svc-a", slow, capabilities=(SUMMARIZE,))
+        await doomed.join()
+        asker = await stack.enter_async_context(dht_node(sim.add_host(), key(5), boot))
+        await asker.add_agent("asker", echo)
+        await asker.join()
+        replies: list[Envelope] = []
+
+        async def ask() -> None:
+            replies.append(
+                await asker.request("asker", SUMMARIZE.id, None, capability=True, timeout=120)
+            )
+
+        nursery.start_soon(ask)
+        await working.wait()
+        other: Node = await nursery.start(run_node, sim.add_host(), key(81), boot, stop_b)
+        await other.add_agent("svc-b", echo, capabilities=(SUMMARIZE,))
+        await other.join()
+        sim.kill(doomed_host.host)
+        killed = trio.current_time()
+        await wait_until(lambda: replies, 60)
+        assert replies[0].sender == "svc-b"
+        assert trio.current_time() - killed < 30  # the channel's idle timeout, then redials
+        stop_a.set()
+        stop_b.set()

@@ -76,7 +76,13 @@ from p2pnode.node.policy import Policy
 from p2pnode.node.probe import probe
 from p2pnode.node.progress import ProgressCallback
 from p2pnode.node.router import BoundedSet, Interceptor, Router, RoutingResult
-from p2pnode.node.routing import Handler, LocalAgent, PendingRequest, Routing
+from p2pnode.node.routing import (
+    FAILOVER_ATTEMPTS,
+    Handler,
+    LocalAgent,
+    PendingRequest,
+    Routing,
+)
 from p2pnode.node.service import MethodServer, Service
 from p2pnode.transport.net import Address, Network, StreamListener
 from p2pnode.transport.secure import SecureIdentity
@@ -586,6 +592,9 @@ class Kernel(TaskOwner):
         at once when the recipient's peer leaves meanwhile (its link closed after failed
         redials), and what :meth:`send` raises. A request given up (timed out, or
         cancelled) to one agent is cancelled at its owner (p2pnode.node.callcancel).
+        A request by capability whose provider's peer leaves before it answered (no part
+        of an answer came) goes, as a new request, to another provider: at most
+        ``FAILOVER_ATTEMPTS`` more times.
         """
         meta = metadata
         if capability:
@@ -593,7 +602,29 @@ class Kernel(TaskOwner):
         wait = self.config.request_timeout if timeout is None else requested_wait(timeout)
         if timeout is not None:
             meta = dataclasses.replace(meta or Metadata(), deadline_ms=math.ceil(wait * 1000))
-        envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
+        # By capability a request names any provider: one whose node left before it answered
+        # (its channel lost, its redials failed: now unreachable) is replaced by another.
+        attempts = 1 + (FAILOVER_ATTEMPTS if capability and recipient != "*" else 0)
+        for attempt in range(attempts):
+            envelope = self.envelope(sender, recipient, MessageType.REQUEST, payload, metadata=meta)
+            pending = await self._request_once(envelope, wait, on_progress, capability)
+            left = pending.reply is None and pending.error is not None
+            if not left or pending.stream is not None or attempt == attempts - 1:
+                break
+            logger.debug("request %s: its provider left (%s); asking another", envelope.id,
+                         pending.error)  # fmt: skip
+        return _answer(pending, envelope.id, recipient)
+
+    async def _request_once(
+        self,
+        envelope: Envelope,
+        wait: float,
+        on_progress: ProgressCallback | None,
+        capability: bool,
+    ) -> PendingRequest:
+        """Send ``envelope`` and wait up to ``wait`` (idle) for its answer; the pending
+        request, answered, failed (its owner left) or not."""
+        recipient = envelope.recipient
         pending = self.routing.pending[envelope.id] = PendingRequest()
         pending.idle, pending.on_progress = wait, on_progress
         targets: tuple[str, ...] = ()
@@ -614,7 +645,7 @@ class Kernel(TaskOwner):
             if pending.reply is None and not gone and len(targets) == 1 and recipient != "*":
                 # Given up (timed out, or cancelled): the owner may cancel the handler.
                 self._cancel_abandoned(envelope, targets[0] if capability else recipient)
-        return _answer(pending, envelope.id, recipient)
+        return pending
 
     def _cancel_abandoned(self, request: Envelope, recipient: str) -> None:
         """Tell ``recipient``, the agent ``request`` went to, that its requester gave up
