@@ -93,16 +93,23 @@ texts = st.text(st.characters(codec="utf-8"), max_size=40)
 _TYPES = ("string", "integer", "number", "boolean", "array", "object", "null")
 
 
+#: An object schema's properties (built once: a strategy built at every draw is validated
+#: again at every draw).
+_properties = st.dictionaries(
+    st.from_regex(r"[a-z]{1,6}", fullmatch=True),
+    st.sampled_from(_TYPES).map(lambda t: {"type": t}),
+    max_size=3,
+)
+
+
+#: A call's arguments.
+_arguments = st.dictionaries(st.text(max_size=5), json_values, max_size=3)
+
+
 @st.composite
 def object_schemas(draw: st.DrawFn) -> dict[str, Any]:
     """An object schema with a few typed properties, some required."""
-    properties = draw(
-        st.dictionaries(
-            st.from_regex(r"[a-z]{1,6}", fullmatch=True),
-            st.sampled_from(_TYPES).map(lambda t: {"type": t}),
-            max_size=3,
-        )
-    )
+    properties = draw(_properties)
     schema: dict[str, Any] = {"type": "object", "properties": properties}
     if properties:
         required = draw(st.lists(st.sampled_from(sorted(properties)), unique=True))
@@ -211,7 +218,7 @@ def test_p19_a_call_runs_the_handler_of_that_tool_and_returns_its_result(
 
         catalog.add_tool(handler, name=name, input_schema={"type": "object"})
     chosen = data.draw(st.sampled_from(names))
-    arguments = data.draw(st.dictionaries(st.text(max_size=5), json_values, max_size=3))
+    arguments = data.draw(_arguments)
     answer = serve(catalog, TOOLS_CALL, {"name": chosen, "arguments": arguments})
     assert answer == {"structuredContent": {"tool": chosen, "got": arguments}}
     assert calls == [(chosen, arguments)]
@@ -415,6 +422,7 @@ def test_p21_a_loader_returning_what_is_not_content_is_the_owners_error() -> Non
 # -- Property 22: prompt templates ---------------------------------------------------------------
 
 placeholders = st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True)
+_placeholder_sets = st.lists(placeholders, max_size=5, unique=True)
 #: A piece of literal template text and what it renders as ("{{" is a brace).
 literals = st.lists(
     st.text(st.characters(codec="utf-8", exclude_characters="{}"), min_size=1, max_size=6).map(
@@ -428,7 +436,7 @@ literals = st.lists(
 @st.composite
 def templates(draw: st.DrawFn) -> tuple[str, list[str], dict[str, str], str]:
     """(template, its placeholders in order of first use, values, the rendered text)."""
-    names = draw(st.lists(placeholders, max_size=5, unique=True))
+    names = draw(_placeholder_sets)
     uses = names + (draw(st.lists(st.sampled_from(names), max_size=3)) if names else [])
     order = draw(st.permutations(uses))
     pieces = draw(st.lists(literals, min_size=len(order) + 1, max_size=len(order) + 1))
