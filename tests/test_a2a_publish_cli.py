@@ -20,6 +20,7 @@ import trio
 
 from p2pnode.cli import main as cli
 from p2pnode.cli.process import NodeProcess
+from p2pnode.core.errors import P2PError
 from tests.test_a2a_publish import Seen, Server
 
 #: Every wait gives up after this long.
@@ -174,6 +175,19 @@ async def test_a_published_server_answers_the_daemons_agents(
             assert answer["payload"] == "QUIET"
             direct = await node.call({**ask, "to": "weather", "capability": False})
             assert direct["payload"] == "quiet"  # no skill named: the server's default
+            # The node restarts (as a device does): the publisher attaches to it again.
+            address = node.address
+            await node.stop()
+            await node.start(nursery, None, listen=address)
+            with trio.fail_after(LIMIT * 2):
+                while True:  # until the publisher is attached again (bounded above)
+                    try:
+                        again = await node.call({**ask, "to": "shout", "capability": True})
+                        break
+                    except P2PError:
+                        await trio.sleep(0.2)
+            assert again["payload"] == "QUIET"
+            assert publish.returncode is None
             publish.send_signal(signal.SIGTERM)
             with trio.fail_after(LIMIT):
                 assert await publish.wait() == 0

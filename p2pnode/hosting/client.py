@@ -1007,6 +1007,68 @@ def _on_asyncio() -> bool:
         return False
 
 
+#: An attached agent whose node closed the connection (a restart) attaches again every
+#: REATTACH_DELAY seconds for up to REATTACH_WINDOW seconds (:func:`stay_attached`).
+REATTACH_DELAY = 1.0
+REATTACH_WINDOW = 300.0
+
+
+async def _attached_until(
+    agent: Agent, gone: anyio.Event, data_dir: Path | str | None, path: Path | str | None
+) -> bool:
+    """Host ``agent`` on the node until ``gone`` is set (False) or the node closes the
+    connection (True)."""
+    async with (
+        AgentClient(agent, data_dir=data_dir, path=path) as client,
+        anyio.create_task_group() as tasks,
+    ):
+        closed: list[bool] = []
+
+        async def node_closed() -> None:
+            await client.wait_closed()
+            closed.append(True)
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(node_closed)
+        await gone.wait()
+        tasks.cancel_scope.cancel()
+    return bool(closed)
+
+
+async def stay_attached(
+    agent: Agent,
+    gone: anyio.Event,
+    *,
+    data_dir: Path | str | None = None,
+    path: Path | str | None = None,
+    reattach_for: float = REATTACH_WINDOW,
+) -> None:
+    """Host ``agent`` on the node of ``data_dir`` (or socket ``path``) until ``gone`` is
+    set; detaching withdraws it. A node that closes the connection (it is restarting) is
+    attached to again, every REATTACH_DELAY seconds, for up to ``reattach_for`` seconds.
+    Raises what :class:`AgentClient` raises on the first attach, and
+    LocalError(CHANNEL_CLOSED) when the node was not back in time."""
+    if not await _attached_until(agent, gone, data_dir, path):
+        return
+    logger.warning("%s: the node closed the agent's connection; attaching again", agent.id)
+    with anyio.move_on_after(reattach_for):
+        while not gone.is_set():  # bounded by reattach_for
+            await anyio.sleep(REATTACH_DELAY)
+            try:
+                closed = await _attached_until(agent, gone, data_dir, path)
+            except (P2PError, OSError) as exc:  # the node is not back yet
+                logger.debug("%s: attaching again: %s", agent.id, exc)
+                continue
+            if not closed:
+                return
+            logger.warning("%s: the node closed the agent's connection again", agent.id)
+    if not gone.is_set():
+        raise LocalError(
+            ErrorCode.CHANNEL_CLOSED,
+            f"the node closed the agent's connection and was not back within {reattach_for:g} s",
+        )
+
+
 def run_agent(
     agent: Agent,
     *,
@@ -1038,6 +1100,8 @@ def run_agent(
 
 
 __all__ = [
+    "REATTACH_DELAY",
+    "REATTACH_WINDOW",
     "AgentClient",
     "SharedDocs",
     "TaskHandle",
@@ -1047,4 +1111,5 @@ __all__ = [
     "op_to_json",
     "run_agent",
     "socket_path",
+    "stay_attached",
 ]

@@ -303,28 +303,12 @@ def host_in_aio_node(node: AioNode) -> Host:
 
 def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None = None) -> Host:
     """A host that attaches the agent to the node of ``data_dir`` (or its socket ``path``)
-    over ``agent.sock``; detaching withdraws it. Raises what
-    :class:`~p2pnode.hosting.client.AgentClient` raises, and LocalError(CHANNEL_CLOSED)
-    when the node closes the connection."""
-    from p2pnode.hosting.client import AgentClient
+    over ``agent.sock``, and again after the node restarts; detaching withdraws it
+    (:func:`~p2pnode.hosting.client.stay_attached`)."""
+    from p2pnode.hosting.client import stay_attached
 
     async def host(agent: Agent, withdraw: anyio.Event) -> None:
-        ended: list[bool] = []
-        async with (
-            AgentClient(agent, data_dir=data_dir, path=path) as client,
-            anyio.create_task_group() as tasks,
-        ):
-
-            async def node_closed() -> None:
-                await client.wait_closed()
-                ended.append(True)
-                tasks.cancel_scope.cancel()
-
-            tasks.start_soon(node_closed)
-            await withdraw.wait()
-            tasks.cancel_scope.cancel()
-        if ended:
-            raise LocalError(ErrorCode.CHANNEL_CLOSED, "the node closed the agent's connection")
+        await stay_attached(agent, withdraw, data_dir=data_dir, path=path)
 
     return host
 

@@ -67,10 +67,6 @@ Host = Callable[[Agent, anyio.Event], Awaitable[None]]
 START_TIMEOUT = 30.0
 #: Seconds withdrawing an agent from a node may take.
 WITHDRAW_TIMEOUT = 5.0
-#: An attached publisher whose node closed the connection (a restart) attaches again
-#: every REATTACH_DELAY seconds for up to REATTACH_WINDOW seconds.
-REATTACH_DELAY = 1.0
-REATTACH_WINDOW = 300.0
 
 
 class ChildState(enum.Enum):
@@ -357,65 +353,19 @@ class ChildServers:
             task_status.started()
 
 
-def host_attached(
-    data_dir: Path | str | None = None,
-    *,
-    path: Path | str | None = None,
-    reattach_for: float = REATTACH_WINDOW,
-) -> Host:
+def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None = None) -> Host:
     """A host that attaches the agent to the node of ``data_dir`` (or its socket ``path``)
-    over ``agent.sock``. A node that closes the connection (it is restarting) is attached
-    to again, every second or so, for up to ``reattach_for`` seconds. Raises what
-    :class:`~p2pnode.hosting.client.AgentClient` raises on the first attach, and
-    LocalError(CHANNEL_CLOSED) when the node did not come back in time."""
-    from p2pnode.hosting.client import AgentClient
-
-    async def attached(agent: Agent, gone: anyio.Event) -> bool:
-        """Host ``agent`` until ``gone``: False, or until the node closes: True."""
-        async with (
-            AgentClient(agent, data_dir=data_dir, path=path) as client,
-            anyio.create_task_group() as tasks,
-        ):
-            ended: list[bool] = []
-
-            async def node_closed() -> None:
-                await client.wait_closed()
-                ended.append(True)
-                tasks.cancel_scope.cancel()
-
-            tasks.start_soon(node_closed)
-            await gone.wait()
-            tasks.cancel_scope.cancel()
-        return bool(ended)
+    over ``agent.sock``, and again after the node restarts
+    (:func:`~p2pnode.hosting.client.stay_attached`)."""
+    from p2pnode.hosting.client import stay_attached
 
     async def host(agent: Agent, gone: anyio.Event) -> None:
-        if not await attached(agent, gone):
-            return
-        logger.warning("%s: the node closed the agent's connection; attaching again", agent.id)
-        with anyio.move_on_after(reattach_for):
-            while not gone.is_set():  # bounded by reattach_for
-                await anyio.sleep(REATTACH_DELAY)
-                try:
-                    closed = await attached(agent, gone)
-                except (P2PError, OSError) as exc:  # the node is not back yet
-                    logger.debug("%s: attaching again: %s", agent.id, describe(exc))
-                    continue
-                if not closed:
-                    return
-                logger.warning("%s: the node closed the agent's connection again", agent.id)
-        if not gone.is_set():
-            raise LocalError(
-                ErrorCode.CHANNEL_CLOSED,
-                f"the node closed the agent's connection and was not back within "
-                f"{reattach_for:g} s",
-            )
+        await stay_attached(agent, gone, data_dir=data_dir, path=path)
 
     return host
 
 
 __all__ = [
-    "REATTACH_DELAY",
-    "REATTACH_WINDOW",
     "START_TIMEOUT",
     "WITHDRAW_TIMEOUT",
     "ChildServer",
