@@ -177,67 +177,70 @@ async def test_a_live_owner_keeps_its_id_against_a_new_claimant(autojump_clock: 
             assert [c.peer_id for c in chosen] == [owner.peer_id]
 
 
-async def test_a_request_by_capability_fails_over_from_a_dead_provider(
-    autojump_clock: Any,
-) -> None:
-    sim = SimNetwork(random.Random(24))
+@dataclasses.dataclass
+class Providers:
+    """Two nodes offering SUMMARIZE (``svc-a``, ``svc-b``) and a node asking for it."""
+
+    sim: SimNetwork
+    hosts: list[SimHost]
+    nodes: list[Node]
+    asker: Node
+
+
+@asynccontextmanager
+async def two_providers(seed: int, first_key: int, asker_key: int) -> AsyncIterator[Providers]:
+    sim = SimNetwork(random.Random(seed))
     async with AsyncExitStack() as stack:
         _, boot = await start_seed(stack, sim, "hub")
         hosts = [sim.add_host(), sim.add_host()]
         nursery = await stack.enter_async_context(trio.open_nursery())
         stops = [trio.Event(), trio.Event()]
-        providers: list[Node] = []
+        nodes: list[Node] = []
         for n, (host, stop) in enumerate(zip(hosts, stops, strict=True)):
-            provider: Node = await nursery.start(run_node, host, key(60 + n), boot, stop)
+            provider: Node = await nursery.start(run_node, host, key(first_key + n), boot, stop)
             await provider.add_agent(f"svc-{'ab'[n]}", echo, capabilities=(SUMMARIZE,))
             await provider.join()
-            providers.append(provider)
-        asker = await stack.enter_async_context(dht_node(sim.add_host(), key(3), boot))
+            nodes.append(provider)
+        asker = await stack.enter_async_context(dht_node(sim.add_host(), key(asker_key), boot))
         await asker.add_agent("asker", echo)
         await asker.join()
+        try:
+            yield Providers(sim, hosts, nodes, asker)
+        finally:
+            for stop in stops:
+                stop.set()
+
+
+async def test_a_request_by_capability_fails_over_from_a_dead_provider(
+    autojump_clock: Any,
+) -> None:
+    async with two_providers(24, 60, 3) as world:
+        asker = world.asker
         # The asker learns both cards from the DHT (as find does, without its dials).
         for card in await asker.discovery.find_providers(SUMMARIZE.id):
             asker.routing.cards.learn(card)
         assert sorted(c.id for c in asker.registry.find_by_capability(SUMMARIZE.id)) == [
             "svc-a", "svc-b"
         ]
-        assert asker.links.get(providers[0].peer_id) is None  # never met: nothing to notice
-        sim.kill(hosts[0].host)  # svc-a's device dies without a word
+        assert asker.links.get(world.nodes[0].peer_id) is None  # never met: nothing to notice
+        world.sim.kill(world.hosts[0].host)  # svc-a's device dies without a word
         reply = await asker.request("asker", SUMMARIZE.id, None, capability=True)
         assert reply.sender == "svc-b"
         # Its owner is now known unreachable: find and routing leave it out.
         assert [c.id for c in await asker.find(SUMMARIZE.id)] == ["svc-b"]
         reply = await asker.request("asker", SUMMARIZE.id, None, capability=True)
         assert reply.sender == "svc-b"
-        for stop in stops:
-            stop.set()
 
 
 async def test_find_leaves_out_a_dead_owner_it_never_had_a_channel_to(autojump_clock: Any) -> None:
     # Its card is valid for minutes yet; find dials the owner and leaves it out.
-    sim = SimNetwork(random.Random(25))
-    async with AsyncExitStack() as stack:
-        _, boot = await start_seed(stack, sim, "hub")
-        hosts = [sim.add_host(), sim.add_host()]
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        stops = [trio.Event(), trio.Event()]
-        providers: list[Node] = []
-        for n, (host, stop) in enumerate(zip(hosts, stops, strict=True)):
-            provider: Node = await nursery.start(run_node, host, key(70 + n), boot, stop)
-            await provider.add_agent(f"svc-{'ab'[n]}", echo, capabilities=(SUMMARIZE,))
-            await provider.join()
-            providers.append(provider)
-        asker = await stack.enter_async_context(dht_node(sim.add_host(), key(4), boot))
-        await asker.add_agent("asker", echo)
-        await asker.join()
-        sim.kill(hosts[0].host)  # before the asker ever met it
+    async with two_providers(25, 70, 4) as world:
+        world.sim.kill(world.hosts[0].host)  # before the asker ever met it
         started = trio.current_time()
-        assert [c.id for c in await asker.find(SUMMARIZE.id)] == ["svc-b"]
+        assert [c.id for c in await world.asker.find(SUMMARIZE.id)] == ["svc-b"]
         assert trio.current_time() - started < 5.0
-        card = asker.registry.get("svc-a")
-        assert card is not None and not card.is_expired(virtual_ms())  # not by its lifetime
-        for stop in stops:
-            stop.set()
+        card = world.asker.registry.get("svc-a")
+        assert not card.is_expired(virtual_ms())  # not by its lifetime
 
 
 async def test_a_request_by_capability_in_flight_moves_on_when_its_provider_dies(
