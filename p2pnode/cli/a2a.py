@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -187,6 +186,7 @@ def cmd_a2a_publish(args: argparse.Namespace) -> int:
 
     require_sdk()
     from p2pnode.bridges.a2a.supervise import PublishSpec, ServerPublisher, host_attached
+    from p2pnode.hosting.client import cancel_on_signal
 
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="p2pnode a2a: %(levelname)s %(message)s"
@@ -202,12 +202,6 @@ def cmd_a2a_publish(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with anyio.create_task_group() as tasks:
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        tasks.cancel_scope.cancel()
-                        return
-
             async def announce() -> None:
                 agent = await publisher.wait_published()
                 print(json.dumps({"event": "published", "agent": agent.id, "url": url,
@@ -221,7 +215,7 @@ def cmd_a2a_publish(args: argparse.Namespace) -> int:
                         agent.id,
                     )
 
-            tasks.start_soon(stop_on_signal)
+            tasks.start_soon(cancel_on_signal, tasks.cancel_scope)
             tasks.start_soon(announce)
             await publisher.run()
         return 0

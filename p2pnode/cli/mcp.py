@@ -23,7 +23,6 @@ import argparse
 import json
 import logging
 import shlex
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -231,6 +230,7 @@ def cmd_mcp_publish(args: argparse.Namespace) -> int:
 
     require_sdk()
     from p2pnode.bridges.mcp.supervise import ChildServer, ServerSpec, host_attached
+    from p2pnode.hosting.client import cancel_on_signal
 
     _configure_logging(args.log_level)
     spec = ServerSpec(
@@ -252,12 +252,6 @@ def cmd_mcp_publish(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with anyio.create_task_group() as tasks:
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        tasks.cancel_scope.cancel()
-                        return
-
             async def announce() -> None:
                 agent = await child.wait_published()
                 print(json.dumps({"event": "published", "agent": agent.id,
@@ -266,7 +260,7 @@ def cmd_mcp_publish(args: argparse.Namespace) -> int:
                                   "prompts": sorted(agent.catalog.prompts)}),
                       flush=True)  # fmt: skip
 
-            tasks.start_soon(stop_on_signal)
+            tasks.start_soon(cancel_on_signal, tasks.cancel_scope)
             tasks.start_soon(announce)
             await child.run()
         return 0

@@ -1069,6 +1069,15 @@ async def stay_attached(
         )
 
 
+async def cancel_on_signal(scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` at the first SIGINT or SIGTERM: how an agent process or a
+    publisher stops (it detaches, and the node withdraws its agent)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
 def run_agent(
     agent: Agent,
     *,
@@ -1086,13 +1095,7 @@ def run_agent(
             anyio.create_task_group() as tasks,
         ):
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        tasks.cancel_scope.cancel()
-                        return
-
-            tasks.start_soon(stop_on_signal)
+            tasks.start_soon(cancel_on_signal, tasks.cancel_scope)
             await client.wait_closed()
             tasks.cancel_scope.cancel()
 
@@ -1107,6 +1110,7 @@ __all__ = [
     "TaskHandle",
     "Tasks",
     "Tools",
+    "cancel_on_signal",
     "card_template",
     "op_to_json",
     "run_agent",
