@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-import p2pnode.cli.node
+import p2pnode.runtime
 from p2pnode.cli.datalock import LOCK_FILE_NAME, hold_data_dir
 from p2pnode.cli.main import main
 from p2pnode.core.errors import ErrorCode, LocalError
@@ -153,7 +153,8 @@ def test_an_unexpected_exception_is_one_line_with_the_traceback_at_debug(
     monkeypatch: pytest.MonkeyPatch,
     level: str,
 ) -> None:
-    monkeypatch.setattr(p2pnode.cli.node, "open_node", _broken_node)
+    # `run` imports open_node from the runtime when it runs (the CLI loads it lazily).
+    monkeypatch.setattr(p2pnode.runtime, "open_node", _broken_node)
     code, out, err = _run(capsys, "--data-dir", str(tmp_path), "run", "--log-level", level)
     assert code == 1
     assert out == ""
