@@ -59,7 +59,16 @@ async def _serve(
         await node.join()
         ready.put(ip)
         # Until the fixture's teardown (bounded, should it never come).
-        await trio.to_thread.run_sync(stop.wait, 10 * STEP)
+        await _until(stop, 10 * STEP)
+
+
+async def _until(event: threading.Event, limit: float) -> None:
+    """Wait for ``event``, at most ``limit`` seconds, by polling: never in a trio worker
+    thread, which trio caches process-wide and which would keep this thread's network
+    namespace (a later test's process started from it would be born in the lab)."""
+    with trio.move_on_after(limit):
+        while not event.is_set():  # noqa: ASYNC110 (a thread sets it: no trio.Event)
+            await trio.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +112,7 @@ async def _check(
                 lambda: all(node.registry.find(f"pub{i}") for i in range(CHECKERS)), STEP
             )
             results.put((name, await node.check_reachability()))
-            await trio.to_thread.run_sync(done.wait, 3 * STEP)  # set once all answered
+            await _until(done, 3 * STEP)  # set once all answered
     except Exception as exc:
         results.put((name, exc))
 
