@@ -40,6 +40,7 @@ from starlette.applications import Starlette
 
 from p2pnode.agent.definition import Agent
 from p2pnode.agent.definition import Message as AgentMessage
+from p2pnode.agent.tools import Access, Caller
 from p2pnode.bridges.a2a.gateway import SCHEMAS_EXTENSION as GATEWAY_EXTENSION
 from p2pnode.bridges.a2a.gateway import card_document
 from p2pnode.bridges.a2a.mapping import (
@@ -517,11 +518,12 @@ def test_a_server_speaking_http_json_only_is_called_through_it() -> None:
 
 def test_only_the_allowed_agents_reach_the_server() -> None:
     client = FakeClient([StreamResponse(task=task(TaskState.TASK_STATE_COMPLETED, "ok"))])
-    forwarder = Forwarder(client, allow_agents=frozenset({"friend"}))  # type: ignore[arg-type]
+    forwarder = Forwarder(client, access=Access(agents=["friend"]))  # type: ignore[arg-type]
     handler = forwarder.handler("s")
 
     def asked_by(sender: str) -> AgentMessage:
-        return AgentMessage(Envelope("e1", sender, "mock", MessageType.REQUEST, 1, "hi"))
+        envelope = Envelope("e1", sender, "mock", MessageType.REQUEST, 1, "hi")
+        return AgentMessage(envelope, Caller(sender, "peer", 3, None))
 
     assert anyio.run(handler, asked_by("friend")) == "ok"
     with pytest.raises(RemoteError) as refused:

@@ -66,10 +66,14 @@ class Message:
     """What a handler receives: one envelope addressed to the agent.
 
     ``sender`` is authenticated: the node checked that the sending agent's
-    signed card belongs to the peer the envelope came from.
+    signed card belongs to the peer the envelope came from. ``caller`` is the
+    sender as the hosting node authenticated it (its card's tier, sandbox and
+    peer, its endorsed roles), when the node said: a request to an agent
+    attached over ``agent.sock`` always carries it; None otherwise.
     """
 
     envelope: Envelope
+    caller: Caller | None = None
 
     @property
     def payload(self) -> Any:
@@ -403,7 +407,7 @@ class Agent:
             # An agent with no catalog but one handler of everything (a bridge, or an
             # agent being withdrawn) answers MCP methods itself.
             return await self._serve_catalog(asked, envelope.payload, caller)
-        message = Message(envelope)
+        message = Message(envelope, caller)
         route = self._requests.get(asked) or self._fallback_route()
         if route is None:
             what = f"does not offer {asked!r}" if asked else "takes requests for a capability"

@@ -12,7 +12,8 @@ loopback only, and every request must carry the bearer token it writes to
 URL and attaches agent ID, offering its skills, to the node of ``--data-dir``
 over ``agent.sock`` (as ``mcp publish`` does); each request to ID becomes one
 A2A message to the server. It runs until SIGINT or SIGTERM, withdrawing the
-agent while the server is gone (p2pnode.bridges.a2a.supervise).
+agent while the server is gone (p2pnode.bridges.a2a.supervise). Its
+``--allow-*`` options are ``mcp publish``'s (p2pnode.cli.options.access_rule).
 
 Registering the commands needs no SDK; running one does, and without it the
 command fails with one line naming the extra (``pip install 'p2pnode[a2a]'``).
@@ -31,7 +32,13 @@ from typing import Any
 import anyio
 
 from p2pnode.cli.datalock import hold_data_dir
-from p2pnode.cli.options import add_log_level
+from p2pnode.cli.options import (
+    access_rule,
+    add_allow_options,
+    add_log_level,
+    allow_rules,
+    warn_open,
+)
 from p2pnode.core.envelope import Envelope
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import default_data_dir, load_or_create_identity
@@ -171,9 +178,10 @@ def _run_async(main: Callable[[], Awaitable[int]]) -> int:
 
 def cmd_a2a_publish(args: argparse.Namespace) -> int:
     """``p2pnode a2a publish``: returns 0 after SIGINT or SIGTERM. Raises LocalError:
-    INVALID_ARGUMENT for a bad URL, agent id or interval, CONFIG_ERROR without the SDK,
-    the first card read's code when it fails (INVALID_CARD, AGENT_UNAVAILABLE, TIMEOUT,
-    MESSAGE_TOO_LARGE), and what attaching to the node raises."""
+    INVALID_ARGUMENT for a bad URL, agent id, interval or --allow-* rule, CONFIG_ERROR
+    without the SDK, the first card read's code when it fails (INVALID_CARD,
+    AGENT_UNAVAILABLE, TIMEOUT, MESSAGE_TOO_LARGE), and what attaching to the node
+    raises."""
     url = server_url(args.url)
     if not args.agent_id:
         raise LocalError(ErrorCode.INVALID_ARGUMENT, "an agent id is required")
@@ -182,6 +190,7 @@ def cmd_a2a_publish(args: argparse.Namespace) -> int:
             ErrorCode.INVALID_ARGUMENT,
             "--timeout and --poll are more than 0 and at most 86400 seconds",
         )
+    access = access_rule(allow_rules(args))
     from p2pnode.bridges.a2a import require_sdk
 
     require_sdk()
@@ -193,9 +202,8 @@ def cmd_a2a_publish(args: argparse.Namespace) -> int:
     )
     # httpx logs each request at INFO: a card read every --poll seconds is no news.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    allowed = frozenset(args.allow_agent) if args.allow_agent else None
     spec = PublishSpec(url, args.agent_id, tier=args.tier, sandbox=args.sandbox,
-                       allow_agents=allowed, call_timeout=args.timeout, poll=args.poll)  # fmt: skip
+                       access=access, call_timeout=args.timeout, poll=args.poll)  # fmt: skip
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     publisher = ServerPublisher(spec, host_attached(data_dir))
 
@@ -207,13 +215,8 @@ def cmd_a2a_publish(args: argparse.Namespace) -> int:
                 print(json.dumps({"event": "published", "agent": agent.id, "url": url,
                                   "capabilities": [c.id for c in agent.capabilities]}),
                       flush=True)  # fmt: skip
-                if allowed is None:
-                    logger.warning(
-                        "%s: no --allow-agent: any agent the node's policy lets send %s a "
-                        "request may use the A2A server",
-                        agent.id,
-                        agent.id,
-                    )
+                if access is None:
+                    warn_open(logger, agent.id, "the A2A server")
 
             tasks.start_soon(cancel_on_signal, tasks.cancel_scope)
             tasks.start_soon(announce)
@@ -231,16 +234,16 @@ def _add_publish(a2a_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "/.well-known/agent-card.json, or URL itself when it ends in .json) and attach "
         "agent --agent-id to the node of --data-dir: each skill is a capability, each "
         "request one A2A message to the server. The agent is withdrawn while the server "
-        "is gone and published again when it returns or its card changes.",
+        "is gone and published again when it returns or its card changes. The --allow-* "
+        "options restrict who may use it (every kind given must hold; the caller is who "
+        "the node authenticated: its signed card, its peer, its endorsed roles); without "
+        "one, any agent the node's policy lets send the agent a request may.",
     )
     publish.add_argument("url", metavar="URL", help="the A2A server's http(s) URL")
     publish.add_argument("--agent-id", required=True, help="the agent the server becomes")
     options: list[tuple[str, dict[str, Any]]] = [
         ("--tier", {"type": int, "choices": range(4), "default": 3, "help": "its tier 0-3"}),
         ("--sandbox", {"help": "its sandbox id"}),
-        ("--allow-agent", {"action": "append", "metavar": "AGENT",
-                           "help": "a caller agent id that may use the server (repeatable; "
-                           "default: any the node's policy lets in)"}),
         ("--timeout", {"type": float, "default": 30.0, "metavar": "SECONDS",
                        "help": "how long a message waits for the server when the request "
                        "has no deadline (default 30)"}),
@@ -249,6 +252,7 @@ def _add_publish(a2a_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     ]  # fmt: skip
     for flag, kwargs in options:
         publish.add_argument(flag, **kwargs)
+    add_allow_options(publish)
     add_log_level(publish, "INFO")
     publish.set_defaults(handler=cmd_a2a_publish)
 

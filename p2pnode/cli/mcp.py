@@ -24,15 +24,20 @@ import json
 import logging
 import shlex
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from p2pnode.agent.definition import Agent
-from p2pnode.agent.tools import Access
-from p2pnode.cli.options import add_log_level
+from p2pnode.cli.options import (
+    access_rule,
+    add_allow_options,
+    add_log_level,
+    allow_rules,
+    warn_open,
+)
 from p2pnode.core.cardfile import read_card_file
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError
 from p2pnode.core.identity import Identity, default_data_dir
@@ -45,40 +50,10 @@ logger = logging.getLogger("p2pnode.mcp")
 
 #: The agent ``mcp serve`` attaches as, unless told otherwise.
 DEFAULT_SERVE_AGENT = "mcp-client"
-_ALLOW_KINDS = ("tier", "sandbox", "agent", "peer", "role")
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
     return Path(args.data_dir) if args.data_dir else default_data_dir()
-
-
-# -- options shared by the commands -------------------------------------------------------------
-
-
-def access_rule(rules: Sequence[tuple[str, str]]) -> Access | None:
-    """The Access of ``(kind, value)`` rules (kinds: tier, sandbox, agent, peer, role);
-    None when there are none. Raises LocalError(INVALID_ARGUMENT) for a bad one."""
-    if not rules:
-        return None
-    given: dict[str, list[str]] = {}
-    for kind, value in rules:
-        if kind not in _ALLOW_KINDS or not value:
-            raise LocalError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"bad access rule {kind}={value!r}: KIND=VALUE, KIND one of "
-                f"{', '.join(_ALLOW_KINDS)}",
-            )
-        given.setdefault(kind, []).append(value)
-    tiers = given.get("tier")
-    if tiers is not None and not all(t in ("0", "1", "2", "3") for t in tiers):
-        raise LocalError(ErrorCode.INVALID_ARGUMENT, "an allowed tier is 0, 1, 2 or 3")
-    return Access(
-        tiers=[int(t) for t in tiers] if tiers is not None else None,
-        sandboxes=given.get("sandbox"),
-        agents=given.get("agent"),
-        peers=given.get("peer"),
-        roles=given.get("role"),
-    )
 
 
 def _check_agent_id(agent_id: str) -> str:
@@ -210,13 +185,6 @@ def _loopback_address(value: str) -> tuple[str, int]:
 # -- mcp publish --------------------------------------------------------------------------------
 
 
-def _publish_rules(args: argparse.Namespace) -> list[tuple[str, str]]:
-    rules: list[tuple[str, str]] = []
-    for kind in _ALLOW_KINDS:
-        rules += [(kind, str(v)) for v in getattr(args, f"allow_{kind}") or ()]
-    return rules
-
-
 def cmd_mcp_publish(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -225,7 +193,7 @@ def cmd_mcp_publish(args: argparse.Namespace) -> int:
         raise LocalError(
             ErrorCode.INVALID_ARGUMENT, "give the server's command after --: publish ... -- CMD"
         )
-    access = access_rule(_publish_rules(args))
+    access = access_rule(allow_rules(args))
     from p2pnode.bridges.mcp import require_sdk
 
     require_sdk()
@@ -241,12 +209,7 @@ def cmd_mcp_publish(args: argparse.Namespace) -> int:
         access=access,
     )
     if access is None:
-        logger.warning(
-            "%s: no --allow-* rule: any agent the node's policy lets send %s a request may "
-            "use what the server offers",
-            spec.agent_id,
-            spec.agent_id,
-        )
+        warn_open(logger, spec.agent_id, "what the server offers")
     child = ChildServer(spec, host_attached(_data_dir(args)))
 
     async def main() -> int:
@@ -364,15 +327,7 @@ def add_mcp_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     publish.add_argument("--agent-id", required=True, help="the agent the server becomes")
     publish.add_argument("--tier", type=int, choices=range(4), default=3, help="tier 0-3")
     publish.add_argument("--sandbox", help="sandbox id of the agent")
-    for kind, what in (("tier", "a caller tier (0-3)"), ("sandbox", "a caller sandbox"),
-                       ("agent", "a caller agent id"), ("peer", "a caller's peer id"),
-                       ("role", "a role the swarm authority endorsed")):  # fmt: skip
-        publish.add_argument(
-            f"--allow-{kind}",
-            action="append",
-            metavar=kind.upper(),
-            help=f"allow {what} (repeatable; every kind given must hold)",
-        )
+    add_allow_options(publish)
     add_log_level(publish, "INFO")
     publish.add_argument("command", nargs=argparse.REMAINDER, help="the server's command")
     publish.set_defaults(handler=cmd_mcp_publish)

@@ -21,6 +21,12 @@ Theory of operation:
   (else ``call_timeout``) bounds the whole call and is the HTTP timeout. A call
   cancelled (its caller gave up, or its deadline passed) sends ``CancelTask``
   for the task the server opened, bounded by CANCEL_TIMEOUT.
+* Who may call: the :class:`~p2pnode.agent.tools.Access` rule of ``--allow-*``
+  (the one ``mcp publish`` gives its tools), checked before anything is sent
+  against the :class:`~p2pnode.agent.tools.Caller` the owner's node
+  authenticated (``message.caller``: the sender's signed card, the peer it
+  came from, the roles the swarm authority endorsed), never against what the
+  request claims. A refusal is ``PERMISSION_DENIED`` and the server is not asked.
 * Every HTTP call is bounded: a timeout, and response bodies of at most
   MAX_BODY_BYTES (:class:`BoundedTransport`; a card MAX_CARD_BYTES). Whatever
   the SDK or httpx raises is translated at this boundary (:func:`error_of`):
@@ -66,6 +72,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
 from p2pnode.agent.definition import Agent
 from p2pnode.agent.definition import Message as AgentMessage
+from p2pnode.agent.tools import Access, Caller
 from p2pnode.agent.toolschema import schema_checker
 from p2pnode.bridges.a2a.mapping import (
     INTERRUPTED_STATES,
@@ -402,30 +409,49 @@ def _request_of(payload: Any, skill_id: str | None) -> SendMessageRequest:
 class Forwarder:
     """Sends the swarm's requests to the server through ``client`` (see the module
     docstring). ``unreachable()`` is called when a call finds the server gone, so its
-    supervisor looks at once. Only the agents in ``allow_agents`` (None: any) may call."""
+    supervisor looks at once. Only the callers ``access`` lets in (None: any) may call;
+    ``callers`` names the sender of a request its node passed no caller with (a node
+    hosting the agent in process)."""
 
     def __init__(
         self,
         client: Client,
         *,
         call_timeout: float = CALL_TIMEOUT,
-        allow_agents: frozenset[str] | None = None,
+        access: Access | None = None,
+        callers: Callable[[str], Caller | None] | None = None,
         unreachable: Callable[[], None] = lambda: None,
     ) -> None:
         self.client = client
         self.call_timeout = call_timeout
-        self.allow_agents = allow_agents
+        self.access = access
+        self._callers = callers
         self._unreachable = unreachable
+
+    def check(self, message: AgentMessage, skill_id: str | None) -> None:
+        """Raise RemoteError(PERMISSION_DENIED) unless the access rule lets the sender of
+        ``message`` use the server (as ``Catalog`` refuses a tool)."""
+        access = self.access
+        if access is None or access.is_open():
+            return
+        caller = message.caller
+        if caller is None and self._callers is not None:
+            caller = self._callers(message.sender)
+        refusal = access.refusal(caller)
+        if refusal is None:
+            return
+        who = caller.agent_id if caller is not None else "an unknown caller"
+        what = f"skill {skill_id!r} of the A2A server" if skill_id else "the A2A server"
+        logger.warning("refused %s (sender %r): %s", what, message.sender, refusal)
+        raise RemoteError(
+            ErrorCode.PERMISSION_DENIED, f"{who} may not use {what}: {refusal}", caller=who
+        )
 
     def handler(self, skill_id: str | None) -> Callable[[AgentMessage], Awaitable[Any]]:
         """The request handler of skill ``skill_id`` (None: no skill named)."""
 
         async def forward(message: AgentMessage) -> Any:
-            if self.allow_agents is not None and message.sender not in self.allow_agents:
-                raise RemoteError(
-                    ErrorCode.PERMISSION_DENIED,
-                    f"agent {message.sender!r} may not use this A2A server",
-                )
+            self.check(message, skill_id)
             meta = message.envelope.metadata
             deadline = meta.deadline_ms if meta is not None else None
             seconds = deadline / 1000 if deadline else self.call_timeout

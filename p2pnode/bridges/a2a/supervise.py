@@ -43,6 +43,7 @@ import anyio
 import httpx
 
 from p2pnode.agent.definition import Agent
+from p2pnode.agent.tools import Access, Caller
 from p2pnode.bridges.a2a.publish import (
     CALL_TIMEOUT,
     CARD_TIMEOUT,
@@ -95,14 +96,14 @@ TRANSITIONS: Final[Mapping[ServerState, frozenset[ServerState]]] = {
 @dataclass(frozen=True, slots=True)
 class PublishSpec:
     """What to publish and how: the A2A server at ``url`` as agent ``agent_id`` (with
-    ``tier`` and ``sandbox``), used only by ``allow_agents`` (None: any agent the node's
-    policy lets send it a request)."""
+    ``tier`` and ``sandbox``), used only by the callers ``access`` lets in (None: any
+    agent the node's policy lets send it a request)."""
 
     url: str
     agent_id: str
     tier: int = 3
     sandbox: str | None = None
-    allow_agents: frozenset[str] | None = None
+    access: Access | None = None
     call_timeout: float = CALL_TIMEOUT
     card_timeout: float = CARD_TIMEOUT
     poll: float = POLL
@@ -129,11 +130,17 @@ def _leaf(exc: BaseException) -> BaseException:
 class ServerPublisher:
     """Keeps ``spec``'s A2A server published through ``host`` (see the module
     docstring). ``transport`` is the HTTP transport under the bounds (tests give an
-    in-process one). Raises LocalError(INVALID_ARGUMENT) for intervals that are not
-    positive."""
+    in-process one); ``callers`` tells who sent a request the host's node passed no
+    caller with (:func:`callers_in_aio_node` for :func:`host_in_aio_node`). Raises
+    LocalError(INVALID_ARGUMENT) for intervals that are not positive."""
 
     def __init__(
-        self, spec: PublishSpec, host: Host, *, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        spec: PublishSpec,
+        host: Host,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        callers: Callable[[str], Caller | None] | None = None,
     ) -> None:
         if not min(spec.poll, spec.retry, spec.call_timeout, spec.card_timeout) > 0:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "intervals and timeouts are positive")
@@ -146,6 +153,7 @@ class ServerPublisher:
         self.agent: Agent | None = None
         self.publications = 0
         self._transport = transport
+        self._callers = callers
         self._published = anyio.Event()
         self._wake = anyio.Event()
         self._next: CardRead | None = None
@@ -206,7 +214,8 @@ class ServerPublisher:
         forwarder = Forwarder(
             read.client,
             call_timeout=spec.call_timeout,
-            allow_agents=spec.allow_agents,
+            access=spec.access,
+            callers=self._callers,
             unreachable=self.nudge,
         )
         agent = publisher_agent(
@@ -301,6 +310,13 @@ def host_in_aio_node(node: AioNode) -> Host:
     return host
 
 
+def callers_in_aio_node(node: AioNode) -> Callable[[str], Caller | None]:
+    """Who sent a request to an agent ``node`` hosts, as the node authenticated it (the
+    sender's card in its registry, the roles its swarm authority endorsed): the node
+    passes its in-process agents no caller with a request for a capability."""
+    return node.node.tool_audit.caller_of
+
+
 def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None = None) -> Host:
     """A host that attaches the agent to the node of ``data_dir`` (or its socket ``path``)
     over ``agent.sock``, and again after the node restarts; detaching withdraws it
@@ -323,6 +339,7 @@ __all__ = [
     "PublishSpec",
     "ServerPublisher",
     "ServerState",
+    "callers_in_aio_node",
     "host_attached",
     "host_in_aio_node",
 ]

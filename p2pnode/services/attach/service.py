@@ -175,9 +175,12 @@ class Proposer(Protocol):
 
 
 class ForwardedAudit(Protocol):
-    """Records a use of an attached agent's tool when the process answers it."""
+    """Records a use of an attached agent's tool when the process answers it, and tells
+    who sent a request as the node authenticated it."""
 
     def answered(self, request: Envelope, type: MessageType, payload: Any) -> None: ...
+
+    def caller_of(self, agent_id: str) -> Caller | None: ...
 
 
 class AgentSocket:
@@ -306,6 +309,14 @@ class _Forwarder(Agent):
             checked = await super().handle(envelope, caller)
             if checked is not None and checked.type is MessageType.ERROR:
                 return checked
+            # Every request goes with its sender as the node authenticated it, for the
+            # process's own access rules (a published A2A server's, say).
+            audit = self._connection.audit
+            if caller is None and audit is not None:
+                caller = audit.caller_of(envelope.sender)
+            return self._connection.forward(
+                envelope, caller_to_plain(caller) if caller is not None else None
+            )
         return self._connection.forward(envelope)
 
 
@@ -315,6 +326,7 @@ class _Connection:
     def __init__(self, service: AgentSocket, stream: trio.SocketStream) -> None:
         self._service = service
         self._host = service.host
+        self.audit = service.audit  # who sent a forwarded request (None: nobody says)
         self._stream = stream
         self.session = AgentSession(service.limits)
         self.agent_id: str | None = None
@@ -509,8 +521,8 @@ class _Connection:
     def forward(
         self, envelope: Envelope, caller: dict[str, Any] | None = None
     ) -> AgentReply | None:
-        """Queue ``envelope`` (with an MCP request's ``caller``) for the process; a refused
-        request's error reply."""
+        """Queue ``envelope`` (with a request's authenticated ``caller``) for the process; a
+        refused request's error reply."""
         outcome = self.session.deliver(envelope, trio.current_time(), caller)
         if outcome is Delivery.QUEUED:
             self._kick()

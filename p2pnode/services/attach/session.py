@@ -498,7 +498,7 @@ class AgentSession:
         self, envelope: Envelope, now: float, caller: dict[str, Any] | None = None
     ) -> Delivery:
         """Queue ``envelope`` (addressed to the agent) as an ``envelope`` event; ``caller``
-        (an MCP request's authenticated caller) goes with it."""
+        (a request's authenticated caller) goes with it."""
         if self._state is not SessionState.ATTACHED:
             return Delivery.UNAVAILABLE
         is_request = envelope.type is MessageType.REQUEST

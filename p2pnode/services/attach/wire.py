@@ -224,7 +224,7 @@ def parse_card_template_untrusted(card: object) -> CardTemplate:
 
 
 def caller_to_plain(caller: Caller) -> dict[str, Any]:
-    """The ``caller`` of an ``envelope`` event carrying an MCP request."""
+    """The ``caller`` of an ``envelope`` event carrying a request."""
     return {
         "agentId": caller.agent_id,
         "peerId": caller.peer_id,

@@ -253,10 +253,7 @@ class ToolAudit:
         """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited;
         None when the agent forwarded it to its process (audited by :meth:`answered`)."""
         card = self._registry.find(envelope.sender)
-        caller = None
-        if card is not None:
-            cached = self._callers.get(id(card))
-            caller = cached[1] if cached is not None and cached[0] is card else self._caller(card)
+        caller = self._caller_of_card(card) if card is not None else None
         if method not in _USES:
             return await agent.handle(envelope, caller)
         perf = time.perf_counter()
@@ -275,6 +272,16 @@ class ToolAudit:
             return None
         self._record(agent.id, envelope, method, reply.type, reply.payload, perf, card)
         return reply
+
+    def caller_of(self, agent_id: str) -> Caller | None:
+        """Agent ``agent_id`` as a caller, from its card in the registry (None: no card);
+        what an attached agent process is told of who sent a request it is forwarded."""
+        card = self._registry.find(agent_id)
+        return self._caller_of_card(card) if card is not None else None
+
+    def _caller_of_card(self, card: AgentCard) -> Caller:
+        cached = self._callers.get(id(card))
+        return cached[1] if cached is not None and cached[0] is card else self._caller(card)
 
     def _caller(self, card: AgentCard) -> Caller:
         """The caller ``card`` stands for, built and cached (:meth:`serve` reads the cache)."""
