@@ -50,7 +50,7 @@ LIMIT = 10.0
 AGENT = "desk"
 AUTHORITY = Identity(bytes([200]) * 32)
 #: An agent of the asking node: its id, tier, roles and who endorsed them (None: nobody).
-Caller = tuple[str, int, tuple[str, ...], Identity | None]
+Asker = tuple[str, int, tuple[str, ...], Identity | None]
 
 
 def server_app(seen: Seen) -> Starlette:
@@ -103,7 +103,7 @@ async def wait_until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 @asynccontextmanager
 async def published(
     access: Access,
-    callers: Sequence[Caller],
+    callers: Sequence[Asker],
     authority: Identity | None,
     tier: int = 3,
     *,
@@ -180,7 +180,7 @@ def test_a_wrong_tier_or_a_role_not_endorsed_is_refused_and_a_match_is_served() 
 
 
 def test_hosted_in_process_the_owners_node_names_the_caller() -> None:
-    callers: list[Caller] = [
+    callers: list[Asker] = [
         ("boss", 1, (), None),
         ("intern", 2, (), None),
     ]
