@@ -1,9 +1,10 @@
 """Benchmark: node-to-node envelopes vs a bare secure channel vs raw TCP, on 127.0.0.1.
 
-Usage: python scripts/bench_node.py [--scale 1.0] [--only embedded|attach]
+Usage: python scripts/bench_node.py [--scale 1.0] [--only embedded|attach|zmq]
 
 ``--only embedded`` or ``--only attach`` runs just those rows (with their baselines and
-floors), to iterate on the agent runtime faster.
+floors), to iterate on the agent runtime faster; ``--only zmq`` runs the main table and
+the ZeroMQ comparison alone, to iterate on the send path.
 
 The node path is measured in full: envelope creation and encoding, egress
 policy, routing events, the Noise channel, frame and envelope decoding with
@@ -27,6 +28,12 @@ The node's request round trip is also measured to an agent in another OS
 process attached to the server node over its agent socket (p2pnode.hosting.client,
 asyncio), beside the in-process agent, in the same run: what attaching adds.
 
+ZeroMQ CURVE is measured in the same run, in the same two layouts, with the node's counts
+and payload size (scripts/bench_zmq.py: zmq.asyncio DEALER -> ROUTER, CURVE keys on both
+ends, a ZAP authenticator that admits only the client's key), and the node's rows are
+printed as ratios to it, with the channel's and raw TCP's beside them: the floors a node
+row cannot pass. Without pyzmq (the ``bench`` extra) one line says the rows were skipped.
+
 Every measurement but the embedded one runs in two layouts. "1 process": both ends share one
 trio loop (and so one core's worth of Python). "2 processes": the receiving
 end runs in a child process, as two nodes on one machine do, so each end has
@@ -37,6 +44,7 @@ differs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -44,7 +52,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from bench_agents import (
@@ -72,6 +80,9 @@ from p2pnode.transport.channel import ChannelConfig, accept_secure, connect_secu
 from p2pnode.transport.net import TrioNetwork
 from p2pnode.transport.secure import SecureIdentity
 from p2pnode.transport.tcpstream import TcpStream
+
+if TYPE_CHECKING:
+    from bench_zmq import ZmqRows
 
 ECHO, SINK, DONE = b"e", b"s", b"x"  # first byte of a baseline message: what the server does
 MESSAGE = b"\0" * 255
@@ -404,6 +415,50 @@ def print_floors(scale: float) -> None:
     )
 
 
+def measure_zmq(scale: float) -> list[ZmqRows] | None:
+    """ZeroMQ CURVE's rows in both layouts, or None without pyzmq."""
+    if importlib.util.find_spec("zmq") is None:
+        return None
+    import bench_zmq
+
+    return [bench_zmq.in_one_process(scale), bench_zmq.in_two_processes(scale)]
+
+
+def print_zmq(layouts: list[Layout], zmq_rows: list[ZmqRows]) -> None:
+    """The node's rows as ratios to ZeroMQ's, and the channel's and raw TCP's: their floors."""
+    import bench_zmq
+
+    print(
+        f"ZeroMQ CURVE ({bench_zmq.versions()}): zmq.asyncio DEALER -> ROUTER on {HOST}, "
+        f"{bench_zmq.MESSAGE_SIZE}-byte messages, ZAP admitting only the client's key"
+    )
+    header = (
+        f"{'metric':<38}{'zmq':>11}{'node':>11}{'node/zmq':>10}{'level':>7}"
+        f"{'chan/zmq':>10}{'raw/zmq':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for layout, zmq in zip(layouts, zmq_rows, strict=True):
+        rtt, _p99, pipelined, tasks = layout.rows
+        for (name, raw, chan, node), theirs, lower in (
+            (rtt, zmq.rtt_p50, True),
+            (pipelined, zmq.rate, False),
+            (tasks, zmq.tasks_rate, False),
+        ):
+            ratio = node / theirs
+            level = ratio <= 1.0 if lower else ratio >= 1.0
+            print(
+                f"{name:<38}{fmt(theirs):>11}{fmt(node):>11}{ratio:>10.2f}"
+                f"{'yes' if level else 'NO':>7}{chan / theirs:>10.2f}{raw / theirs:>9.2f}"
+            )
+    print(
+        "level: node/zmq <= 1.00 for the round trip, >= 1.00 for rates; chan/zmq and raw/zmq: "
+        "the channel alone and raw trio TCP (256-byte messages), which no node row can pass"
+    )
+    refused = all(zmq.stranger_refused for zmq in zmq_rows)
+    print(f"ZAP refused a client with another key in both layouts: {'yes' if refused else 'NO'}")
+
+
 def main(scale: float, only: str | None) -> None:
     if only == "embedded":
         print_embedded(embedded_rows(scale))
@@ -413,6 +468,7 @@ def main(scale: float, only: str | None) -> None:
         print_attached(layouts, measure_floors(scale))
         return
     layouts = [trio.run(in_one_process, scale), in_two_processes(scale)]
+    zmq_rows = measure_zmq(scale)
     header = (
         f"{'metric':<38}{'raw TCP':>11}{'channel':>11}{'node':>11}{'node/raw':>10}{'node/chan':>10}"
     )
@@ -436,6 +492,13 @@ def main(scale: float, only: str | None) -> None:
         print(layout.verdict())
     print_floors(scale)
     print()
+    if zmq_rows is None:
+        print("ZeroMQ CURVE rows skipped: pyzmq is not installed (pip install -e '.[bench]')")
+    else:
+        print_zmq(layouts, zmq_rows)
+    if only == "zmq":
+        return
+    print()
     print_attached(layouts, measure_floors(scale))
     print()
     print_embedded(embedded_rows(scale))
@@ -445,7 +508,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     parser.add_argument(
-        "--only", choices=["embedded", "attach"], help="run only the agent runtime's rows"
+        "--only",
+        choices=["embedded", "attach", "zmq"],
+        help="run only the agent runtime's rows, or the main table and ZeroMQ's",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
