@@ -70,9 +70,10 @@ from bench_agents import (
 from bench_channel import ChannelEndpoint, Endpoint, FramedStream, fmt
 from bench_floors import BATCH, envelope_rate, task_switch_rate
 
-from p2pnode.core.envelope import Envelope, MessageType
+from p2pnode.core.envelope import Envelope, EnvelopeFactory, MessageType
 from p2pnode.core.errors import P2PError
 from p2pnode.core.identity import Identity
+from p2pnode.core.wire import pack
 from p2pnode.runtime import Node
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.attach.wire import AGENT_SOCKET_NAME
@@ -402,17 +403,46 @@ def print_attached(layouts: list[Layout], floors: Floors) -> None:
         print(f"  {layout.name + ':':<13} +{added:.1f} us {met(added <= TARGET_ATTACH_ADDS_US)}")
 
 
-def print_floors(scale: float) -> None:
+@dataclass(frozen=True)
+class EnvelopeFloors:
+    """The envelope's own work, in envelopes per second, with no trio, channel or node."""
+
+    #: Made, encoded, decoded, validated, checked for a repeat and handed over: both ends.
+    whole: float
+    #: Made and encoded BATCH to a frame: the sending end's share.
+    sending: float
+
+
+def envelope_send_rate(count: int, payload: Any) -> float:
+    """Envelopes per second made as the node makes them and encoded BATCH to a frame."""
+    factory = EnvelopeFactory()
+    rounds = max(1, count // BATCH)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        make = factory.create
+        pack(
+            [
+                make("client", "sink", MessageType.NOTIFICATION, payload).to_dict()
+                for _ in range(BATCH)
+            ]
+        )
+    return rounds * BATCH / (time.perf_counter() - start)
+
+
+def print_floors(scale: float) -> EnvelopeFloors:
     count = max(BATCH * 10, int(100_000 * scale))
+    floors = EnvelopeFloors(envelope_rate(count, PAYLOAD), envelope_send_rate(count, PAYLOAD))
     print(
         f"floor: the envelope alone in one process (made, encoded {BATCH} to a frame, decoded, "
         f"validated, checked for a repeat, handed to a function; no trio, channel, policy, "
-        f"events or inbox): {fmt(envelope_rate(count, PAYLOAD))} envelopes/s"
+        f"events or inbox): {fmt(floors.whole)} envelopes/s; made and encoded only (the "
+        f"sending end's share): {fmt(floors.sending)} envelopes/s"
     )
     print(
         f"floor: trio task switches among {BATCH} tasks that each yield in turn: "
         f"{fmt(task_switch_rate(count))} switches/s"
     )
+    return floors
 
 
 def measure_zmq(scale: float) -> list[ZmqRows] | None:
@@ -424,8 +454,19 @@ def measure_zmq(scale: float) -> list[ZmqRows] | None:
     return [bench_zmq.in_one_process(scale), bench_zmq.in_two_processes(scale)]
 
 
-def print_zmq(layouts: list[Layout], zmq_rows: list[ZmqRows]) -> None:
-    """The node's rows as ratios to ZeroMQ's, and the channel's and raw TCP's: their floors."""
+def floor_of(name: str, raw: float, chan: float, floors: EnvelopeFloors) -> float:
+    """The least a node row can be: the channel alone (or raw TCP, when it is the better
+    of the two) plus the envelope's own work, added per message. A round trip carries
+    two envelopes, each made at one end and read at the other; a rate in one process
+    does both ends' work on one core, in two processes the sender's share bounds it."""
+    if name.startswith("round trip"):
+        return min(raw, chan) + 2e6 / floors.whole
+    envelope = floors.whole if name.endswith("1 process") else floors.sending
+    return 1 / (1 / max(raw, chan) + 1 / envelope)
+
+
+def print_zmq(layouts: list[Layout], zmq_rows: list[ZmqRows], floors: EnvelopeFloors) -> None:
+    """The node's rows as ratios to ZeroMQ's, and the floors a node row cannot pass."""
     import bench_zmq
 
     print(
@@ -434,7 +475,7 @@ def print_zmq(layouts: list[Layout], zmq_rows: list[ZmqRows]) -> None:
     )
     header = (
         f"{'metric':<38}{'zmq':>11}{'node':>11}{'node/zmq':>10}{'level':>7}"
-        f"{'chan/zmq':>10}{'raw/zmq':>9}"
+        f"{'chan/zmq':>10}{'raw/zmq':>9}{'floor/zmq':>11}"
     )
     print(header)
     print("-" * len(header))
@@ -447,13 +488,18 @@ def print_zmq(layouts: list[Layout], zmq_rows: list[ZmqRows]) -> None:
         ):
             ratio = node / theirs
             level = ratio <= 1.0 if lower else ratio >= 1.0
+            floor = floor_of(name, raw, chan, floors)
             print(
                 f"{name:<38}{fmt(theirs):>11}{fmt(node):>11}{ratio:>10.2f}"
                 f"{'yes' if level else 'NO':>7}{chan / theirs:>10.2f}{raw / theirs:>9.2f}"
+                f"{floor / theirs:>11.2f}"
             )
     print(
-        "level: node/zmq <= 1.00 for the round trip, >= 1.00 for rates; chan/zmq and raw/zmq: "
-        "the channel alone and raw trio TCP (256-byte messages), which no node row can pass"
+        "level: node/zmq <= 1.00 for the round trip, >= 1.00 for rates. chan/zmq, raw/zmq: "
+        "the channel alone and raw trio TCP (256-byte messages). floor/zmq: the better of "
+        "the two plus the envelope floor per message (two per round trip; both ends' share "
+        "in 1 process, the sender's in 2), which no node row can pass: a floor not level "
+        "means that row cannot be"
     )
     refused = all(zmq.stranger_refused for zmq in zmq_rows)
     print(f"ZAP refused a client with another key in both layouts: {'yes' if refused else 'NO'}")
@@ -490,12 +536,12 @@ def main(scale: float, only: str | None) -> None:
     )
     for layout in layouts:
         print(layout.verdict())
-    print_floors(scale)
+    floors = print_floors(scale)
     print()
     if zmq_rows is None:
         print("ZeroMQ CURVE rows skipped: pyzmq is not installed (pip install -e '.[bench]')")
     else:
-        print_zmq(layouts, zmq_rows)
+        print_zmq(layouts, zmq_rows, floors)
     if only == "zmq":
         return
     print()
