@@ -475,31 +475,34 @@ def print_zmq(layouts: list[Layout], zmq_rows: list[ZmqRows], floors: EnvelopeFl
     )
     header = (
         f"{'metric':<38}{'zmq':>11}{'node':>11}{'node/zmq':>10}{'level':>7}"
-        f"{'chan/zmq':>10}{'raw/zmq':>9}{'floor/zmq':>11}"
+        f"{'chan/zmq':>10}{'raw/zmq':>9}{'floor/zmq':>11}{'zmq cores':>11}"
     )
     print(header)
     print("-" * len(header))
     for layout, zmq in zip(layouts, zmq_rows, strict=True):
         rtt, _p99, pipelined, tasks = layout.rows
-        for (name, raw, chan, node), theirs, lower in (
-            (rtt, zmq.rtt_p50, True),
-            (pipelined, zmq.rate, False),
-            (tasks, zmq.tasks_rate, False),
+        for (name, raw, chan, node), theirs, cores in (
+            (rtt, zmq.rtt_p50, None),
+            (pipelined, zmq.rate, zmq.rate_cores),
+            (tasks, zmq.tasks_rate, zmq.tasks_cores),
         ):
+            lower = cores is None
             ratio = node / theirs
             level = ratio <= 1.0 if lower else ratio >= 1.0
             floor = floor_of(name, raw, chan, floors)
             print(
                 f"{name:<38}{fmt(theirs):>11}{fmt(node):>11}{ratio:>10.2f}"
                 f"{'yes' if level else 'NO':>7}{chan / theirs:>10.2f}{raw / theirs:>9.2f}"
-                f"{floor / theirs:>11.2f}"
+                f"{floor / theirs:>11.2f}{'' if cores is None else f'{cores:.2f}':>11}"
             )
     print(
         "level: node/zmq <= 1.00 for the round trip, >= 1.00 for rates. chan/zmq, raw/zmq: "
         "the channel alone and raw trio TCP (256-byte messages). floor/zmq: the better of "
         "the two plus the envelope floor per message (two per round trip; both ends' share "
         "in 1 process, the sender's in 2), which no node row can pass: a floor not level "
-        "means that row cannot be"
+        "means that row cannot be. zmq cores: CPU time over wall time of the sending "
+        "process (in 1 process both ends), libzmq's I/O thread beside Python's; the node "
+        "runs on one trio thread, at most 1.00"
     )
     refused = all(zmq.stranger_refused for zmq in zmq_rows)
     print(f"ZAP refused a client with another key in both layouts: {'yes' if refused else 'NO'}")

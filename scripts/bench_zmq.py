@@ -51,6 +51,10 @@ class ZmqRows:
     rtt_p50: float
     rate: float
     tasks_rate: float
+    #: Cores this process kept busy during each rate (CPU time over wall time): the
+    #: Python thread and libzmq's I/O thread, which encrypts and writes beside it.
+    rate_cores: float
+    tasks_cores: float
     #: A client with another key failed its handshake (ZAP said no) before the rows ran.
     stranger_refused: bool
 
@@ -134,12 +138,13 @@ async def stranger_refused(context: zmq.asyncio.Context, port: int, server_publi
         sock.close(linger=0)
 
 
-async def rate(sock: zmq.asyncio.Socket, count: int, concurrent_sends: bool) -> float:
+async def rate(sock: zmq.asyncio.Socket, count: int, concurrent_sends: bool) -> tuple[float, float]:
     """Messages per second: BATCH sends back to back, or BATCH tasks each calling send();
-    the answer to DONE (read after all before it) marks the end."""
+    the answer to DONE (read after all before it) marks the end. With the cores this
+    process kept busy meanwhile."""
     message = SINK + b"\0" * (MESSAGE_SIZE - 1)
     rounds = count // BATCH
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if concurrent_sends:
 
         async def sender() -> None:
@@ -155,7 +160,8 @@ async def rate(sock: zmq.asyncio.Socket, count: int, concurrent_sends: bool) -> 
                 await sock.send(message)
     await sock.send(DONE)
     await sock.recv()
-    return rounds * BATCH / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return rounds * BATCH / elapsed, (time.process_time() - cpu) / elapsed
 
 
 async def measure(
@@ -180,7 +186,7 @@ async def measure(
         pipelined = await rate(sock, n(100_000), concurrent_sends=False)
         tasks = await rate(sock, n(50_000), concurrent_sends=True)
         sock.close(linger=0)
-        return ZmqRows(rtt[0], pipelined, tasks, refused)
+        return ZmqRows(rtt[0], pipelined[0], tasks[0], pipelined[1], tasks[1], refused)
     finally:
         context.term()
 
