@@ -9,6 +9,8 @@
   ``agent.sock`` (the command);
 * ``host_in_aio_node`` hosts it in an asyncio program's node
   (:mod:`p2pnode.hosting.aio`): ``add_agent``, then the node's ``remove_agent``.
+  That node passes its in-process agents no caller with a capability request,
+  so a publisher with an access rule is given ``callers_in_aio_node`` to ask it.
 
 States (an :class:`enum.Enum` with its transition table, as the node's other
 state machines):
