@@ -70,8 +70,14 @@ def server_app(seen: Seen) -> Starlette:
 
 @dataclass
 class World:
+    owner: AioNode
     caller: AioNode
     seen: Seen
+
+    def refusals(self) -> int:
+        """The owner node's security events for refused access."""
+        counts = self.owner.node.status()["metrics"]["securityByCode"]
+        return int(counts.get("PERMISSION_DENIED", 0))
 
     async def ask(self, sender: str, text: str) -> Any:
         """``sender``'s request for skill ``shout`` of the published agent."""
@@ -146,7 +152,7 @@ async def published(
                     return any(card.id == AGENT for card in await caller.find("shout"))
 
                 await wait_until(listed, "the published agent is found")
-                yield World(caller, seen)
+                yield World(owner, caller, seen)
             finally:
                 running.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -175,6 +181,7 @@ def test_a_wrong_tier_or_a_role_not_endorsed_is_refused_and_a_match_is_served() 
             assert world.seen.skills == []  # the server saw neither
             assert await world.ask("boss", "quiet") == "QUIET"
             assert world.seen.skills == ["shout"]
+            assert world.refusals() == 2  # each refusal is a security event on the owner
 
     asyncio.run(asyncio.wait_for(main(), LIMIT * 3))
 

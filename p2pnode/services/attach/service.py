@@ -98,6 +98,8 @@ FLUSH_TIMEOUT = 1.0
 READ_SIZE = 65536
 #: Seconds between two progress events of one tools.call at least (the rest dropped).
 PROGRESS_INTERVAL = 0.05
+#: Characters of a process's refusal message kept in its security event.
+MAX_DETAIL = 512
 
 
 class Documents(Protocol):
@@ -565,8 +567,25 @@ class _Connection:
             audit = self._service.audit
             if audit is not None:
                 audit.answered(request, event.type, event.payload)
+            if event.type is MessageType.ERROR:
+                self._refused_access(request, event.payload)
         except P2PError as exc:
             self.session.op_failed(event.ref, exc, to=request.id)
+
+    def _refused_access(self, request: Envelope, payload: Any) -> None:
+        """A security event when the process refused a request by its own access rule
+        (``PERMISSION_DENIED``), as the audit records a refused tool use (which it does
+        itself for the MCP methods)."""
+        meta = request.metadata
+        if meta is not None and meta.capability in MCP_METHODS:
+            return
+        body = payload if isinstance(payload, dict) else {}
+        if body.get("code") != ErrorCode.PERMISSION_DENIED:
+            return
+        card = self._host.registry.find(request.sender)
+        peer = str(card.peer_id) if card is not None else None
+        why = str(body.get("message", ""))[:MAX_DETAIL]
+        self._host.events.security(ErrorCode.PERMISSION_DENIED, why, peer, request)
 
     def _reply_envelope(self, request: Envelope, type_: MessageType, payload: Any) -> Envelope:
         assert self.agent_id is not None, "only an attached session answers requests"
