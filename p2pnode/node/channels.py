@@ -24,9 +24,13 @@ Theory of operation (seed R3, Properties 10-12):
   receiving node drops duplicate envelope ids.
 * Timeouts: a write the peer does not drain within ``write_timeout``, and a
   channel on which nothing arrives for ``idle_timeout``, count as transport
-  loss. One watchdog task per link checks both (firing up to a quarter of
-  the shorter timeout late) instead of a trio cancel scope around every read
-  and every write, which would cost microseconds on each message.
+  loss. A watchdog check per link looks at both every quarter of the shorter
+  timeout (firing up to that late) instead of a trio cancel scope around every
+  read and every write, which would cost microseconds on each message. A node
+  runs the checks of all its links from one task (``own_watchdog=False``,
+  :meth:`PeerLink.watch`), on a grid of that interval on trio's clock, so a
+  node with thousands of quiet links wakes once per interval, not once per
+  link.
 * Keepalive: an empty message. A link that has sent nothing for a third of
   ``idle_timeout`` sends one, so a quiet but healthy channel stays open and
   only a peer that is gone (or stuck) hits the idle timeout.
@@ -60,6 +64,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -202,6 +207,21 @@ StateListener = Callable[["PeerLink", ChannelState], None]
 DropListener = Callable[["PeerLink", int], None]
 
 
+def watch_interval(retry: RetryPolicy, idle_timeout: float | None) -> float:
+    """Seconds between two watchdog checks of a link: a quarter of the shorter of
+    ``write_timeout`` and ``idle_timeout``."""
+    timeouts = [t for t in (retry.write_timeout, idle_timeout) if t is not None]
+    return min(timeouts) / 4
+
+
+async def sleep_to_grid(interval: float) -> None:
+    """Sleep until the next multiple of ``interval`` on trio's clock. Periodic checks
+    that wake on one grid (every link's watchdog, every node's) share their wake-ups:
+    one timer pass for all of them instead of one each, at no cost to their bounds
+    (each still runs once per ``interval``)."""
+    await trio.sleep_until((math.floor(trio.current_time() / interval) + 1) * interval)
+
+
 def describe_loss(exc: BaseException) -> str:
     """What a transport failure says, never empty and never ``None``."""
     if isinstance(exc, trio.TooSlowError):
@@ -218,7 +238,12 @@ async def close_quietly(channel: SecureChannel) -> None:
 
 
 class PeerLink:
-    """The link to one remote peer (see the module docstring)."""
+    """The link to one remote peer (see the module docstring).
+
+    ``own_watchdog``: the link runs its watchdog in a task of its own; False: its
+    owner calls :meth:`watch` every :func:`watch_interval` (a node, for all its
+    links at once).
+    """
 
     def __init__(
         self,
@@ -232,13 +257,11 @@ class PeerLink:
         idle_timeout: float | None = None,
         limits: LinkLimits = LinkLimits(),
         on_drop: DropListener | None = None,
+        *,
+        own_watchdog: bool = True,
     ) -> None:
-        self.peer_id = peer_id
-        self._local_peer_id = local_peer_id
-        self._nursery = nursery
-        self._dialer = dialer
-        self._on_frame = on_frame
-        self._on_state = on_state
+        self.peer_id, self._local_peer_id, self._nursery = peer_id, local_peer_id, nursery
+        self._dialer, self._on_frame, self._on_state = dialer, on_frame, on_state
         self._retry = retry
         self._idle_timeout = idle_timeout
         # The read and write paths only count; the watchdog notes when the counts move.
@@ -279,7 +302,8 @@ class PeerLink:
         self.frames_sent = 0
         self.frames_received = 0
         nursery.start_soon(self._write_loop)
-        nursery.start_soon(self._watchdog)
+        if own_watchdog:
+            nursery.start_soon(self._watchdog)
 
     @property
     def state(self) -> ChannelState:
@@ -393,27 +417,32 @@ class PeerLink:
             self._on_drop(self, envelopes)
 
     async def _watchdog(self) -> None:
-        timeouts = [t for t in (self._retry.write_timeout, self._idle_timeout) if t is not None]
-        interval = min(timeouts) / 4
+        interval = watch_interval(self._retry, self._idle_timeout)
         while not self.closed:
-            await trio.sleep(interval)
-            channel = self._channel
-            if channel is None:
-                continue
-            now = trio.current_time()
-            if self._messages_in != self._heard_count:
-                self._heard_count, self._last_heard = self._messages_in, now
-            if self.frames_sent != self._said_count:
-                self._said_count, self._last_said = self.frames_sent, now
-            writing = now - self._write_since if self._write_since is not None else 0.0
-            silent = now - self._last_heard
-            if writing >= self._retry.write_timeout:
-                self._channel_lost(channel, f"it read nothing for {writing:.1f} s")
-            elif self._idle_timeout is not None and silent >= self._idle_timeout:
-                self._channel_lost(channel, f"nothing heard for {silent:.1f} s")
-            elif self._idle_timeout is not None and now - self._last_said >= self._idle_timeout / 3:
-                self._last_said = now
-                self._nursery.start_soon(self._keepalive, channel)
+            await sleep_to_grid(interval)
+            self.watch(trio.current_time())
+
+    def watch(self, now: float) -> None:
+        """The watchdog's check (module docstring): drop a channel whose write or whose
+        silence outlasted its timeout, start a keepalive on one quiet for a third of
+        ``idle_timeout``. Called every :func:`watch_interval` by the link's own task, or
+        by its owner for all its links (``own_watchdog=False``)."""
+        channel = self._channel
+        if channel is None or self.closed:
+            return
+        if self._messages_in != self._heard_count:
+            self._heard_count, self._last_heard = self._messages_in, now
+        if self.frames_sent != self._said_count:
+            self._said_count, self._last_said = self.frames_sent, now
+        writing = now - self._write_since if self._write_since is not None else 0.0
+        silent = now - self._last_heard
+        if writing >= self._retry.write_timeout:
+            self._channel_lost(channel, f"it read nothing for {writing:.1f} s")
+        elif self._idle_timeout is not None and silent >= self._idle_timeout:
+            self._channel_lost(channel, f"nothing heard for {silent:.1f} s")
+        elif self._idle_timeout is not None and now - self._last_said >= self._idle_timeout / 3:
+            self._last_said = now
+            self._nursery.start_soon(self._keepalive, channel)
 
     async def _keepalive(self, channel: SecureChannel) -> None:
         try:

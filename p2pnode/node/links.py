@@ -60,6 +60,8 @@ from p2pnode.node.channels import (
     PeerLink,
     close_quietly,
     describe_loss,
+    sleep_to_grid,
+    watch_interval,
 )
 from p2pnode.node.config import KernelConfig, parse_address
 from p2pnode.node.limits import DialBudget, FailureSummary, HandshakeSlots, ReportGate
@@ -165,6 +167,7 @@ class LinkManager(TaskOwner):
                 self._config.channel.idle_timeout,
                 self._limits,
                 self._on_drop,
+                own_watchdog=False,  # _watch_links watches them all
             )
             self._links[peer_id] = link
         return link
@@ -282,8 +285,21 @@ class LinkManager(TaskOwner):
         for link in list(self._links.values()):
             await link.aclose()
 
+    async def _start(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._watch_links)
+
     async def _stop(self) -> None:
         await self.close_all()
+
+    async def _watch_links(self) -> None:
+        """Every link's watchdog check (PeerLink.watch), from one task for them all: a
+        node wakes once per watch interval, however many links it holds."""
+        interval = watch_interval(self._config.retry, self._config.channel.idle_timeout)
+        while True:
+            await sleep_to_grid(interval)
+            now = trio.current_time()
+            for link in list(self._links.values()):
+                link.watch(now)
 
     def _drop_closed(self) -> None:
         for peer_id in [p for p, link in self._links.items() if link.state is ChannelState.CLOSED]:
