@@ -12,7 +12,9 @@ datagram is pushed, with its delivery time, onto the destination endpoint's
 heap, and the receiving task itself sleeps until the head of its heap is due
 (a datagram that becomes the new head moves that sleep's deadline in).
 Streams work the same way with an ordered queue per direction (delivery time
-is kept monotonic, so bytes stay in order as TCP keeps them).
+is kept monotonic, so bytes stay in order as TCP keeps them); under the driver
+a stream's due times are the driver's too (rounded up to the ``tick`` like
+datagrams'), and it wakes the reader when its chunk is due.
 
 For a network of many thousands of hosts, :meth:`SimNetwork.drive` delivers
 datagrams from one task instead: it waits until every other task is blocked,
@@ -121,6 +123,8 @@ class SimNetwork:
         self._driven = False
         self._flight: BucketQueue[tuple[int, _SimDatagramEndpoint, bytes, Address]] = BucketQueue()
         self._timers = TimerWheel()
+        # Stream pipes by when their next chunks are due (streams.py).
+        self._chunks: BucketQueue[Pipe] = BucketQueue()
         self._idle = trio.lowlevel.ParkingLot()
         # The time while the driver hands datagrams to handlers on a stopped clock
         # (what they send is sent then: no clock read per datagram), else None.
@@ -239,6 +243,11 @@ class SimNetwork:
             # already sleeping until an earlier datagram is due.
             endpoint._wake_at(due)
 
+    def _stream_due(self, pipe: Pipe, due: float) -> None:
+        """While driven: wake ``pipe``'s reader at ``due`` (its chunks then due)."""
+        if self._chunks.push(due, pipe):
+            self._idle.unpark_all()  # the driver may wait for a first delivery
+
     # ------------------------------------------------------------------ driver
 
     def move_on_at(
@@ -271,6 +280,9 @@ class SimNetwork:
         if self._driven:
             raise RuntimeError("SimNetwork.drive is running already")
         self._driven = True
+        for stream in self._streams:  # chunks sent before: their readers wait on trio
+            if stream._send.chunks:
+                self._chunks.push(stream._send.last_due, stream._send)
         try:
             task_status.started()
             timers = self._timers
@@ -279,6 +291,7 @@ class SimNetwork:
                 self._drive_step(clock)
                 if (
                     not self._flight
+                    and not self._chunks
                     and math.isinf(timers.first())
                     and math.isinf(_seconds_to_deadline())
                 ):
@@ -298,12 +311,15 @@ class SimNetwork:
                     heapq.heappush(endpoint._heap, (due, seq, data, src))
                     endpoint._wake_at(due)
             self._timers.stop()
+            # Readers of chunks still in flight wake and sleep on trio until they are due.
+            for _, pipe in self._chunks.clear():
+                pipe.lot.unpark_all()
 
     def _drive_step(self, clock: trio.testing.MockClock) -> None:
         """Every task waits: deliver what is due and fire the timers due (in that
         order at one instant), else move the clock on."""
         now = trio.current_time()
-        nearest = min(self._flight.first(), self._timers.first())
+        nearest = min(self._flight.first(), self._timers.first(), self._chunks.first())
         if nearest > now:
             deadline = now + _seconds_to_deadline()
             if deadline < nearest:
@@ -319,6 +335,7 @@ class SimNetwork:
         self._step_time = landed if clock.rate == 0 else None
         try:
             self._deliver_due(now, landed)
+            self._release_chunks(now)
             self._timers.fire_due(now)
         finally:
             self._step_time = None
@@ -343,6 +360,17 @@ class SimNetwork:
                     src[0], endpoint._address[0]
                 ):  # as recvfrom re-checks (reachable's own fast path, without its call)
                     handler(data, src)
+
+
+    def _release_chunks(self, now: float) -> None:
+        """Wake the readers of stream chunks due by ``now``."""
+        chunks = self._chunks
+        while (bucket := chunks.pop_due(now)) is not None:
+            due, pipes = bucket
+            for pipe in pipes:
+                if due > pipe.released:
+                    pipe.released = due
+                pipe.lot.unpark_all()
 
 
 class SimHost(Network):

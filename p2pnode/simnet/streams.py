@@ -5,13 +5,18 @@ Theory of operation: a connection is two :class:`Pipe` objects, one per
 direction, each an ordered queue of ``(delivery time, chunk)`` (delivery
 times never decrease, so bytes stay in order as TCP keeps them). A sender
 pushes and wakes the reader's parking lot; the reader sleeps until the head
-chunk is due. At most ``_STREAM_WINDOW`` bytes are in flight per direction
+chunk is due. While :meth:`p2pnode.simnet.SimNetwork.drive` runs, the driver
+keeps the due times instead (rounded up to its ``tick``, as datagrams are) and
+wakes the reader when its chunk is due: the reader parks without a cancel
+scope of its own, and chunks due in one tick are handed over in one pass with
+the datagrams due then. At most ``_STREAM_WINDOW`` bytes are in flight per direction
 before ``send_all`` waits. A partition or a kill breaks every stream that
 crosses it (:meth:`p2pnode.simnet.SimNetwork.kill`).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import deque
 from typing import TYPE_CHECKING
@@ -64,12 +69,15 @@ class SimListener(StreamListener):
 class Pipe:
     """One direction of a stream: chunks with delivery times, kept in order."""
 
-    __slots__ = ("broken", "buffered", "chunks", "eof", "last_due", "lot")
+    __slots__ = ("broken", "buffered", "chunks", "eof", "last_due", "lot", "released")
 
     def __init__(self) -> None:
         self.chunks: deque[tuple[float, bytes]] = deque()  # b"" marks EOF
         self.buffered = 0
         self.last_due = 0.0
+        # Chunks due by this time were handed over by the driver: readable even if the
+        # clock it jumped to reads an ulp short of their due time.
+        self.released = -math.inf
         self.broken = False
         self.eof = False  # EOF already handed to the reader
         self.lot = trio.lowlevel.ParkingLot()
@@ -109,12 +117,22 @@ class SimStream(trio.abc.HalfCloseableStream):
             p.lot.unpark_all()
 
     def _push(self, chunk: bytes) -> None:
-        due = trio.current_time() + self._sim._stream_delay(self.local_host, self.remote_host)
-        due = max(due, self._send.last_due)
-        self._send.last_due = due
-        self._send.chunks.append((due, chunk))
-        self._send.buffered += len(chunk)
-        self._send.lot.unpark_all()
+        sim, pipe = self._sim, self._send
+        due = trio.current_time() + sim._stream_delay(self.local_host, self.remote_host)
+        if sim._driven and sim.tick:
+            due = math.ceil(due / sim.tick) * sim.tick
+        due = max(due, pipe.last_due)
+        new_due = due != pipe.last_due
+        pipe.last_due = due
+        pipe.chunks.append((due, chunk))
+        pipe.buffered += len(chunk)
+        if sim._driven:
+            if due <= pipe.released:  # its time was handed over already
+                pipe.lot.unpark_all()
+            elif new_due:  # chunks due at one time share one wake-up
+                sim._stream_due(pipe, due)
+        else:
+            pipe.lot.unpark_all()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._sending:
@@ -176,7 +194,7 @@ class SimStream(trio.abc.HalfCloseableStream):
                     return b""
                 if pipe.chunks:
                     due, chunk = pipe.chunks[0]
-                    if due <= trio.current_time():
+                    if due <= pipe.released or due <= trio.current_time():
                         await trio.lowlevel.checkpoint_if_cancelled()
                         if not chunk:
                             pipe.chunks.popleft()
@@ -191,8 +209,11 @@ class SimStream(trio.abc.HalfCloseableStream):
                         pipe.lot.unpark_all()  # a blocked sender may proceed
                         await trio.lowlevel.cancel_shielded_checkpoint()
                         return chunk[:n]
-                    with trio.move_on_at(due):
-                        await pipe.lot.park()
+                    if self._sim._driven:
+                        await pipe.lot.park()  # the driver wakes it when due
+                    else:
+                        with trio.move_on_at(due):
+                            await pipe.lot.park()
                 else:
                     await pipe.lot.park()
         finally:
