@@ -269,6 +269,7 @@ class PeerLink:
         self._last_heard = self._last_said = trio.current_time()
         self._heard_count = self._said_count = 0
         self._write_since: float | None = None  # when the write in progress started
+        self._keepalive_pending: tuple[SecureChannel, float] | None = None  # and when
         self._machine = ChannelStateMachine()
         self._channel: SecureChannel | None = None
         self._channel_dialed_by: PeerId | None = None
@@ -434,22 +435,36 @@ class PeerLink:
             self._heard_count, self._last_heard = self._messages_in, now
         if self.frames_sent != self._said_count:
             self._said_count, self._last_said = self.frames_sent, now
-        writing = now - self._write_since if self._write_since is not None else 0.0
+        since = self._write_since
+        pending = self._keepalive_pending
+        if pending is not None and pending[0] is channel and (since is None or pending[1] < since):
+            since = pending[1]  # a keepalive stuck in its write counts as one
+        writing = now - since if since is not None else 0.0
         silent = now - self._last_heard
         if writing >= self._retry.write_timeout:
             self._channel_lost(channel, f"it read nothing for {writing:.1f} s")
         elif self._idle_timeout is not None and silent >= self._idle_timeout:
             self._channel_lost(channel, f"nothing heard for {silent:.1f} s")
-        elif self._idle_timeout is not None and now - self._last_said >= self._idle_timeout / 3:
+        elif (
+            self._idle_timeout is not None
+            and now - self._last_said >= self._idle_timeout / 3
+            # One keepalive at a time on a channel: a stuck one times out above.
+            and (pending is None or pending[0] is not channel)
+        ):
             self._last_said = now
+            self._keepalive_pending = (channel, now)
             self._nursery.start_soon(self._keepalive, channel)
 
     async def _keepalive(self, channel: SecureChannel) -> None:
+        # Its write is timed by the watchdog (``write_timeout``, as any write), not by
+        # a cancel scope of its own: a keepalive is the most frequent write of all.
         try:
-            with trio.fail_after(self._retry.write_timeout):
-                await channel.send_message(KEEPALIVE)
-        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            await channel.send_message(KEEPALIVE)
+        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError):
             self._channel_lost(channel, "a keepalive could not be written")
+        finally:
+            if self._keepalive_pending is not None and self._keepalive_pending[0] is channel:
+                self._keepalive_pending = None
 
     def _channel_lost(self, channel: SecureChannel, why: str = "write failed") -> None:
         if channel is not self._channel:
