@@ -102,6 +102,7 @@ class Swarm:
     def __init__(self, sim: CountingNetwork, nursery: trio.Nursery, config: NodeConfig) -> None:
         self.sim, self.nursery, self.config = sim, nursery, config
         self.devices: list[Device] = []
+        self.by_agent: dict[str, Device] = {}
 
     def running(self) -> list[Device]:
         return [d for d in self.devices if d.up]
@@ -112,6 +113,7 @@ class Swarm:
             index, self.sim.add_host(), Identity(rng.randbytes(32)), f"a{index}", capability
         )
         self.devices.append(device)
+        self.by_agent[device.agent] = device
         await self.start(device)
         return device
 
@@ -192,6 +194,10 @@ class Tally:
     crash_expired_stale: int = 0
     crash_expired_checks: int = 0
     events: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: CPU seconds building the swarm, and running the churn.
+    build_cpu: float = 0.0
+    churn_cpu: float = 0.0
+    minutes: float = 0.0
 
     def count(self, kind: str) -> None:
         self.events[kind] = self.events.get(kind, 0) + 1
@@ -212,6 +218,12 @@ class Churn:
         """The agents hosted now: a restarting device's too, from the moment its node
         hosts the agent (its join, which follows, may take a while)."""
         return {d.key for d in self.swarm.devices if d.serving}
+
+    def is_live(self, agent: str, owner: PeerId) -> bool:
+        """``(agent, owner)`` is among :meth:`live_keys` (only the device hosting
+        ``agent`` can hold it: looked up by name instead of building the set)."""
+        device = self.swarm.by_agent.get(agent)
+        return device is not None and device.serving and device.key == (agent, owner.raw)
 
     def still(self, device: Device, node: Node) -> bool:
         """``device`` still runs ``node`` (a stopped node's registry is frozen)."""
@@ -262,7 +274,7 @@ class Churn:
         ``limit``)."""
         start = trio.current_time()
         for _ in range(math.ceil(limit / 0.1) + 1):  # bounded
-            if (agent, owner.raw) in self.live_keys():
+            if self.is_live(agent, owner):
                 return math.nan  # back with that key before all noticed: not counted
             if not any(
                 self.still(d, n) and claims(n, agent, owner) for d, n in holders
@@ -374,13 +386,17 @@ async def build(
 async def churn_run(args: argparse.Namespace, seed: int) -> Tally:
     rng = random.Random(seed)
     sim = CountingNetwork(rng, default=LinkConditions(latency=0.02, jitter=0.01), tick=0.001)
+    cpu = time.process_time()
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.drive)
         swarm = await build(sim, nursery, args.nodes, args.capabilities, rng)
         churn = Churn(swarm, rng, args)
+        churn.tally.build_cpu = time.process_time() - cpu
         async with trio.open_nursery() as inner:
             await churn.run(inner)
             inner.cancel_scope.cancel()
+        churn.tally.churn_cpu = time.process_time() - cpu - churn.tally.build_cpu
+        churn.tally.minutes = args.minutes
         nursery.cancel_scope.cancel()
     return churn.tally
 
@@ -394,6 +410,7 @@ class Renewal:
     renewals: float  # card renewals per node per minute
     channels: float  # open channels per node
     hello_bytes: float  # HELLO bytes per node per minute (renewals x channels x HELLO size)
+    cpu_per_minute: float = 0.0  # CPU seconds per quiet virtual minute measured
 
 
 def open_channels(node: Node) -> int:
@@ -410,7 +427,9 @@ async def renewal_run(nodes: int, minutes: float, seed: int) -> Renewal:
         live = [(d, d.node) for d in swarm.devices if d.node is not None]
         before = [n.local_agent(d.agent).revision for d, n in live]
         sent, sent_bytes = sim.datagrams_sent, sim.datagram_bytes
+        quiet_cpu = time.process_time()
         await trio.sleep(minutes * 60)
+        quiet_cpu = time.process_time() - quiet_cpu
         after = [n.local_agent(d.agent).revision for d, n in live]
         renewed = [a - b for a, b in zip(after, before, strict=True)]
         hellos = []
@@ -427,6 +446,7 @@ async def renewal_run(nodes: int, minutes: float, seed: int) -> Renewal:
             sum(renewed) / per,
             statistics.mean(open_channels(n) for _, n in live),
             sum(hellos) / per,
+            cpu_per_minute=quiet_cpu / minutes,
         )
         nursery.cancel_scope.cancel()
     return result
@@ -454,6 +474,10 @@ def row(tally: Tally) -> dict[str, float]:
 def print_run(seed: int, tally: Tally, r: dict[str, float], cpu: float) -> None:
     events = ", ".join(f"{k} {v}" for k, v in sorted(tally.events.items()))
     print(f"seed {seed}: {events}; CPU {cpu:.0f} s")
+    print(
+        f"  CPU: building the swarm {tally.build_cpu:.0f} s, then "
+        f"{tally.churn_cpu / max(1e-9, tally.minutes):.1f} s per virtual minute of churn"
+    )
     print(
         f"  requests {tally.answered}/{tally.asked} answered ({r['success']:.4f}); "
         f"find cards {tally.found}, stale {tally.stale} ({r['stale']:.4f}; withdrawn "
@@ -501,6 +525,7 @@ def print_renewal(r: Renewal) -> None:
     print(f"  card renewals per node per minute   {r.renewals:10.3f}")
     print(f"  open channels per node              {r.channels:10.1f}")
     print(f"  HELLO bytes per node per minute     {r.hello_bytes:10.1f}")
+    print(f"  (CPU per quiet virtual minute       {r.cpu_per_minute:10.1f} s)")
 
 
 def main() -> None:
