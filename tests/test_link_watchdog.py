@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any, cast
 
+import pytest
 import trio
 import trio.testing
 
 from p2pnode.core.identity import Identity
-from p2pnode.node.channels import ChannelState, PeerLink, RetryPolicy, watch_interval
+from p2pnode.node.channels import (
+    ChannelState,
+    PeerLink,
+    RetryPolicy,
+    tick_on_grid,
+    watch_interval,
+)
+from p2pnode.simnet import SimNetwork
 from p2pnode.transport.channel import SecureChannel
+from p2pnode.transport.net import trio_move_on_at
 
 
 class _StuckChannel:
@@ -103,3 +113,39 @@ async def test_watchdogs_wake_on_one_grid(autojump_clock: trio.testing.MockClock
     assert checks
     assert all(abs(t / 2.0 - round(t / 2.0)) < 1e-9 for t in checks)
     assert len(set(checks)) < len(checks)  # shared instants
+
+
+@pytest.mark.parametrize("driven", [False, True])
+async def test_tick_on_grid_ticks_at_each_multiple_of_its_interval(
+    autojump_clock: trio.testing.MockClock, driven: bool
+) -> None:
+    """The same ticks whether the task wakes for them (trio's timer) or the simulated
+    network's driver calls them from its task (the task does not wake)."""
+    sim = SimNetwork(random.Random(1))
+    host = sim.add_host()
+    ticks: list[float] = []
+    async with trio.open_nursery() as nursery:
+        if driven:
+            await nursery.start(sim.drive)
+        await trio.sleep(0.7)
+        nursery.start_soon(tick_on_grid, host.move_on_at, 1.25, ticks.append)
+        await trio.sleep(6.0)
+        nursery.cancel_scope.cancel()
+    assert ticks == pytest.approx([1.25, 2.5, 3.75, 5.0, 6.25], abs=1e-9)
+
+
+async def test_tick_on_grid_does_not_catch_up_missed_ticks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A tick that takes longer than the interval skips the grid points it covered."""
+    ticks: list[float] = []
+
+    def slow(now: float) -> None:
+        ticks.append(now)
+        autojump_clock.jump(2.6)  # as if the tick ran that long
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick_on_grid, trio_move_on_at, 1.0, slow)
+        await trio.sleep(7.5)
+        nursery.cancel_scope.cancel()
+    assert ticks == pytest.approx([1.0, 4.0, 7.0], abs=1e-9)

@@ -77,6 +77,7 @@ from p2pnode.core.identity import PeerId
 from p2pnode.node.frames import merge_envelope_frames
 from p2pnode.node.limits import TokenBucket
 from p2pnode.transport.channel import SecureChannel
+from p2pnode.transport.net import MoveOnAt, Wake
 
 logger = logging.getLogger("p2pnode.channels")
 
@@ -220,6 +221,33 @@ async def sleep_to_grid(interval: float) -> None:
     one timer pass for all of them instead of one each, at no cost to their bounds
     (each still runs once per ``interval``)."""
     await trio.sleep_until((math.floor(trio.current_time() / interval) + 1) * interval)
+
+
+async def tick_on_grid(
+    move_on_at: MoveOnAt, interval: float, tick: Callable[[float], None]
+) -> None:
+    """Call ``tick(now)`` at every multiple of ``interval`` on trio's clock, forever, as
+    :func:`sleep_to_grid` in a loop would; but through the network's timer
+    (``move_on_at``), so a network that runs timers itself (the simulator) calls
+    ``tick`` from its own task and this task does not wake at all. ``tick`` must not
+    block; what it raises ends the loop."""
+    sleeping: list[Wake] = []
+    due = [math.floor(trio.current_time() / interval) + 1]  # the next grid point's index
+
+    def on_due(now: float) -> None:
+        tick(now)
+        due[0] = max(due[0] + 1, math.floor(trio.current_time() / interval) + 1)
+        if sleeping:
+            sleeping[0].deadline = due[0] * interval
+
+    while True:
+        with move_on_at(due[0] * interval, on_due) as wake:
+            sleeping.append(wake)
+            await trio.sleep_forever()
+        sleeping.clear()
+        tick(trio.current_time())
+        # The next grid point after the tick: points it overran are skipped, not caught up.
+        due[0] = max(due[0] + 1, math.floor(trio.current_time() / interval) + 1)
 
 
 def describe_loss(exc: BaseException) -> str:

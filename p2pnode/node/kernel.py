@@ -197,7 +197,9 @@ class Kernel(TaskOwner):
         listener = await self.network.listen_stream(self.config.listen)
         self._listen_address = listener.local_address
         await nursery.start(self._run_links, listener)
-        nursery.start_soon(self.routing.expire_requests, self.config.request_timeout / 8)
+        nursery.start_soon(
+            self.routing.expire_requests, self.config.request_timeout / 8, self.network.move_on_at
+        )
         nursery.start_soon(self.hosting.keep_cards)
 
     async def _run_links(

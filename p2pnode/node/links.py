@@ -60,7 +60,7 @@ from p2pnode.node.channels import (
     PeerLink,
     close_quietly,
     describe_loss,
-    sleep_to_grid,
+    tick_on_grid,
     watch_interval,
 )
 from p2pnode.node.config import KernelConfig, parse_address
@@ -295,11 +295,12 @@ class LinkManager(TaskOwner):
         """Every link's watchdog check (PeerLink.watch), from one task for them all: a
         node wakes once per watch interval, however many links it holds."""
         interval = watch_interval(self._config.retry, self._config.channel.idle_timeout)
-        while True:
-            await sleep_to_grid(interval)
-            now = trio.current_time()
+
+        def watch_all(now: float) -> None:
             for link in list(self._links.values()):
                 link.watch(now)
+
+        await tick_on_grid(self._network.move_on_at, interval, watch_all)
 
     def _drop_closed(self) -> None:
         for peer_id in [p for p, link in self._links.items() if link.state is ChannelState.CLOSED]:

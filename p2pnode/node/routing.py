@@ -41,7 +41,7 @@ from p2pnode.core.identity import PeerId
 from p2pnode.core.registry import Registry
 from p2pnode.core.threadstore import ThreadStore
 from p2pnode.node.cardintake import CardIntake
-from p2pnode.node.channels import ChannelState, sleep_to_grid
+from p2pnode.node.channels import ChannelState, tick_on_grid
 from p2pnode.node.config import parse_address
 from p2pnode.node.discovery import Discovery
 from p2pnode.node.frames import (
@@ -76,6 +76,7 @@ from p2pnode.node.router import (
     silent_pass,
     split_address,
 )
+from p2pnode.transport.net import MoveOnAt, trio_move_on_at
 
 logger = logging.getLogger("p2pnode.node")
 
@@ -390,18 +391,21 @@ class Routing:
             failed += 1
         return failed
 
-    async def expire_requests(self, interval: float) -> None:
-        """Wake requests whose deadline passed, every ``interval`` seconds, forever."""
+    async def expire_requests(
+        self, interval: float, move_on_at: MoveOnAt = trio_move_on_at
+    ) -> None:
+        """Wake requests whose deadline passed, every ``interval`` seconds, forever
+        (through the network's timer ``move_on_at``: see :func:`tick_on_grid`)."""
         # One timer for all pending requests instead of a cancel scope per request, which
         # costs about 10 microseconds of every round trip. On the clock's grid of
         # ``interval``, as the links' watchdogs: nodes sharing a clock wake together.
-        while True:
-            await sleep_to_grid(interval)
-            now = trio.current_time()
-            for pending in list(self.pending.values()):
-                if pending.deadline <= now:
-                    pending.event.set()
-            self.release_departed()
+        await tick_on_grid(move_on_at, interval, self._expire)
+
+    def _expire(self, now: float) -> None:
+        for pending in list(self.pending.values()):
+            if pending.deadline <= now:
+                pending.event.set()
+        self.release_departed()
 
     def release_departed(self) -> int:
         """Release what peers this node has no channel to any more (they left) hold: their

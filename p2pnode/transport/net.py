@@ -193,6 +193,13 @@ class Network(abc.ABC):
         :func:`run_receiver` in this task."""
         await run_receiver(endpoint, receiver)
 
+    def move_on_at(
+        self, deadline: float, on_due: Callable[[float], None] | None = None
+    ) -> AbstractContextManager[Wake]:
+        """The timer of a periodic task (:data:`MoveOnAt`): here ``trio.move_on_at``; a
+        simulated network may keep it and run ``on_due`` from its own task instead."""
+        return trio_move_on_at(deadline, on_due)
+
     @abc.abstractmethod
     async def bind_datagram(self, address: Address) -> DatagramEndpoint:
         """Bind a datagram endpoint at ``address`` (port 0 picks a free port).
