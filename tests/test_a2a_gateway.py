@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +43,7 @@ from p2pnode.bridges.a2a.gateway import CARD_PATH, SCHEMAS_EXTENSION, Gateway, N
 from p2pnode.bridges.a2a.http import BearerGuard, base_url, listen, serve
 from p2pnode.bridges.a2a.mapping import MAX_PARTS, MAX_RAW_BYTES
 from p2pnode.core.envelope import Envelope
+from tests.loopthread import LoopThread
 
 #: Real sockets on loopback: the nodes' and the gateway's. One worker runs the module, so
 #: the swarm its tests share starts once.
@@ -154,74 +154,12 @@ async def gateway_swarm() -> AsyncIterator[Swarm]:
             sock.close()
 
 
-class Running:
-    """The swarm and the gateway, served by an asyncio loop in a thread of their own for
-    the whole module (starting and closing them costs more than all the checks)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.swarm: Swarm | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._failure: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, daemon=True)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def serve() -> None:
-            self._stop = asyncio.Event()
-            async with gateway_swarm() as swarm:
-                self.swarm = swarm
-                self._ready.set()
-                await self._stop.wait()
-
-        try:
-            self.loop.run_until_complete(serve())
-        except BaseException as exc:
-            self._failure = exc
-        finally:
-            self._ready.set()
-            # What the server left behind (sse-starlette's shutdown watchers) ends here.
-            pending = asyncio.all_tasks(self.loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                done = asyncio.gather(*pending, return_exceptions=True)
-                self.loop.run_until_complete(done)
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
-
-    def start(self) -> Swarm:
-        self.thread.start()
-        assert self._ready.wait(LIMIT * 3), "the swarm did not start"
-        if self.swarm is None:
-            raise AssertionError(f"the swarm did not start: {self._failure!r}")
-        return self.swarm
-
-    def run(self, check: Callable[[Swarm], Awaitable[None]]) -> None:
-        assert self.swarm is not None
-        swarm = self.swarm
-
-        async def bounded() -> None:
-            async with asyncio.timeout(LIMIT * 2):
-                await check(swarm)
-
-        asyncio.run_coroutine_threadsafe(bounded(), self.loop).result(LIMIT * 3)
-
-    def stop(self) -> None:
-        stop = self._stop
-        if stop is not None:
-            self.loop.call_soon_threadsafe(stop.set)
-        self.thread.join(LIMIT * 3)
-        assert not self.thread.is_alive(), "the swarm did not close"
-        if self._failure is not None:
-            raise self._failure
+Running = LoopThread[Swarm]
 
 
 @pytest.fixture(scope="module")
 def running() -> Iterator[Running]:
-    served = Running()
+    served = Running(gateway_swarm, LIMIT)
     served.start()
     yield served
     served.stop()
@@ -461,9 +399,7 @@ def test_a_streamed_message_over_the_limits_is_refused_too(running: Running) -> 
         (b"[]", -32600),
     ],
 )
-def test_malformed_json_rpc_gets_a_json_rpc_error(
-    running: Running, body: bytes, code: int
-) -> None:
+def test_malformed_json_rpc_gets_a_json_rpc_error(running: Running, body: bytes, code: int) -> None:
     async def check(swarm: Swarm) -> None:
         answer = await swarm.http.post(
             f"{swarm.url}/agents/echo/jsonrpc",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from p2pnode.bridges.a2a.supervise import (
 from p2pnode.core.envelope import Envelope, Metadata
 from p2pnode.core.errors import ErrorCode, P2PError
 from p2pnode.hosting.aio import AioNode
+from tests.loopthread import LoopThread
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("a2a-publish")]
 
@@ -246,70 +246,12 @@ async def publish_swarm() -> AsyncIterator[Swarm]:
             await server.stop()
 
 
-class Running:
-    """The swarm served by an asyncio loop in a thread of its own for the module."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.swarm: Swarm | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._failure: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, daemon=True)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def run() -> None:
-            self._stop = asyncio.Event()
-            async with publish_swarm() as swarm:
-                self.swarm = swarm
-                self._ready.set()
-                await self._stop.wait()
-
-        try:
-            self.loop.run_until_complete(run())
-        except BaseException as exc:
-            self._failure = exc
-        finally:
-            self._ready.set()
-            pending = asyncio.all_tasks(self.loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                done = asyncio.gather(*pending, return_exceptions=True)
-                self.loop.run_until_complete(done)
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
-
-    def start(self) -> None:
-        self.thread.start()
-        assert self._ready.wait(LIMIT * 3), "the swarm did not start"
-        if self.swarm is None:
-            raise AssertionError(f"the swarm did not start: {self._failure!r}")
-
-    def run(self, check: Callable[[Swarm], Awaitable[None]]) -> None:
-        assert self.swarm is not None
-        swarm = self.swarm
-
-        async def bounded() -> None:
-            async with asyncio.timeout(LIMIT * 2):
-                await check(swarm)
-
-        asyncio.run_coroutine_threadsafe(bounded(), self.loop).result(LIMIT * 3)
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(LIMIT * 3)
-        assert not self.thread.is_alive(), "the swarm did not close"
-        if self._failure is not None:
-            raise self._failure
+Running = LoopThread[Swarm]
 
 
 @pytest.fixture(scope="module")
 def running() -> Iterator[Running]:
-    served = Running()
+    served = Running(publish_swarm, LIMIT)
     served.start()
     yield served
     served.stop()
