@@ -9,8 +9,6 @@ Without them the test is skipped and says so; it never passes without running.""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 import trio
 
 from p2pnode.cli.process import NodeProcess
+from tests.jssdk import needs_js_sdk
 
 #: Every wait in this test gives up after this long.
 LIMIT = 60.0
@@ -100,15 +99,7 @@ console.log(JSON.stringify(out));
 """
 
 
-def _sdk() -> Path | None:
-    modules = os.environ.get("P2PNODE_A2A_JS_SDK")
-    if not modules:
-        return None
-    path = Path(modules)
-    return path if (path / "@a2a-js" / "sdk" / "package.json").exists() else None
-
-
-NODE, MODULES = shutil.which("node"), _sdk()
+NEEDS_SDK, NODE, MODULES = needs_js_sdk("P2PNODE_A2A_JS_SDK", "@a2a-js/sdk")
 
 
 async def _run_client(node: str, script: Path, ready: dict[str, Any], token: str) -> Any:
@@ -124,15 +115,10 @@ async def _run_client(node: str, script: Path, ready: dict[str, Any], token: str
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    NODE is None or MODULES is None,
-    reason="NOT RUN: needs node and @a2a-js/sdk; set P2PNODE_A2A_JS_SDK to a node_modules "
-    "directory holding it (npm install @a2a-js/sdk)",
-)
+@NEEDS_SDK
 async def test_the_javascript_sdk_discovers_sends_and_streams(tmp_path: Path) -> None:
-    node, modules = NODE, MODULES
-    assert node is not None and modules is not None
-    (tmp_path / "node_modules").symlink_to(modules)  # ESM resolves from the script's dir
+    node = NODE
+    (tmp_path / "node_modules").symlink_to(MODULES)  # ESM resolves from the script's dir
     script = tmp_path / "client.mjs"
     script.write_text(CLIENT)
     owner = NodeProcess(tmp_path / "owner")

@@ -11,13 +11,13 @@ says so; it never passes without running."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import trio
+
+from tests.jssdk import needs_js_sdk
 
 #: ``mcp serve``'s server over a stand-in for the swarm: one tool with a result, one
 #: refused, both declaring an output schema.
@@ -72,27 +72,14 @@ await client.close();
 """
 
 
-def _sdk() -> Path | None:
-    modules = os.environ.get("P2PNODE_MCP_TS_SDK")
-    if not modules:
-        return None
-    path = Path(modules)
-    return path if (path / "@modelcontextprotocol" / "sdk" / "package.json").exists() else None
-
-
-NODE, MODULES = shutil.which("node"), _sdk()
+NEEDS_SDK, NODE, MODULES = needs_js_sdk("P2PNODE_MCP_TS_SDK", "@modelcontextprotocol/sdk")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    NODE is None or MODULES is None,
-    reason="NOT RUN: needs node and @modelcontextprotocol/sdk; set P2PNODE_MCP_TS_SDK to a "
-    "node_modules directory holding it (npm install @modelcontextprotocol/sdk)",
-)
+@NEEDS_SDK
 async def test_the_typescript_sdk_reads_results_and_error_results(tmp_path: Path) -> None:
-    node, modules = NODE, MODULES
-    assert node is not None and modules is not None
-    (tmp_path / "node_modules").symlink_to(modules)  # ESM resolves from the script's dir
+    node = NODE
+    (tmp_path / "node_modules").symlink_to(MODULES)  # ESM resolves from the script's dir
     script = tmp_path / "check.mjs"
     script.write_text(CLIENT)
     server = tmp_path / "server.py"
