@@ -9,7 +9,7 @@ with the Agent Card API is :class:`p2pnode.dht.node.DhtNode`.
 May import: core, transport.
 """
 
-from p2pnode.dht.config import DhtConfig, DhtStatistics
+from p2pnode.dht.config import DhtConfig, DhtMode, DhtStatistics
 from p2pnode.dht.lookup import Lookup, PeerState, RecordCollector, RttEstimator, merge_records
 from p2pnode.dht.records import (
     ProviderInfo,
@@ -42,6 +42,7 @@ __all__ = [
     "Contact",
     "DatagramDropped",
     "DhtConfig",
+    "DhtMode",
     "DhtStatistics",
     "DropReason",
     "Lookup",

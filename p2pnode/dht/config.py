@@ -13,8 +13,19 @@ line may be due. No clock reads: ``now`` is a parameter.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
+
+
+class DhtMode(enum.Enum):
+    """Whether the node answers requests (docs/protocol/dht.md §5.3)."""
+
+    #: Answers every request: it can be proven, admitted and routed through.
+    SERVER = "server"
+    #: Answers no request (a node others cannot reach): it is never admitted to a
+    #: routing table, so no lookup routes through it; it still looks up and stores.
+    CLIENT = "client"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,8 @@ class DhtStatistics:
     admissions_refused: int = 0
     #: Attempts to join again from the bootstrap and snapshot addresses (dht.md §5.2).
     rejoins: int = 0
+    #: Requests left unanswered because the node runs in client mode (dht.md §5.3).
+    requests_ignored: int = 0
 
 
 

@@ -67,7 +67,7 @@ from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.core.identity import Identity
 from p2pnode.dht import rpcwire
 from p2pnode.dht.calls import NO_REPLY, Calls, count_answers
-from p2pnode.dht.config import DhtConfig, DhtStatistics, LogSummary
+from p2pnode.dht.config import DhtConfig, DhtMode, DhtStatistics, LogSummary
 from p2pnode.dht.gate import Gate
 from p2pnode.dht.handlers import RequestHandlers
 from p2pnode.dht.lookup import Lookup, RttEstimator, merge_records
@@ -190,6 +190,7 @@ class DhtPeer:
         self._endpoint: DatagramEndpoint | None = None
         self._nursery: trio.Nursery | None = None
         self._running: AbstractAsyncContextManager[Self] | None = None
+        self._mode = DhtMode.SERVER
 
     def _timed_work(self, config: DhtConfig) -> None:
         """What the node's timer runs besides the calls' timeouts: republishing,
@@ -284,6 +285,19 @@ class DhtPeer:
         if self._endpoint is None:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, "node not started")
         return self._endpoint.local_address
+
+    @property
+    def mode(self) -> DhtMode:
+        """SERVER (the start) or CLIENT: whether requests are answered (dht.md §5.3)."""
+        return self._mode
+
+    def set_mode(self, mode: DhtMode) -> None:
+        """Answer requests (SERVER) or none (CLIENT: for a node others cannot reach,
+        which then never enters a routing table). Its own requests, lookups, stores
+        and records work alike in both modes."""
+        if mode is not self._mode:
+            log.info("dht.mode %s -> %s", self._mode.value, mode.value)
+            self._mode = mode
 
     def statistics(self) -> DhtStatistics:
         """A copy of the node's counters."""
@@ -388,7 +402,12 @@ class DhtPeer:
     # ------------------------------------------------------------------ core events
 
     def _on_request(self, event: RequestReceived, now: float) -> None:
-        """Answer ``event``, which arrived at ``now``."""
+        """Answer ``event``, which arrived at ``now`` (in client mode: ignore it)."""
+        if self._mode is DhtMode.CLIENT:
+            # Silence, not a refusal: nobody can prove this node's address, so it
+            # is admitted nowhere (§5.1) and never handed out as a contact.
+            self.stats.requests_ignored += 1
+            return
         try:
             reply = self.handlers.answer_untrusted(event.method, event.source, event.args, now)
             self.rpc.reply(event, reply)
