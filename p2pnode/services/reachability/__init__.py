@@ -13,6 +13,7 @@ from p2pnode.services.reachability.verdict import (
     Report,
     Verdict,
     decide,
+    dht_mode,
     pick_checkers,
 )
 from p2pnode.services.reachability.wire import (
@@ -36,5 +37,6 @@ __all__ = [
     "Transport",
     "Verdict",
     "decide",
+    "dht_mode",
     "pick_checkers",
 ]

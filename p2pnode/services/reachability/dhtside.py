@@ -7,6 +7,7 @@
 * ``stun`` to a checker's DHT, from the node's own DHT socket: where that checker sees
   it (the mapping the NAT made towards that checker).
 * A lookup of a random key: peers the network, not this node, picked.
+* The DHT's mode, set from the verdict (client when the node is unreachable).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import trio
 
 from p2pnode.core.identity import PeerId
 from p2pnode.dht.calls import NO_REPLY
+from p2pnode.dht.config import DhtMode
 from p2pnode.dht.contacts import Contact
 from p2pnode.dht.rpcwire import (
     MSG_ID_BYTES,
@@ -46,6 +48,8 @@ class _Dht(Protocol):
     def calls(self) -> _Calls: ...
 
     async def find_node(self, target: bytes) -> list[Contact]: ...
+
+    def set_mode(self, mode: DhtMode) -> None: ...
 
 
 class DhtReach:
@@ -97,6 +101,10 @@ class DhtReach:
     async def looked_up(self) -> list[tuple[PeerId, Address]]:
         contacts = await self._dht.find_node(self._rng.randbytes(20))
         return [(PeerId(c.node_id), c.address) for c in contacts]
+
+
+    def set_mode(self, mode: DhtMode) -> None:
+        self._dht.set_mode(mode)
 
 
 __all__ = ["MAX_STRAY", "DhtReach"]

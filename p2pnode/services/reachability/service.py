@@ -18,7 +18,9 @@ Theory of operation (docs/protocol/reachability.md):
   (:func:`~p2pnode.services.reachability.verdict.pick_checkers`), asks them all at once,
   and asks each checker's DHT, by ``stun``, where it sees this node's UDP socket. The
   answers go to :func:`~p2pnode.services.reachability.verdict.decide`; the last verdict
-  is :attr:`ReachabilityService.verdict`.
+  is :attr:`ReachabilityService.verdict`. The verdict also sets the DHT's mode
+  (:func:`~p2pnode.services.reachability.verdict.dht_mode`): a node nobody reaches
+  queries the DHT as a client and answers no DHT request.
 
 The kernel side (observed addresses, open channels, opening one, the node's own
 addresses) and the DHT side come in as protocols from the composition root.
@@ -40,6 +42,7 @@ from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.identity import Identity, PeerId
+from p2pnode.dht.config import DhtMode
 from p2pnode.node.limits import PeerQuota
 from p2pnode.node.service import ServiceHost
 from p2pnode.services.reachability.verdict import (
@@ -47,6 +50,7 @@ from p2pnode.services.reachability.verdict import (
     Report,
     Verdict,
     decide,
+    dht_mode,
     pick_checkers,
 )
 from p2pnode.services.reachability.wire import (
@@ -118,6 +122,9 @@ class DhtSide(Protocol):
 
     async def looked_up(self) -> list[tuple[PeerId, Address]]:
         """Peers near a random key, by a DHT lookup: their ids and UDP addresses."""
+
+    def set_mode(self, mode: DhtMode) -> None:
+        """Switch the DHT to answering requests (SERVER) or none (CLIENT)."""
 
 
 def _card_of(host: ServiceHost, peer: PeerId, now_ms: int) -> AgentCard | None:
@@ -304,7 +311,14 @@ class ReachabilityService:
         verdict = decide(reports, request.candidates)
         logger.info("reachability: %s", verdict.to_dict())
         self.verdict = verdict
+        self._apply(verdict)
         return verdict
+
+    def _apply(self, verdict: Verdict) -> None:
+        """Put the DHT in the mode ``verdict`` calls for (§5): client when unreachable."""
+        dht, mode = self._dht(), dht_mode(verdict)
+        if dht is not None and mode is not None:
+            dht.set_mode(mode)
 
     async def _checkers(self) -> list[tuple[AgentCard, Address | None]]:
         """The checkers to ask: a card of each, and its DHT's address (from the lookup;

@@ -19,6 +19,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from p2pnode.dht.config import DhtMode
 from p2pnode.services.reachability.wire import Address, Candidate, Outcome
 
 #: Agreeing checkers needed for any conclusion.
@@ -172,6 +173,21 @@ def pick_checkers(
     return chosen
 
 
+#: The DHT mode each reachability calls for (§5); UNKNOWN leaves the mode as it is.
+_DHT_MODES: dict[Reachability, DhtMode | None] = {
+    Reachability.REACHABLE: DhtMode.SERVER,
+    Reachability.UNREACHABLE: DhtMode.CLIENT,
+    Reachability.UNKNOWN: None,
+}
+
+
+def dht_mode(verdict: Verdict) -> DhtMode | None:
+    """The DHT mode ``verdict`` calls for (reachability.md §5): a node nobody can
+    reach answers no DHT request, so it stays out of routing tables; None: keep the
+    mode (not enough agreeing answers)."""
+    return _DHT_MODES[verdict.reachability]
+
+
 __all__ = [
     "DEFAULT_CHECKERS",
     "QUORUM",
@@ -180,6 +196,7 @@ __all__ = [
     "Report",
     "Verdict",
     "decide",
+    "dht_mode",
     "pick_checkers",
     "quorum_value",
 ]
