@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from p2pnode.dht import DhtMode
 from p2pnode.dht.node import DhtNode
 from p2pnode.dht.rpcwire import Response, decode_datagram_untrusted, encode_request
-from p2pnode.services.reachability import Reachability, Verdict, dht_mode
+from p2pnode.services.reachability import NatMapping, Reachability, Verdict, dht_mode
 from p2pnode.simnet import SimNetwork
 from tests.sim import FAST_DHT, dht_swarm, identity, make_card, virtual_ms, wait_until
 
@@ -137,7 +137,8 @@ def test_a_request_is_answered_exactly_while_the_node_is_a_server(modes: list[Dh
         async with DhtNode(
             host, identity=identity(random.Random(8)), address=(host.host, 4000)
         ) as peer:
-            assert peer.mode is DhtMode.SERVER  # every node starts a server
+            started: DhtMode = peer.mode
+            assert started is DhtMode.SERVER  # every node starts a server
             ignored = 0
             for mode in modes:
                 peer.set_mode(mode)
@@ -150,7 +151,7 @@ def test_a_request_is_answered_exactly_while_the_node_is_a_server(modes: list[Dh
 
 
 def _verdict(reachability: Reachability) -> Verdict:
-    return Verdict(reachability, (), (), None, None, None, ())
+    return Verdict(reachability, (), (), None, NatMapping.UNKNOWN, None, ())
 
 
 @given(st.sampled_from(list(Reachability)))

@@ -22,9 +22,10 @@ never routed from outside. :class:`NatNetwork` is a
 :class:`~p2pnode.simnet.network.SimNetwork` whose datagrams pass these NATs: its
 :meth:`NatNetwork.add_nat_host` gives a host behind a new NAT, whose datagrams reach
 others from the public address and whose inbound datagrams the NAT filters. Streams
-(TCP) are not translated: an inside host's connections leave from its inside address,
-and a connection to an inside or NAT public address is never answered (a SYN into a
-NAT without a forwarded port), so a dial-back over TCP fails as it does behind a real NAT.
+(TCP): an inside host's connections reach the far end from the NAT's public IP (the
+port kept), and a connection to an inside or NAT public address is never answered (a
+SYN into a NAT without a forwarded port), so a dial-back over TCP fails as it does
+behind a real NAT.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 import trio
 
 from p2pnode.simnet.network import LinkConditions, SimHost, SimNetwork
+from p2pnode.simnet.streams import SimStream
 from p2pnode.transport.net import Address
 
 #: Seconds a UDP mapping lives after the last datagram sent out through it (RFC 4787 REQ-5).
@@ -268,10 +270,17 @@ class _NatAwareHost(SimHost):
 
     async def connect_stream(self, address: Address) -> trio.abc.Stream:
         sim = self.sim
-        if isinstance(sim, NatNetwork) and sim.behind_nat(address[0]) and address[0] != self.host:
+        assert isinstance(sim, NatNetwork)
+        if sim.behind_nat(address[0]) and address[0] != self.host:
             await trio.sleep(sim.connect_timeout)
             raise OSError(f"connect to {address} timed out")
-        return await super().connect_stream(address)
+        stream = await super().connect_stream(address)
+        nat = sim.nat_of(self.host)
+        if nat is not None and isinstance(stream, SimStream) and stream._peer is not None:
+            # The far end sees the connection come from the NAT's public IP (the port
+            # kept as it is); no task ran since it was queued, so none saw it before.
+            stream._peer.remote_address = (nat.public_ip, stream.local_address[1])
+        return stream
 
 
 __all__ = [

@@ -136,6 +136,19 @@ def _card_of(host: ServiceHost, peer: PeerId, now_ms: int) -> AgentCard | None:
     return None
 
 
+def _with_external_udp(
+    chosen: list[Candidate], mapped: dict[Address | None, Address | None]
+) -> list[Candidate]:
+    """``chosen`` and the external UDP address a quorum of ``stun`` replies named (a
+    consistent mapping, §2.1), if it is not among them and there is room."""
+    reports = [Report(f"stun{i}", mapped=m) for i, m in enumerate(mapped.values())]
+    external = decide(reports, []).external_udp
+    if external is None or len(chosen) >= MAX_ADDRESSES:
+        return chosen
+    extra = Candidate(Transport.UDP, external[0], external[1])
+    return chosen if extra in chosen else [*chosen, extra]
+
+
 def _first_address(card: AgentCard) -> Address | None:
     for text in card.addresses:
         host, _, port = text.rpartition(":")
@@ -292,16 +305,20 @@ class ReachabilityService:
         Raises LocalError(INVALID_ARGUMENT) for no or too many candidates, or when
         this node hosts no agent to ask as.
         """
+        own = candidates is None
         chosen = list(candidates) if candidates is not None else self._kernel.candidates()
         if not 0 < len(chosen) <= MAX_ADDRESSES:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"1-{MAX_ADDRESSES} candidates")
-        request = DialRequest(self._nonce(NONCE_BYTES), tuple(dict.fromkeys(chosen)))
         sender = self._kernel.sender()
         checkers = await self._checkers()
+        mapped = await self._stun_all(checkers)
+        if own:
+            chosen = _with_external_udp(chosen, mapped)
+        request = DialRequest(self._nonce(NONCE_BYTES), tuple(dict.fromkeys(chosen)))
         reports: list[Report] = []
 
         async def ask(card: AgentCard, udp: Address | None) -> None:
-            report = await self._ask(sender, card, udp, request)
+            report = await self._ask(sender, card, request, mapped.get(udp))
             if report is not None:
                 reports.append(report)
 
@@ -311,8 +328,25 @@ class ReachabilityService:
         verdict = decide(reports, request.candidates)
         logger.info("reachability: %s", verdict.to_dict())
         self.verdict = verdict
-        self._apply(verdict)
+        if own:
+            self._apply(verdict)
         return verdict
+
+    async def _stun_all(
+        self, checkers: Sequence[tuple[AgentCard, Address | None]]
+    ) -> dict[Address | None, Address | None]:
+        """Where each checker's DHT sees this node's DHT socket (§2.4), by its address."""
+        dht = self._dht()
+        mapped: dict[Address | None, Address | None] = {}
+
+        async def stun(dht: DhtSide, udp: Address) -> None:
+            mapped[udp] = await dht.stun(udp)
+
+        async with trio.open_nursery() as nursery:
+            for _, udp in checkers:
+                if dht is not None and udp is not None:
+                    nursery.start_soon(stun, dht, udp)
+        return mapped
 
     def _apply(self, verdict: Verdict) -> None:
         """Put the DHT in the mode ``verdict`` calls for (§5): client when unreachable."""
@@ -368,22 +402,11 @@ class ReachabilityService:
         return None
 
     async def _ask(
-        self, sender: str, card: AgentCard, udp: Address | None, request: DialRequest
+        self, sender: str, card: AgentCard, request: DialRequest, mapped: Address | None
     ) -> Report | None:
-        """One checker's report (None when it did not answer or answered nonsense); its
-        DHT (at ``udp``) is asked by ``stun`` meanwhile."""
-        dht = self._dht()
-        mapped: Address | None = None
-        answer: DialAnswer | None = None
-
-        async def stun(dht: DhtSide, udp: Address) -> None:
-            nonlocal mapped
-            mapped = await dht.stun(udp)
-
-        async with trio.open_nursery() as nursery:
-            if dht is not None and udp is not None:
-                nursery.start_soon(stun, dht, udp)
-            answer = await self._answer(sender, card, request)
+        """One checker's report (None when it did not answer or answered nonsense);
+        ``mapped``: where its DHT saw this node's DHT socket (§2.4)."""
+        answer = await self._answer(sender, card, request)
         if answer is None:
             return None
         outcomes = dict(zip(request.candidates, answer.outcomes, strict=True))
