@@ -437,12 +437,34 @@ def test_the_store_keeps_the_configs_of_the_tasks_set_last() -> None:
 
 def test_pushes_past_the_pending_limit_are_dropped_not_queued() -> None:
     async def main() -> None:
-        push = PushDelivery(PushConfigStore(), max_pending=2)
-        for _ in range(5):  # no config: each push is dropped once its turn comes
+        store = PushConfigStore()
+        await store.set_info("t", push_config("http://h/x"), ServerCallContext())
+        await store.delete_info("t", ServerCallContext(), "t")
+        push = PushDelivery(store, max_pending=2)
+        for _ in range(5):  # its config deleted: each push is dropped once its turn comes
             push.send_nowait("t", Task(id="t"))
         assert push.statistics()["pending"] == 2 and push.statistics()["dropped"] == 3
         await push.wait_idle()
         assert push.statistics()["pending"] == 0
+        await push.aclose()
+
+    run(main)
+
+
+def test_events_of_a_task_without_a_config_are_not_queued() -> None:
+    async def main() -> None:
+        store = PushConfigStore()
+        push = PushDelivery(store)
+        for _ in range(3):
+            push.send_nowait("t", Task(id="t"))
+        assert push.statistics() == {"sent": 0, "failed": 0, "dropped": 0, "too_large": 0,
+                                     "pending": 0}  # fmt: skip
+        await store.set_info("t", push_config("http://h/x"), ServerCallContext())
+        await store.delete_info("t", ServerCallContext(), "t")
+        push.send_nowait("t", Task(id="t"))  # given a config once: queued, read at its turn
+        assert push.statistics()["pending"] == 1
+        await push.wait_idle()
+        assert push.statistics()["pending"] == 0 and push.statistics()["sent"] == 0
         await push.aclose()
 
     run(main)

@@ -110,6 +110,11 @@ class PushConfigStore(InMemoryPushNotificationConfigStore):
                 if not infos[owner]:
                     del infos[owner]
 
+    def may_have_configs(self, task_id: str) -> bool:
+        """Whether ``task_id`` has been given a config and not forgotten since (its
+        configs may have been deleted after: a push's turn reads them again)."""
+        return task_id in self._order
+
     def statistics(self) -> dict[str, int]:
         """How many tasks have configs."""
         return {"tasks": len(self._order)}
@@ -150,8 +155,10 @@ class PushDelivery(BasePushNotificationSender):
 
     def send_nowait(self, task_id: str, event: PushNotificationEvent) -> None:
         """Queue ``event`` of ``task_id`` for its webhooks (a copy: the SDK goes on
-        changing its task). After :meth:`aclose` it does nothing."""
-        if self._closed:
+        changing its task). An event of a task without a config is not queued: a
+        blocking send's four events would otherwise each cost a copy, a task and a
+        serialization for nothing. After :meth:`aclose` it does nothing."""
+        if self._closed or not self.store.may_have_configs(task_id):
             return
         if self._pending >= self._max_pending:
             self._stats["dropped"] += 1
