@@ -97,6 +97,8 @@ CARD_PATH: Final = "/.well-known/agent-card.json"
 #: most of a refused JSON-RPC body it reads to answer with the request's id.
 SERVED_VERSION: Final = (1, 0)
 MAX_REFUSED_BODY: Final = 1 << 20
+#: Where the handler keeps a message's payload and capability for the executor.
+_REQUEST_STATE: Final = "p2pnode.a2a.request"
 _VERSION = re.compile(r"\s*(\d{1,6})\.(\d{1,6})(?:\.\d{1,6})?\s*")
 
 
@@ -212,11 +214,23 @@ class SwarmExecutor(AgentExecutor):
             logger.info("message %s to %s refused: %s", message.message_id, self.card.id, exc)
             raise InvalidParamsError(exc.message, data=error_data(exc)) from None
 
+    def checked_request_of(self, message: Message, context: ServerCallContext) -> None:
+        """Check ``message`` as :meth:`request_of` does (raises InvalidParamsError) and
+        keep what it asks in ``context`` for :meth:`execute`, so a message is read once."""
+        context.state[_REQUEST_STATE] = (message, self.request_of(message))
+
+    def _request_for(self, context: RequestContext, message: Message) -> tuple[Any, str | None]:
+        kept = context.call_context.state.get(_REQUEST_STATE)
+        if kept is not None and kept[0] is message:
+            request: tuple[Any, str | None] = kept[1]
+            return request
+        return self.request_of(message)
+
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         message = context.message
         if message is None:
             raise InvalidParamsError("a message is required")
-        payload, capability = self.request_of(message)
+        payload, capability = self._request_for(context, message)
         assert context.task_id is not None and context.context_id is not None
         updater = TaskUpdater(event_queue, context.task_id, context.context_id)
         if context.current_task is None:
@@ -282,14 +296,14 @@ class GatewayHandler(DefaultRequestHandler):
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
-        self._executor.request_of(params.message)
+        self._executor.checked_request_of(params.message, context)
         answer: Message | Task = await super().on_message_send(params, context)
         return answer
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event, None]:
-        self._executor.request_of(params.message)
+        self._executor.checked_request_of(params.message, context)
         async for event in super().on_message_send_stream(params, context):
             yield event
 
