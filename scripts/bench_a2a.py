@@ -12,9 +12,17 @@ asyncio loop:
     is an echo agent on another node: each message also becomes a request over a
     Noise channel between two in-process nodes on loopback TCP, and back.
 
+Both rows do the same SDK work: the same client and client config, the SDK's handler
+and routes behind the same bearer guard, and the same four events per message (the
+task, working, the artifact, completed), kept in an in-memory task store.
+
 Rows: p50 and p90 of one message at a time (``--calls``, after a warm-up), and messages
 per second with ``--concurrent`` in flight (``--burst`` messages). Target: (b) p50 <=
 1.3x (a) p50, what the swarm hop may add to the SDK's own cost. Needs the a2a extra.
+
+``--layout two`` (or ``both``) measures each row again with its server in a child
+process (``--serve sdk|gateway``; the gateway's process holds both nodes), so the
+client's work and the server's do not share one loop; ``one`` is the layout above.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -170,14 +179,53 @@ async def _burst(call: Callable[[int], Awaitable[None]], total: int, width: int)
     return total / (time.perf_counter() - start)
 
 
+def in_process(row: str) -> Any:
+    """The server of ``row`` ("sdk" or "gateway") in this process; yields its client URL."""
+    return served(_sdk_app) if row == "sdk" else gateway_echo()
+
+
+@asynccontextmanager
+async def in_child(row: str) -> AsyncIterator[str]:
+    """The server of ``row`` in a child process (``--serve``); yields its client URL. The
+    child serves until its stdin closes."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--serve", row,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        line = await asyncio.wait_for(child.stdout.readline(), 60)
+        if not line:
+            raise RuntimeError(f"the {row} server did not start")
+        yield line.decode().strip()
+    finally:
+        child.stdin.close()
+        try:
+            await asyncio.wait_for(child.wait(), 30)
+        except TimeoutError:
+            child.kill()
+            await child.wait()
+
+
+async def serve_row(row: str) -> None:
+    """``--serve``: serve ``row``, print its client URL, stop when stdin closes."""
+    async with in_process(row) as url:
+        print(url, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    async with served(_sdk_app) as url:
-        sdk = await measure(url, args)
-    async with gateway_echo() as url:
-        gateway = await measure(url, args)
-    ratio = gateway["p50_ms"] / sdk["p50_ms"]
-    return {"sdk": sdk, "gateway": gateway, "p50_ratio": ratio, "target": TARGET_RATIO,
-            "met": ratio <= TARGET_RATIO}  # fmt: skip
+    layouts = {"one": [("", in_process)], "two": [("_two", in_child)]}
+    layouts["both"] = layouts["one"] + layouts["two"]
+    result: dict[str, Any] = {"target": TARGET_RATIO}
+    for suffix, where in layouts[args.layout]:
+        for row in ("sdk", "gateway"):
+            async with where(row) as url:
+                result[row + suffix] = await measure(url, args)
+        ratio = result["gateway" + suffix]["p50_ms"] / result["sdk" + suffix]["p50_ms"]
+        result["p50_ratio" + suffix] = ratio
+        result["met" + suffix] = ratio <= TARGET_RATIO
+    return result
 
 
 if __name__ == "__main__":
@@ -185,7 +233,14 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument("--burst", type=int, default=640)
-    result = asyncio.run(main(parser.parse_args()))
-    for row in ("sdk", "gateway"):
-        print(row, {k: round(v, 2) for k, v in result[row].items()})
-    print(json.dumps({k: result[k] for k in ("p50_ratio", "target", "met")}))
+    parser.add_argument("--layout", choices=["one", "two", "both"], default="both")
+    parser.add_argument("--serve", choices=["sdk", "gateway"], help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.serve is not None:
+        asyncio.run(serve_row(arguments.serve))
+        sys.exit(0)
+    result = asyncio.run(main(arguments))
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(key, {k: round(v, 2) for k, v in value.items()})
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))

@@ -61,7 +61,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, Router
 
 from p2pnode.bridges.a2a.mapping import (
     Outcome,
@@ -453,7 +453,10 @@ class Gateway:
         self.timeout = timeout
         self._apps: OrderedDict[str, tuple[tuple[object, ...], Starlette]] = OrderedDict()
         self._stores: OrderedDict[str, BoundedTaskStore] = OrderedDict()
-        self.app = Starlette(
+        # A bare router: each agent's app is a Starlette app with its own error and
+        # exception middleware, and a second such stack around it cost every request
+        # its layers and every send two more wrappers.
+        self.app = Router(
             routes=[
                 Route("/agents", self._index, methods=["GET"]),
                 Mount("/agents/{agent_id}", app=self._agent_app),
