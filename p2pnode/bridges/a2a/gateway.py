@@ -181,7 +181,14 @@ class NodeSwarm:
 
 
 def _parts(parts: list[dict[str, Any]]) -> list[Part]:
-    return [ParseDict(part, Part()) for part in parts]
+    return [_part(part) for part in parts]
+
+
+def _part(part: dict[str, Any]) -> Part:
+    text = part.get("text")
+    if len(part) == 1 and isinstance(text, str):
+        return Part(text=text)  # what ParseDict makes of it, without its generic walk
+    return ParseDict(part, Part())
 
 
 def _error_message(updater: TaskUpdater, exc: P2PError) -> Message:
