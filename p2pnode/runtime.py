@@ -18,7 +18,9 @@ with its services, built in this order and wired here only:
    (:meth:`Node.serve_metrics`) where the daemon asks for them;
 6. **reachability** (``node.reachability``): serves ``reach.dialback`` to every peer
    and checks this node's own addresses (:meth:`Node.check_reachability`); its UDP
-   side is the DHT's, wired by :func:`open_node`.
+   side is the DHT's, wired by :func:`open_node`. ``node.auto_reach`` runs the check
+   once the node has peers enough, then every 10 minutes, and gives the kernel's
+   cards the confirmed addresses (:meth:`Kernel.set_card_addresses`).
 
 :class:`Node` is a subclass of the kernel so that everything the kernel offers
 (``send``, ``request``, ``find``, ``add_agent``, ``connect``, its ``routing`` and
@@ -58,6 +60,7 @@ from p2pnode.node.holepunch import HolePunchService, KernelLinks, tcp_dial_from
 from p2pnode.node.kernel import Kernel
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.metrics import MetricsExporter
+from p2pnode.services.reachability.auto import AutoCheck, AutoSide, ScheduleConfig
 from p2pnode.services.reachability.dhtside import DhtReach
 from p2pnode.services.reachability.service import ReachabilityService
 from p2pnode.services.reachability.verdict import Verdict
@@ -91,6 +94,8 @@ class NodeConfig(KernelConfig):
     tasks: TaskConfig = field(default_factory=TaskConfig)
     #: The DHT's tunables (:func:`open_node`); defaults as docs/protocol/dht.md §7.
     dht: DhtConfig = field(default_factory=DhtConfig)
+    #: When the node checks its own addresses by itself (reachability.md §6).
+    reachability: ScheduleConfig = field(default_factory=ScheduleConfig)
 
 
 class SwarmSlot:
@@ -188,6 +193,15 @@ class Node(Kernel):
             self, network, self._reach_kernel, lambda: self._dht_reach
         )
         self.reachability.serve_on(self)
+        #: Checks this node's addresses now and then; its cards list the confirmed ones.
+        self.auto_reach = AutoCheck(
+            AutoSide(
+                self.reachability.check, self._reach_peers, self._reach_addresses,
+                self.set_card_addresses,
+            ),
+            config.reachability,
+            random.Random(),
+        )
         #: Upgrades relayed channels to direct ones (docs/protocol/holepunch.md); only
         #: on real TCP sockets.
         self.holepunch = HolePunchService(
@@ -199,6 +213,17 @@ class Node(Kernel):
         await super()._start(nursery)
         await nursery.start(self.tasks.run)
         await nursery.start(self.holepunch.run)
+        await nursery.start(self.auto_reach.run)
+
+    def _reach_peers(self) -> int:
+        """Peers that may be checkers: open channels and DHT contacts."""
+        discovery = self.discovery
+        contacts = len(discovery.dht.table) if isinstance(discovery, DhtDiscovery) else 0
+        return len(self._reach_kernel.met()) + contacts
+
+    def _reach_addresses(self) -> tuple[object, ...]:
+        """The node's own addresses and relays: a change calls for a check."""
+        return (tuple(self._reach_kernel.candidates()), self.config.relays)
 
     # -- services opened on demand ----------------------------------------------------------
 
@@ -269,8 +294,11 @@ class Node(Kernel):
     async def check_reachability(self) -> Verdict:
         """Ask peers to dial this node's addresses back (docs/protocol/reachability.md);
         the verdict, also in ``status``. Raises LocalError(AGENT_NOT_FOUND) when the node
-        hosts no agent to ask as."""
-        return await self.reachability.check()
+        hosts no agent to ask as. A decisive verdict sets the cards' direct addresses
+        (reachability.md §6), as the automatic checks do."""
+        verdict = await self.reachability.check()
+        await self.auto_reach.apply(verdict)
+        return verdict
 
     # -- status -----------------------------------------------------------------------------
 
@@ -283,7 +311,12 @@ class Node(Kernel):
         out["documentWarnings"] = shared.warnings() if shared is not None else {}
         out["discovery"] = discovery
         out["tasks"] = self.tasks.statistics()
-        out["reachability"] = self.reachability.statistics()
+        # The verdict (with its confirmed addresses), what the cards list, the DHT's mode.
+        reach = self.reachability.statistics()
+        reach["cardAddresses"] = list(self.hosting.card_addresses())
+        reach["dhtMode"] = discovery.get("mode")
+        reach["auto"] = self.auto_reach.statistics()
+        out["reachability"] = reach
         out["holepunch"] = self.holepunch.statistics()
         out["metrics"] = metrics
         return out

@@ -314,6 +314,8 @@ class AgentHost:
         self._links = links
         self._routing = routing
         self._advertised_addresses = advertised_addresses
+        #: The direct addresses new cards list, when set (set_card_addresses).
+        self._card_addresses: tuple[str, ...] | None = None
         self._on_removed = on_removed
         self._clock_ms = clock_ms
         #: Set when a local agent's task has ended (its inbox closed and drained).
@@ -342,7 +344,7 @@ class AgentHost:
     def _new_card(self, agent: Agent) -> AgentCard:
         """A first card for ``agent`` on this node (signed when registered)."""
         now = self._clock_ms()
-        addresses = tuple(self._advertised_addresses())
+        addresses = self.card_addresses()
         card = AgentCard(
             id=agent.id,
             name=agent.name,
@@ -361,6 +363,31 @@ class AgentHost:
             expires_at=now + self._config.card_ttl_seconds * 1000,
         )
         return _listing_catalog(card, agent)
+
+    def card_addresses(self) -> tuple[str, ...]:
+        """The direct addresses the local cards list (by default the node's own)."""
+        if self._card_addresses is not None:
+            return self._card_addresses
+        return tuple(self._advertised_addresses())
+
+    async def set_card_addresses(self, addresses: Iterable[str] | None) -> bool:
+        """See :meth:`p2pnode.node.kernel.Kernel.set_card_addresses`."""
+        before = self.card_addresses()
+        self._card_addresses = tuple(addresses) if addresses is not None else None
+        after = self.card_addresses()
+        if after == before:
+            return False
+        for agent in list(self.agents.values()):
+            card = agent.card
+            # Relayed and other endpoints stay; the direct ones follow the addresses.
+            kept = tuple(e for e in card.endpoints if e.address not in card.addresses)
+            direct = tuple(Endpoint("tcp+noise", a) for a in after)
+            readdressed = dataclasses.replace(card, addresses=after, endpoints=direct + kept)
+            try:
+                await self.add_agent_card(readdressed, agent.definition)
+            except P2PError as exc:
+                self._events.error(exc.code, f"readdressing the card of {card.id}: {exc.message}")
+        return True
 
     async def add_agent_card(
         self,

@@ -125,11 +125,12 @@ class DhtDiscovery:
         self.dht.on_withdrawal = seen
 
     def statistics(self) -> dict[str, Any]:
-        """The DHT's counters (docs/protocol/dht.md), its routing table size, the contacts
+        """The DHT's mode, its counters (docs/protocol/dht.md), its routing table size, the contacts
         of each bucket (farthest from our id first) and its records."""
         stats = dataclasses.asdict(self.dht.statistics())
         table = self.dht.table
         return {
+            "mode": self.dht.mode.value,  # server, or client (reachability.md §5)
             "contacts": len(table),
             "buckets": table.bucket_fill(),
             "records": len(self.dht.records),

@@ -290,6 +290,13 @@ class Kernel(TaskOwner):
             host = "127.0.0.1"
         return [format_address((host, port))]
 
+    async def set_card_addresses(self, addresses: Iterable[str] | None) -> bool:
+        """List ``addresses`` (``host:port``) as the direct addresses of the local cards,
+        or the node's own (:meth:`advertised_addresses`) again with None; relayed
+        endpoints stay. When the list changes, every local card is re-issued (a new
+        revision, announced as any update); True then, False when nothing changed."""
+        return await self.hosting.set_card_addresses(addresses)
+
     # -- local agents -----------------------------------------------------------------------
 
     async def add_agent(
