@@ -127,7 +127,10 @@ class CheckSchedule:
         return True
 
     def finished(self, now: float, decided: bool) -> float:
-        """A check ended (``decided``: its verdict is not ``unknown``); the next due time."""
+        """A check ended (``decided``: its verdict is not ``unknown``); the next due time.
+        Raises LocalError(INVALID_ARGUMENT) when no check runs."""
+        if self.phase is not Phase.CHECKING:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, "schedule: no check runs")
         self._to(Phase.WAIT_TIMER)
         cfg = self.config
         if decided:
