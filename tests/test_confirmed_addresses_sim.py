@@ -163,7 +163,6 @@ async def test_the_periodic_check_is_bounded_and_ends_with_the_node(
         node = sw.nodes[-1]
         checks = node.auto_reach.schedule
         await wait_until(lambda: checks.checks >= 1, timeout=120)
-        first = trio.current_time()
         revision = own_card(node, "a3").revision
         window = 600.0
         await trio.sleep(window)  # a fixed span of virtual time, to count the checks in
@@ -174,7 +173,6 @@ async def test_the_periodic_check_is_bounded_and_ends_with_the_node(
         # Verdict after verdict with the same addresses: the card is never re-issued.
         assert own_card(node, "a3").revision == revision
         assert node.auto_reach.republished == 0
-        assert first > 0
         await sw.aclose()
         done = checks.checks
         await trio.sleep(3 * schedule.interval)
