@@ -2,10 +2,13 @@
 a node behind each kind of NAT, and a public node.
 
 Each node is an in-process node on the real network (TrioNetwork), its trio loop on a
-thread inside its namespace. Behind every NAT the node is not reachable and learns the
-router's address as its external IP; its UDP mapping is consistent behind both cone
-kinds (the same external port towards every checker) and inconsistent behind the
-symmetric one. The public node is reachable at both of its addresses."""
+thread inside its namespace. Behind every NAT the node learns the router's address as
+its external IP, and its private addresses are denied; its UDP mapping is consistent
+behind both cone kinds (the same external port towards every checker), and that external
+UDP address is checked too: reached behind the full cone (anyone may send to the
+mapping), denied behind the port-restricted one. Behind the symmetric NAT the mapping is
+inconsistent and there is no external address to check. The public node is reachable at
+both of its addresses."""
 
 from __future__ import annotations
 
@@ -143,22 +146,32 @@ def verdicts(lab: NatLab) -> dict[str, Verdict]:
 
 
 @pytest.mark.parametrize("kind", list(NatKind), ids=lambda k: k.value)
-def test_a_node_behind_a_nat_is_not_reachable_and_sees_its_mapping(
+def test_a_node_behind_a_nat_is_reached_only_through_a_full_cone_mapping(
     lab: NatLab, verdicts: dict[str, Verdict], kind: NatKind
 ) -> None:
     site = lab.sites[kind]
     verdict = verdicts[kind.value]
     print(kind.value, verdict.to_dict())
     assert len(verdict.checkers) == CHECKERS
-    assert verdict.reachability is Reachability.UNREACHABLE
-    assert {c.host for c in verdict.denied} == {site.inner_ip}
     assert verdict.external_ip == site.wan_ip  # the router's address, not the private one
+    denied = {(c.transport, c.host) for c in verdict.denied}
+    assert {(Transport.TCP, site.inner_ip), (Transport.UDP, site.inner_ip)} <= denied
     if kind.endpoint_independent_mapping:
         assert verdict.mapping is NatMapping.CONSISTENT
         assert verdict.external_udp == (site.wan_ip, PORT)  # masquerade kept the port
     else:
         assert verdict.mapping is NatMapping.INCONSISTENT
         assert verdict.external_udp is None
+    external = (Transport.UDP, site.wan_ip, PORT)
+    if kind.endpoint_independent_filtering:  # the full cone lets the checkers' dial-back in
+        assert verdict.reachability is Reachability.REACHABLE
+        assert {(c.transport, c.host, c.port) for c in verdict.confirmed} == {external}
+        assert denied == {(Transport.TCP, site.inner_ip), (Transport.UDP, site.inner_ip)}
+    else:
+        assert verdict.reachability is Reachability.UNREACHABLE
+        assert not verdict.confirmed
+        outside = {(c.transport, c.host, c.port) for c in verdict.denied if c.host != site.inner_ip}
+        assert outside == ({external} if kind.endpoint_independent_mapping else set())
 
 
 def test_a_public_node_is_reachable_at_both_addresses(
