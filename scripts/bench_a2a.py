@@ -22,7 +22,10 @@ per second with ``--concurrent`` in flight (``--burst`` messages). Target: (b) p
 
 ``--layout two`` (or ``both``) measures each row again with its server in a child
 process (``--serve sdk|gateway``; the gateway's process holds both nodes), so the
-client's work and the server's do not share one loop; ``one`` is the layout above.
+client's work and the server's do not share one loop; ``one`` (the default) is the
+layout above. The two-process rows sometimes end in a dropped connection
+(``A2AClientError: Network communication error``), with or without the gateway's
+changes; the cause is not known yet, so they are not the default.
 """
 
 from __future__ import annotations
@@ -230,7 +233,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument("--burst", type=int, default=640)
-    parser.add_argument("--layout", choices=["one", "two", "both"], default="both")
+    parser.add_argument("--layout", choices=["one", "two", "both"], default="one")
     parser.add_argument("--serve", choices=["sdk", "gateway"], help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.serve is not None:
