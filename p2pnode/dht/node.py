@@ -179,7 +179,7 @@ class DhtNode(DhtPeer):
         # only some of them: read until the k closest answered, not to a quorum.
         recs = await self.get_records(capability_key(capability), quorum=0)
         providers: list[tuple[PeerId, str]] = []
-        withdrawn: list[tuple[PeerId, str]] = []
+        addressless: list[tuple[PeerId, str]] = []
         for r in recs:
             if r.kind is not RecordKind.PROVIDER:
                 continue
@@ -189,30 +189,35 @@ class DhtNode(DhtPeer):
                 self.stats.records_rejected += 1
                 self.boundary.contain(str(r.publisher), "provider record", exc)
                 continue
-            # No addresses: the newest record of its publisher here is a withdrawal (§4.5).
-            found = providers if info.addresses else withdrawn
+            # No addresses: a withdrawal (§4.5) or a card with relayed endpoints only.
+            found = providers if info.addresses else addressless
             if (r.publisher, info.agent_id) not in found:
                 found.append((r.publisher, info.agent_id))
         cards: list[AgentCard] = []
 
-        async def fetch(peer_id: PeerId, agent_id: str) -> None:
-            card = await self.find_card(peer_id, agent_id)
+        def take(card: AgentCard | None) -> None:
             if card is None:
                 return
             if card.has_capability(capability) or capability == agent_capability(card.id):
                 cards.append(card)
 
-        async def read_withdrawal(peer_id: PeerId, agent_id: str) -> None:
-            # Every one of the k closest, so the signed withdrawal reaches the node (which
-            # drops the card it may hold) even where one of them keeps the old card.
+        async def fetch(peer_id: PeerId, agent_id: str) -> None:
+            take(await self.find_card(peer_id, agent_id))
+
+        async def read_addressless(peer_id: PeerId, agent_id: str) -> None:
+            # No direct address: the withdrawal itself, or the record of a card reached
+            # only through relays (a node behind a NAT, reachability.md §6). The card key
+            # decides, read at every one of the k closest, so the signed withdrawal reaches
+            # the node (which drops the card it may hold) even where one keeps the old card.
             recs = await self.get_records(card_key(peer_id, agent_id), quorum=0)
-            self._card_from(recs, peer_id)
+            card = self._card_from(recs, peer_id)
+            take(card if card is not None and card.id == agent_id else None)
 
         async with trio.open_nursery() as nursery:
             for peer_id, agent_id in providers[:limit]:
                 nursery.start_soon(fetch, peer_id, agent_id)
-            for peer_id, agent_id in withdrawn[:limit]:
-                nursery.start_soon(read_withdrawal, peer_id, agent_id)
+            for peer_id, agent_id in [p for p in addressless if p not in providers][:limit]:
+                nursery.start_soon(read_addressless, peer_id, agent_id)
         cards.sort(key=lambda c: (c.peer_id.raw, c.id))
         return cards
 
