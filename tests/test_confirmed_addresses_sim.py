@@ -21,25 +21,13 @@ from p2pnode.core.identity import Identity
 from p2pnode.runtime import Node, NodeConfig
 from p2pnode.services.reachability import Reachability
 from p2pnode.services.reachability.auto import ScheduleConfig
-from p2pnode.simnet import SimHost
-from p2pnode.simnet.nat import NatKind, NatNetwork
+from p2pnode.simnet.nat import NatKind
 from p2pnode.transport.relay import format_relay_address
 from p2pnode.transport.relayserve import RelayServer
 from tests.sim import Swarm, wait_until
+from tests.sim.nat import LastBehindNat
 
 RELAY = Identity(b"\x70" * 32)
-
-
-class LastBehindNat(NatNetwork):
-    """Hosts are public, except the next one added after :attr:`next_kind` is set."""
-
-    next_kind: NatKind | None = None
-
-    def add_host(self, host: str | None = None) -> SimHost:
-        kind, self.next_kind = self.next_kind, None
-        if kind is not None and host is None:
-            return self.add_nat_host(kind)
-        return super().add_host(host)
 
 
 async def echo(envelope: Envelope) -> Any:

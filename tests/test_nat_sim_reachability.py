@@ -21,21 +21,9 @@ from p2pnode.dht.node import DhtNode
 from p2pnode.node.discovery import DhtDiscovery
 from p2pnode.runtime import Node, NodeConfig
 from p2pnode.services.reachability import Reachability, Transport
-from p2pnode.simnet import SimHost
 from p2pnode.simnet.nat import NatKind, NatNetwork
 from tests.sim import Swarm, met, wait_until
-
-
-class LastBehindNat(NatNetwork):
-    """Hosts are public, except the next one added after :attr:`next_kind` is set."""
-
-    next_kind: NatKind | None = None
-
-    def add_host(self, host: str | None = None) -> SimHost:
-        kind, self.next_kind = self.next_kind, None
-        if kind is not None and host is None:
-            return self.add_nat_host(kind)
-        return super().add_host(host)
+from tests.sim.nat import LastBehindNat
 
 
 async def echo(envelope: Envelope) -> Any:

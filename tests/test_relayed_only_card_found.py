@@ -21,7 +21,8 @@ from p2pnode.simnet.nat import NatKind
 from p2pnode.transport.relay import format_relay_address
 from p2pnode.transport.relayserve import RelayServer
 from tests.sim import wait_until
-from tests.test_confirmed_addresses_sim import LastBehindNat, own_card, swarm_of, verdict_is
+from tests.sim.nat import LastBehindNat
+from tests.test_confirmed_addresses_sim import own_card, swarm_of, verdict_is
 
 RELAY = Identity(b"\x71" * 32)
 

@@ -5,6 +5,7 @@
 * :mod:`tests.sim.nodes`: the node-swarm builder, :class:`Inbox`, the three-node
   victim/honest/evil setup and the predicates tests wait for.
 * :mod:`tests.sim.dht`: signed cards, a virtual wall clock and DHT swarms.
+* :mod:`tests.sim.nat`: a network whose next host may be put behind a NAT.
 """
 
 from tests.sim.configs import FAST_DHT, FAST_NODE, FAST_SHARED
