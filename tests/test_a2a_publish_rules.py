@@ -420,9 +420,12 @@ class Recorder:
         self.withdrawn_after: list[int] = []
         self.live: Agent | None = None
 
-    async def __call__(self, agent: Agent, withdraw: anyio.Event) -> None:
+    async def __call__(
+        self, agent: Agent, withdraw: anyio.Event, hosted: Callable[[], None]
+    ) -> None:
         self.published.append(agent)
         self.live = agent
+        hosted()
         await withdraw.wait()
         self.withdrawn_after.append(self.server.reads if self.server is not None else 0)
         self.live = None
@@ -459,6 +462,25 @@ async def test_the_supervisor_withdraws_restores_and_republishes() -> None:
         tasks.cancel_scope.cancel()
     assert publisher.state is ServerState.STOPPED
     assert publisher.publications == len(host.published) == 3
+
+
+async def test_published_means_the_node_hosts_the_agent() -> None:
+    # A host that takes its time to attach: the publisher says "published" (its ready
+    # line) only once the node hosts the agent, so a caller told so can reach it.
+    server, attached = MockServer(), anyio.Event()
+
+    async def slow_host(agent: Agent, withdraw: anyio.Event, hosted: Callable[[], None]) -> None:
+        await anyio.sleep(0.05)
+        attached.set()
+        hosted()
+        await withdraw.wait()
+
+    publisher = ServerPublisher(PublishSpec(URL, "mock"), slow_host, transport=_mock(server))
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(publisher.run)
+        await publisher.wait_published()
+        assert attached.is_set()
+        tasks.cancel_scope.cancel()
 
 
 async def test_a_first_read_that_fails_ends_the_publisher_with_its_code() -> None:

@@ -64,7 +64,7 @@ import itertools
 import logging
 import signal
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -1014,14 +1014,19 @@ REATTACH_WINDOW = 300.0
 
 
 async def _attached_until(
-    agent: Agent, gone: anyio.Event, data_dir: Path | str | None, path: Path | str | None
+    agent: Agent,
+    gone: anyio.Event,
+    data_dir: Path | str | None,
+    path: Path | str | None,
+    hosted: Callable[[], None],
 ) -> bool:
     """Host ``agent`` on the node until ``gone`` is set (False) or the node closes the
-    connection (True)."""
+    connection (True); ``hosted()`` once the node hosts it."""
     async with (
         AgentClient(agent, data_dir=data_dir, path=path) as client,
         anyio.create_task_group() as tasks,
     ):
+        hosted()
         closed: list[bool] = []
 
         async def node_closed() -> None:
@@ -1042,20 +1047,22 @@ async def stay_attached(
     data_dir: Path | str | None = None,
     path: Path | str | None = None,
     reattach_for: float = REATTACH_WINDOW,
+    hosted: Callable[[], None] = lambda: None,
 ) -> None:
     """Host ``agent`` on the node of ``data_dir`` (or socket ``path``) until ``gone`` is
-    set; detaching withdraws it. A node that closes the connection (it is restarting) is
-    attached to again, every REATTACH_DELAY seconds, for up to ``reattach_for`` seconds.
-    Raises what :class:`AgentClient` raises on the first attach, and
-    LocalError(CHANNEL_CLOSED) when the node was not back in time."""
-    if not await _attached_until(agent, gone, data_dir, path):
+    set; detaching withdraws it. ``hosted()`` is called each time the node hosts it (its
+    agents can reach it from then on). A node that closes the connection (it is
+    restarting) is attached to again, every REATTACH_DELAY seconds, for up to
+    ``reattach_for`` seconds. Raises what :class:`AgentClient` raises on the first
+    attach, and LocalError(CHANNEL_CLOSED) when the node was not back in time."""
+    if not await _attached_until(agent, gone, data_dir, path, hosted):
         return
     logger.warning("%s: the node closed the agent's connection; attaching again", agent.id)
     with anyio.move_on_after(reattach_for):
         while not gone.is_set():  # bounded by reattach_for
             await anyio.sleep(REATTACH_DELAY)
             try:
-                closed = await _attached_until(agent, gone, data_dir, path)
+                closed = await _attached_until(agent, gone, data_dir, path, hosted)
             except (P2PError, OSError) as exc:  # the node is not back yet
                 logger.debug("%s: attaching again: %s", agent.id, exc)
                 continue

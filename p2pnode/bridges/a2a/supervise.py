@@ -62,9 +62,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("p2pnode.a2a")
 
-#: Hosts an agent until told: ``host(agent, withdraw)`` publishes it, returns once
-#: ``withdraw`` is set, having withdrawn it; raises what makes hosting impossible.
-Host = Callable[[Agent, anyio.Event], Awaitable[None]]
+#: Hosts an agent until told: ``host(agent, withdraw, hosted)`` publishes it, calls
+#: ``hosted()`` once its node hosts it, returns once ``withdraw`` is set, having
+#: withdrawn it; raises what makes hosting impossible.
+Host = Callable[[Agent, anyio.Event, Callable[[], None]], Awaitable[None]]
 
 #: Seconds between card reads while published, and while withdrawn.
 POLL: Final = 30.0
@@ -236,9 +237,9 @@ class ServerPublisher:
                 agent.id,
                 ", ".join(c.id for c in agent.capabilities),
             )
-            self._published.set()
             try:
-                await self.host(agent, withdraw)
+                # Published once the node hosts it: a caller told so can reach it.
+                await self.host(agent, withdraw, self._published.set)
             except Exception as exc:
                 raise _HostFailed(exc) from exc
             tasks.cancel_scope.cancel()
@@ -299,8 +300,9 @@ def host_in_aio_node(node: AioNode) -> Host:
     """A host that publishes the agent in ``node``, an asyncio program's node (its
     handlers run in the asyncio loop)."""
 
-    async def host(agent: Agent, withdraw: anyio.Event) -> None:
+    async def host(agent: Agent, withdraw: anyio.Event, hosted: Callable[[], None]) -> None:
         await node.add_agent(agent)
+        hosted()
         try:
             await withdraw.wait()
         finally:
@@ -325,8 +327,8 @@ def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None
     (:func:`~p2pnode.hosting.client.stay_attached`)."""
     from p2pnode.hosting.client import stay_attached
 
-    async def host(agent: Agent, withdraw: anyio.Event) -> None:
-        await stay_attached(agent, withdraw, data_dir=data_dir, path=path)
+    async def host(agent: Agent, withdraw: anyio.Event, hosted: Callable[[], None]) -> None:
+        await stay_attached(agent, withdraw, data_dir=data_dir, path=path, hosted=hosted)
 
     return host
 

@@ -59,9 +59,10 @@ from p2pnode.node.service import ServiceHost
 
 logger = logging.getLogger("p2pnode.mcp")
 
-#: Hosts an agent while the child lives: ``host(agent, gone)`` publishes it, returns
-#: once ``gone`` is set, having withdrawn it; raises what makes hosting impossible.
-Host = Callable[[Agent, anyio.Event], Awaitable[None]]
+#: Hosts an agent while the child lives: ``host(agent, gone, hosted)`` publishes it,
+#: calls ``hosted()`` once its node hosts it, returns once ``gone`` is set, having
+#: withdrawn it; raises what makes hosting impossible.
+Host = Callable[[Agent, anyio.Event, Callable[[], None]], Awaitable[None]]
 
 #: Seconds the child gets to start and list what it offers.
 START_TIMEOUT = 30.0
@@ -278,9 +279,9 @@ class ChildServer:
                         len(agent.catalog.resources),
                         len(agent.catalog.prompts),
                     )
-                    self._published.set()
                     try:
-                        await self.host(agent, withdraw)
+                        # Published once the node hosts it: a caller told so reaches it.
+                        await self.host(agent, withdraw, self._published.set)
                     except Exception as exc:
                         raise _HostFailed(exc) from exc
                     if not life.gone:
@@ -322,8 +323,9 @@ def host_in_node(
     """A host that publishes the agent in ``node`` (a node of this process, through its
     service interface), endorsed by ``authority`` with ``roles`` as ``add_agent`` does."""
 
-    async def host(agent: Agent, gone: anyio.Event) -> None:
+    async def host(agent: Agent, gone: anyio.Event, hosted: Callable[[], None]) -> None:
         await node.add_agent(agent, authority=authority, roles=roles)
+        hosted()
         try:
             await gone.wait()
         finally:
@@ -359,8 +361,8 @@ def host_attached(data_dir: Path | str | None = None, *, path: Path | str | None
     (:func:`~p2pnode.hosting.client.stay_attached`)."""
     from p2pnode.hosting.client import stay_attached
 
-    async def host(agent: Agent, gone: anyio.Event) -> None:
-        await stay_attached(agent, gone, data_dir=data_dir, path=path)
+    async def host(agent: Agent, gone: anyio.Event, hosted: Callable[[], None]) -> None:
+        await stay_attached(agent, gone, data_dir=data_dir, path=path, hosted=hosted)
 
     return host
 
