@@ -2,24 +2,19 @@
 authenticator admits the client's key and refuses any other (a CURVE server without
 one admits every key, and the comparison would be against a weaker peer).
 
-pyzmq is the ``bench`` extra, and in the ``test`` one for these tests; without it they
-skip and say why (NOT RUN).
+pyzmq is the ``bench`` extra, and in the ``test`` one for these tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import bench_zmq
 import pytest
-
-NOT_RUN = "NOT RUN: needs pyzmq (pip install -e '.[test]' or '.[bench]')"
-zmq = pytest.importorskip("zmq", reason=NOT_RUN)
-zmq_asyncio = pytest.importorskip("zmq.asyncio", reason=NOT_RUN)
-zmq_auth_asyncio = pytest.importorskip("zmq.auth.asyncio", reason=NOT_RUN)
-
-# Imported only once pyzmq is known to be there.
-import bench_zmq  # noqa: E402
-from bench_agents import HOST  # noqa: E402
+import zmq
+import zmq.asyncio
+import zmq.auth.asyncio
+from bench_agents import HOST
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +22,7 @@ pytestmark = pytest.mark.slow
 async def _echo_and_stranger() -> tuple[bytes, bool]:
     keys = zmq.curve_keypair()
     async with bench_zmq.zmq_server(keys[0]) as (port, server_public):
-        context = zmq_asyncio.Context()
+        context = zmq.asyncio.Context()
         try:
             refused = await bench_zmq.stranger_refused(context, port, server_public)
             sock = bench_zmq.dealer(context, port, server_public, keys)
@@ -50,8 +45,8 @@ def test_client_key_is_served_and_another_key_refused() -> None:
 async def _allow_any_admits_stranger() -> bool:
     """The control: a CURVE server whose authenticator admits any key lets the stranger in."""
     public, secret = zmq.curve_keypair()
-    server_context, context = zmq_asyncio.Context(), zmq_asyncio.Context()
-    auth = zmq_auth_asyncio.AsyncioAuthenticator(server_context)
+    server_context, context = zmq.asyncio.Context(), zmq.asyncio.Context()
+    auth = zmq.auth.asyncio.AsyncioAuthenticator(server_context)
     auth.start()
     auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
     router = server_context.socket(zmq.ROUTER)

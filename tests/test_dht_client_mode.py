@@ -21,7 +21,7 @@ from p2pnode.dht.node import DhtNode
 from p2pnode.dht.rpcwire import Response, decode_datagram_untrusted, encode_request
 from p2pnode.services.reachability import NatMapping, Reachability, Verdict, dht_mode
 from p2pnode.simnet import SimNetwork
-from tests.sim import FAST_DHT, dht_swarm, identity, make_card, virtual_ms, wait_until
+from tests.sim import FAST_DHT, dht_node, dht_swarm, identity, make_card, wait_until
 
 
 def held_by(nodes: list[DhtNode], node_id: bytes) -> int:
@@ -36,15 +36,7 @@ async def with_newcomer(
     """``n`` joined servers and one more node in ``mode``, joined after them."""
     rng = random.Random(seed + 10_000)  # not the swarm's seed: not node 0's identity
     async with dht_swarm(n, seed=seed) as (sim, nodes):
-        host = sim.add_host()
-        newcomer = DhtNode(
-            host,
-            identity=identity(rng),
-            address=(host.host, 4000),
-            config=FAST_DHT,
-            rng=random.Random(rng.random()),
-            wall_clock_ms=virtual_ms,
-        )
+        newcomer = dht_node(sim, rng)
         async with newcomer:
             newcomer.set_mode(mode)
             assert await newcomer.bootstrap([nodes[0].address]) == 1

@@ -27,7 +27,7 @@ from p2pnode.dht.routing import Contact, distance
 from p2pnode.dht.snapshot import parse_snapshot, snapshot_contacts
 from p2pnode.simnet import SimNetwork
 from tests.dht.flood import Flood, ask_find_node, junk_in
-from tests.sim import FAST_DHT, dht_swarm, identity, make_card, virtual_ms, wait_until
+from tests.sim import FAST_DHT, dht_node, dht_swarm, make_card, wait_until
 
 FLOOD = 100_000
 #: The answering flood: the host limit is about how many ports answer, not how many
@@ -41,16 +41,7 @@ MAX_JUNK = 5
 
 
 async def _node(sim: SimNetwork, rng: random.Random, stack: AsyncExitStack) -> DhtNode:
-    host = sim.add_host()
-    node = DhtNode(
-        host,
-        identity=identity(rng),
-        address=(host.host, 4000),
-        config=FAST_DHT,
-        rng=random.Random(rng.random()),
-        wall_clock_ms=virtual_ms,
-    )
-    return await stack.enter_async_context(node)
+    return await stack.enter_async_context(dht_node(sim, rng))
 
 
 async def _flood_the_bootstrap_node(

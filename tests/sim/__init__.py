@@ -9,7 +9,15 @@
 """
 
 from tests.sim.configs import FAST_DHT, FAST_NODE, FAST_SHARED
-from tests.sim.dht import DEFAULT_LINK, EPOCH_MS, dht_swarm, identity, make_card, virtual_ms
+from tests.sim.dht import (
+    DEFAULT_LINK,
+    EPOCH_MS,
+    dht_node,
+    dht_swarm,
+    identity,
+    make_card,
+    virtual_ms,
+)
 from tests.sim.nodes import (
     Inbox,
     Member,
@@ -36,6 +44,7 @@ __all__ = [
     "Swarm",
     "connect_all",
     "converged",
+    "dht_node",
     "dht_swarm",
     "identity",
     "knows",

@@ -53,6 +53,20 @@ def make_card(
 DEFAULT_LINK = LinkConditions(latency=0.02, jitter=0.01)
 
 
+def dht_node(sim: SimNetwork, rng: random.Random, config: DhtConfig = FAST_DHT) -> DhtNode:
+    """A DHT node on a new host of ``sim`` (port 4000), its identity and randomness from
+    ``rng``, on the virtual wall clock; not started."""
+    host = sim.add_host()
+    return DhtNode(
+        host,
+        identity=identity(rng),
+        address=(host.host, 4000),
+        config=config,
+        rng=random.Random(rng.random()),
+        wall_clock_ms=virtual_ms,
+    )
+
+
 @asynccontextmanager
 async def dht_swarm(
     n: int,
@@ -67,15 +81,7 @@ async def dht_swarm(
     async with AsyncExitStack() as stack:
         nodes: list[DhtNode] = []
         for _ in range(n):
-            host = sim.add_host()
-            node = DhtNode(
-                host,
-                identity=identity(rng),
-                address=(host.host, 4000),
-                config=config,
-                rng=random.Random(rng.random()),
-                wall_clock_ms=virtual_ms,
-            )
+            node = dht_node(sim, rng, config)
             await stack.enter_async_context(node)
             nodes.append(node)
         for node in nodes[1:]:
