@@ -681,7 +681,7 @@ class RelayCore:
 class CircuitMeter:
     """One direction of one circuit: its byte budget and its rate (a token bucket)."""
 
-    __slots__ = ("_budget", "_burst", "_level", "_rate", "_then", "sent")
+    __slots__ = ("_budget", "_burst", "_level", "_rate", "_then", "paced", "sent")
 
     def __init__(self, limits: RelayLimits, now: float) -> None:
         self._budget = limits.circuit_data
@@ -689,6 +689,9 @@ class CircuitMeter:
         self._burst = max(limits.circuit_burst, 1)
         self._level = float(self._burst)
         self._then = now
+        #: Whether a rate is set: without one :meth:`admit` ignores ``now`` (the caller
+        #: need not read the clock for every chunk).
+        self.paced = bool(self._rate)
         self.sent = 0
 
     def admit(self, n: int, now: float) -> float:
@@ -698,7 +701,7 @@ class CircuitMeter:
         if self.sent + n > self._budget:
             return -1.0
         self.sent += n
-        if not self._rate:
+        if not self.paced:
             return 0.0
         self._level = min(float(self._burst), self._level + (now - self._then) * self._rate)
         self._then = now

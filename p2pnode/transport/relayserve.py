@@ -25,6 +25,7 @@ and the simulator (:class:`p2pnode.simnet.SimNetwork`).
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -56,6 +57,7 @@ from p2pnode.transport.relay import (
     encode_message,
     reserve_message,
 )
+from p2pnode.transport.tcpstream import TcpStream
 
 __all__ = [
     "RelayListener",
@@ -71,6 +73,8 @@ _log = logging.getLogger("p2pnode.transport.relay")
 _CONTROL_READ = 1024
 #: Bytes read per receive while splicing.
 _SPLICE_READ = 64 * 1024
+#: Chunks a socket splice forwards in a row without waiting before it yields once.
+_EAGER_CHUNKS = 16
 
 
 class RelayedStream(trio.abc.Stream):
@@ -367,8 +371,14 @@ class RelayServer:
         ends: list[CircuitEnd] = []
         with trio.move_on_after(self.limits.circuit_duration) as timer:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump, a, b, a_rest, nursery.cancel_scope, ends)
-                nursery.start_soon(self._pump, b, a, b_rest, nursery.cancel_scope, ends)
+                scope = nursery.cancel_scope
+                if isinstance(a, TcpStream) and isinstance(b, TcpStream):  # TrioNetwork's
+                    sa, sb = a.socket, b.socket
+                    nursery.start_soon(self._pump_sockets, sa, sb, a_rest, scope, ends)
+                    nursery.start_soon(self._pump_sockets, sb, sa, b_rest, scope, ends)
+                else:
+                    nursery.start_soon(self._pump, a, b, a_rest, scope, ends)
+                    nursery.start_soon(self._pump, b, a, b_rest, scope, ends)
         if timer.cancelled_caught:
             return CircuitEnd.DURATION_LIMIT
         return ends[0] if ends else CircuitEnd.CLOSED
@@ -381,6 +391,7 @@ class RelayServer:
         scope: trio.CancelScope,
         ends: list[CircuitEnd],
     ) -> None:
+        """One direction between two streams of any kind (the simulator's)."""
         meter = CircuitMeter(self.limits, trio.current_time())
         try:
             while True:
@@ -388,12 +399,9 @@ class RelayServer:
                     data = await source.receive_some(_SPLICE_READ)
                     if not data:
                         break
-                delay = meter.admit(len(data), trio.current_time())
-                if delay < 0:
-                    ends.append(CircuitEnd.DATA_LIMIT)
+                delay = meter.admit(len(data), trio.current_time() if meter.paced else 0.0)
+                if delay and not await self._paced(delay, ends):
                     break
-                if delay > 0:
-                    await trio.sleep(delay)
                 await sink.send_all(data)
                 self.core.count_bytes(len(data))
                 data = b""
@@ -401,6 +409,79 @@ class RelayServer:
             pass
         finally:
             scope.cancel()  # one direction over: the circuit is over
+
+    @staticmethod
+    async def _paced(delay: float, ends: list[CircuitEnd]) -> bool:
+        """What a meter's nonzero answer means: wait out the pacing, or False (and the
+        circuit's end) when the bytes would cross the byte budget."""
+        if delay < 0:
+            ends.append(CircuitEnd.DATA_LIMIT)
+            return False
+        await trio.sleep(delay)
+        return True
+
+    async def _pump_sockets(
+        self,
+        source: socket.socket,
+        sink: socket.socket,
+        data: bytes,
+        scope: trio.CancelScope,
+        ends: list[CircuitEnd],
+    ) -> None:
+        """One direction between two TCP sockets: read into one buffer and write it out
+        with the socket calls themselves. A stream's ``send_all`` yields after every
+        write and its ``receive_some`` returns a fresh object; a splice needs neither,
+        and a round trip through the relay paid both on each hop. The task still waits
+        only in trio (``wait_readable``, ``wait_writable``), and it yields after
+        :data:`_EAGER_CHUNKS` chunks in a row that did not wait, so a full pipe cannot
+        keep other tasks (or the circuit's deadline) from running."""
+        meter = CircuitMeter(self.limits, trio.current_time())
+        buffer = bytearray(_SPLICE_READ)
+        view = memoryview(buffer)
+        eager = 0
+        try:
+            while True:
+                if data:
+                    chunk, data = memoryview(data), b""
+                else:
+                    try:
+                        n = source.recv_into(buffer)
+                    except BlockingIOError:
+                        eager = 0
+                        await trio.lowlevel.wait_readable(source)
+                        continue
+                    if not n:
+                        break
+                    chunk = view[:n]
+                delay = meter.admit(len(chunk), trio.current_time() if meter.paced else 0.0)
+                if delay and not await self._paced(delay, ends):
+                    break
+                try:
+                    sent = sink.send(chunk)
+                except BlockingIOError:
+                    sent = 0
+                if sent < len(chunk):
+                    await _send_rest(sink, chunk, sent)
+                self.core.count_bytes(len(chunk))
+                eager += 1
+                if eager >= _EAGER_CHUNKS:
+                    eager = 0
+                    await trio.lowlevel.checkpoint()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # a reset, or the other direction closed the socket: the circuit is over
+        finally:
+            scope.cancel()
+
+
+async def _send_rest(sink: socket.socket, chunk: memoryview, sent: int) -> None:
+    """Write ``chunk`` from ``sent`` on, waiting in trio while the socket's buffer is
+    full. Raises OSError (the connection broke) or trio.ClosedResourceError."""
+    while sent < len(chunk):
+        await trio.lowlevel.wait_writable(sink)
+        try:
+            sent += sink.send(chunk[sent:])
+        except BlockingIOError:
+            pass
 
 
 async def _write_frames(stream: trio.abc.Stream, frames: trio.MemoryReceiveChannel[bytes]) -> None:

@@ -70,6 +70,12 @@ class TcpStream(trio.abc.HalfCloseableStream):
         return cls(socket.socket(fileno=stream.socket.detach()))
 
     @property
+    def socket(self) -> socket.socket:
+        """The connected socket, for code that moves bytes between two sockets itself (a
+        relay's splice). It stays owned by this stream: do not close it."""
+        return self._sock
+
+    @property
     def remote_address(self) -> tuple[Any, ...] | None:
         """The peer's address, as :meth:`socket.socket.getpeername` gives it (None once
         it cannot be read)."""
