@@ -20,7 +20,9 @@ with its services, built in this order and wired here only:
    and checks this node's own addresses (:meth:`Node.check_reachability`); its UDP
    side is the DHT's, wired by :func:`open_node`. ``node.auto_reach`` runs the check
    once the node has peers enough, then every 10 minutes, and gives the kernel's
-   cards the confirmed addresses (:meth:`Kernel.set_card_addresses`).
+   cards the confirmed addresses (:meth:`Kernel.set_card_addresses`);
+   ``node.auto_relay`` keeps reservations on relays checkers offered once the verdict
+   is ``unreachable`` and no relay is configured.
 
 :class:`Node` is a subclass of the kernel so that everything the kernel offers
 (``send``, ``request``, ``find``, ``add_agent``, ``connect``, its ``routing`` and
@@ -61,6 +63,12 @@ from p2pnode.node.kernel import Kernel
 from p2pnode.services.attach.service import AgentSocket
 from p2pnode.services.metrics import MetricsExporter
 from p2pnode.services.reachability.auto import AutoCheck, AutoSide, ScheduleConfig
+from p2pnode.services.reachability.autorelay import (
+    AutoRelay,
+    AutoRelayConfig,
+    RelayBook,
+    RelaySide,
+)
 from p2pnode.services.reachability.dhtside import DhtReach
 from p2pnode.services.reachability.service import ReachabilityService
 from p2pnode.services.reachability.verdict import Verdict
@@ -96,6 +104,8 @@ class NodeConfig(KernelConfig):
     dht: DhtConfig = field(default_factory=DhtConfig)
     #: When the node checks its own addresses by itself (reachability.md §6).
     reachability: ScheduleConfig = field(default_factory=ScheduleConfig)
+    #: Relays the node picks by itself when nobody can dial it (reachability.md §7).
+    auto_relay: AutoRelayConfig = field(default_factory=AutoRelayConfig)
 
 
 class SwarmSlot:
@@ -188,9 +198,18 @@ class Node(Kernel):
         self.tools = ToolClient(self, self.default_agent)
         self._reach_kernel = KernelReach(self)
         self._dht_reach: DhtReach | None = None
+        #: Relays this node picks by itself once nobody can dial it (reachability.md §7).
+        self.auto_relay = AutoRelay(
+            RelaySide(
+                self.links.start_relay, self.links.stop_relay, self.hosting.set_auto_relays,
+                lambda: self.reachability.own_verdict, self._want_relay_offers,
+            ),
+            RelayBook(config.auto_relay, self.peer_id, config.relays),
+        )
         #: Dial-back checks: served to peers, and run for this node (check_reachability).
         self.reachability = ReachabilityService(
-            self, network, self._reach_kernel, lambda: self._dht_reach
+            self, network, self._reach_kernel, lambda: self._dht_reach,
+            on_offer=self.auto_relay.offered,
         )
         self.reachability.serve_on(self)
         #: Checks this node's addresses now and then; its cards list the confirmed ones.
@@ -214,6 +233,11 @@ class Node(Kernel):
         await nursery.start(self.tasks.run)
         await nursery.start(self.holepunch.run)
         await nursery.start(self.auto_reach.run)
+        await nursery.start(self.auto_relay.run)
+
+    def _want_relay_offers(self) -> None:
+        """The automatic relays know too few relays: a check soon brings offers."""
+        self.auto_reach.schedule.addresses_changed(trio.current_time())
 
     def _reach_peers(self) -> int:
         """Peers that may be checkers: open channels and DHT contacts."""
@@ -316,6 +340,7 @@ class Node(Kernel):
         reach["cardAddresses"] = list(self.hosting.card_addresses())
         reach["dhtMode"] = discovery.get("mode")
         reach["auto"] = self.auto_reach.statistics()
+        reach["autoRelay"] = self.auto_relay.statistics()
         out["reachability"] = reach
         out["holepunch"] = self.holepunch.statistics()
         out["metrics"] = metrics

@@ -117,11 +117,13 @@ async def echo_handler(envelope: Envelope) -> Any:
 
 def _relay_status(node: Node, relay: tuple[RelayServer, str] | None) -> dict[str, Any]:
     """``status``'s ``relay`` (this node relaying, ``--relay``) and ``relays`` (the
-    reservations it keeps, ``--use-relay``)."""
+    reservations it keeps: ``--use-relay``, ``chosen: configured``, or picked by
+    itself, ``chosen: auto``)."""
     out: dict[str, Any] = {
         "relays": [
             {"relay": str(r.relay), "reserved": r.reservation is not None,
-             "failure": None if r.failure is None else str(r.failure)}
+             "failure": None if r.failure is None else str(r.failure),
+             "chosen": "auto" if node.links.started_at_run_time(r) else "configured"}
             for r in node.links.relay_listeners
         ]
     }  # fmt: skip
@@ -137,7 +139,8 @@ def _relay_status(node: Node, relay: tuple[RelayServer, str] | None) -> dict[str
 
 async def _start_relay(node: Node, args: argparse.Namespace) -> tuple[RelayServer, str] | None:
     """``--relay HOST:PORT``: relay for nodes behind NAT (docs/protocol/relay.md), with
-    this node's peer id; the relayed-address prefix others reserve with."""
+    this node's peer id, offered in its dial-back answers; the relayed-address prefix
+    others reserve with."""
     from p2pnode.node.config import parse_address
     from p2pnode.transport.relay import format_relay_address
     from p2pnode.transport.relayserve import RelayServer
@@ -150,7 +153,9 @@ async def _start_relay(node: Node, args: argparse.Namespace) -> tuple[RelayServe
         host = args.advertise_host
     elif host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    return server, format_relay_address((host, port), node.peer_id)
+    address = format_relay_address((host, port), node.peer_id)
+    node.reachability.offer_relay(address)  # to the nodes it checks (reachability.md §7)
+    return server, address
 
 
 def _node_ops(node: Node, relay: tuple[RelayServer, str] | None = None) -> dict[str, Any]:
@@ -486,7 +491,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"join       {status['join']['summary']}")
     for held in status.get("relays", []):
         state = "reserved" if held["reserved"] else f"not reserved ({held['failure']})"
-        print(f"relay via  {held['relay']}  {state}")
+        print(f"relay via  {held['relay']}  {state}  ({held.get('chosen', 'configured')})")
     if "relay" in status:
         r = status["relay"]
         print(f"relaying   {r['address']}  reservations {r['reservations']}  circuits "

@@ -316,6 +316,8 @@ class AgentHost:
         self._advertised_addresses = advertised_addresses
         #: The direct addresses new cards list, when set (set_card_addresses).
         self._card_addresses: tuple[str, ...] | None = None
+        #: Relayed addresses of relays picked at run time (set_auto_relays).
+        self._auto_relays: tuple[str, ...] = ()
         self._on_removed = on_removed
         self._clock_ms = clock_ms
         #: Set when a local agent's task has ended (its inbox closed and drained).
@@ -389,6 +391,25 @@ class AgentHost:
                 self._events.error(exc.code, f"readdressing the card of {card.id}: {exc.message}")
         return True
 
+    async def set_auto_relays(self, relays: Iterable[str]) -> bool:
+        """List ``relays`` (relayed addresses of relays the node picked itself,
+        docs/protocol/reachability.md §7) as the local cards' endpoints besides the
+        configured ones, in place of the last such list; when it changes every local
+        card is re-issued. True then, False when nothing changed."""
+        before, after = self._auto_relays, tuple(relays)
+        if after == before:
+            return False
+        self._auto_relays = after
+        for agent in list(self.agents.values()):
+            card = agent.card
+            kept = tuple(e for e in card.endpoints if e.address not in before)
+            relisted = dataclasses.replace(card, endpoints=kept)
+            try:
+                await self.add_agent_card(relisted, agent.definition)
+            except P2PError as exc:
+                self._events.error(exc.code, f"relisting the relays of {card.id}: {exc.message}")
+        return True
+
     async def add_agent_card(
         self,
         card: AgentCard,
@@ -402,7 +423,8 @@ class AgentHost:
             raise LocalError(ErrorCode.INVALID_CARD, "the card belongs to another identity")
         if not isinstance(agent, Agent):
             agent = agent_for_handler(card.id, agent)
-        card = _with_relays(_listing_catalog(card, agent), self._config.relays)
+        relays = self._config.relays + self._auto_relays
+        card = _with_relays(_listing_catalog(card, agent), relays)
         if authority is not None:
             # The endorsement covers id, key, tier, sandbox and roles only, so it survives
             # the revision bump and re-signing in register().

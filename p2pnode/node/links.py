@@ -133,8 +133,11 @@ class LinkManager(TaskOwner):
         self._reports = ReportGate()
         #: Envelopes dropped by the per-peer rate limit, in all.
         self.envelopes_dropped = 0
-        #: The listeners of ``config.relays`` (their reservations), once serving.
+        #: The listeners of ``config.relays`` (their reservations), once serving, and of
+        #: the relays started at run time (:meth:`start_relay`).
         self.relay_listeners: list[RelayListener] = []
+        #: Relays started at run time, and the scopes that stop them.
+        self._run_time_relays: dict[RelayAddress, tuple[RelayListener, trio.CancelScope]] = {}
         self._open_watchers: list[Callable[[PeerLink], object]] = []
 
     @property
@@ -476,6 +479,39 @@ class LinkManager(TaskOwner):
                     continue
                 listener = RelayListener(self._network, relay, self._secure.identity)
                 self.relay_listeners.append(listener)
+                nursery.start_soon(listener.keep)
+                nursery.start_soon(self.accept_loop, listener)
+
+    def start_relay(self, relay: RelayAddress) -> RelayListener:
+        """Keep a reservation on ``relay`` and accept the channels through it, from now
+        until :meth:`stop_relay` (the relays a node picks by itself, reachability.md §7);
+        the listener at once (its ``reservation`` says when one is held)."""
+        running = self._run_time_relays.get(relay)
+        if running is not None:
+            return running[0]
+        listener = RelayListener(self._network, relay, self._secure.identity)
+        scope = trio.CancelScope()
+        self._run_time_relays[relay] = (listener, scope)
+        self.relay_listeners.append(listener)
+        self.nursery.start_soon(self._serve_relay, listener, scope)
+        return listener
+
+    def stop_relay(self, relay: RelayAddress) -> None:
+        """End what :meth:`start_relay` started (channels already open stay)."""
+        running = self._run_time_relays.pop(relay, None)
+        if running is not None:
+            running[1].cancel()
+            if running[0] in self.relay_listeners:
+                self.relay_listeners.remove(running[0])
+
+    def started_at_run_time(self, listener: RelayListener) -> bool:
+        """Whether ``listener`` is a relay :meth:`start_relay` started (not configured)."""
+        running = self._run_time_relays.get(listener.relay)
+        return running is not None and running[0] is listener
+
+    async def _serve_relay(self, listener: RelayListener, scope: trio.CancelScope) -> None:
+        with scope:
+            async with trio.open_nursery() as nursery:
                 nursery.start_soon(listener.keep)
                 nursery.start_soon(self.accept_loop, listener)
 

@@ -64,11 +64,13 @@ from p2pnode.services.reachability.wire import (
     Outcome,
     ReachError,
     Transport,
+    offer_untrusted,
     parse_answer_untrusted,
     parse_request_untrusted,
 )
 from p2pnode.transport.channel import connect_secure
 from p2pnode.transport.net import Network
+from p2pnode.transport.relay import RelayAddress, parse_relay_address
 from p2pnode.transport.secure import SecureIdentity
 
 logger = logging.getLogger("p2pnode.reachability")
@@ -174,10 +176,13 @@ class ReachabilityService:
         rng: random.Random | None = None,
         dial_identity: Identity | None = None,
         nonce: Callable[[int], bytes] = os.urandom,
+        on_offer: Callable[[RelayAddress], object] | None = None,
     ) -> None:
         """``dht`` gives the node's DHT side while it runs (None otherwise).
         ``dial_identity`` is whom dial-backs prove to be (default: a fresh key, never
-        the node's own, so a dial-back never replaces the channel to the requester)."""
+        the node's own, so a dial-back never replaces the channel to the requester).
+        ``on_offer`` is told each relay a checker offered (§7), once it is shown to be the
+        checker's own."""
         self._host = host
         self._network = network
         self._kernel = kernel
@@ -200,9 +205,29 @@ class ReachabilityService:
         )
         #: The last check's verdict (None before the first).
         self.verdict: Verdict | None = None
+        #: The last verdict on this node's own addresses (None before the first).
+        self.own_verdict: Verdict | None = None
+        #: The relay this node runs, offered in its answers (§2.2; None: it relays not).
+        self.relay_offer: RelayAddress | None = None
+        self._on_offer = on_offer
+        #: Relay offers taken, and refused (not the checker's own), since the start.
+        self.offers_taken = 0
+        self.offers_refused = 0
         #: Requests answered, and refused whole (malformed or over a limit), since the start.
         self.served = 0
         self.refused = 0
+
+    def offer_relay(self, relay: str | None) -> None:
+        """Offer ``relay`` (``relay:<host>:<port>/<this node's peer id>``, the relay this
+        node runs) in every dial-back answer (§2.2), or no relay with None.
+        Raises LocalError(INVALID_ARGUMENT) for another form or another peer's relay."""
+        if relay is None:
+            self.relay_offer = None
+            return
+        parsed = parse_relay_address(relay)
+        if parsed is None or parsed.relay_id != self._host.peer_id:
+            raise LocalError(ErrorCode.INVALID_ARGUMENT, f"not a relay of this node: {relay}")
+        self.relay_offer = parsed
 
     def serve_on(self, host: ServiceHost) -> None:
         """Serve ``reach.dialback`` on ``host``'s local agents."""
@@ -211,7 +236,14 @@ class ReachabilityService:
     def statistics(self) -> dict[str, Any]:
         """For ``status``: the last verdict and the checker's counts."""
         verdict = self.verdict.to_dict() if self.verdict is not None else None
-        return {"verdict": verdict, "served": self.served, "refused": self.refused}
+        return {
+            "verdict": verdict,
+            "served": self.served,
+            "refused": self.refused,
+            "relayOffer": None if self.relay_offer is None else str(self.relay_offer),
+            "offersTaken": self.offers_taken,
+            "offersRefused": self.offers_refused,
+        }
 
     # -- checker ------------------------------------------------------------------------
 
@@ -260,7 +292,7 @@ class ReachabilityService:
             for i, candidate in enumerate(request.candidates):
                 if observed is not None and candidate.host == observed[0]:
                     nursery.start_soon(one, i, candidate)
-        return DialAnswer(request.nonce, observed, tuple(outcomes))
+        return DialAnswer(request.nonce, observed, tuple(outcomes), self.relay_offer)
 
     async def _dial_one(self, peer: PeerId, candidate: Candidate) -> Outcome:
         """Dial ``candidate`` back; REACHED only when ``peer`` proved itself there."""
@@ -329,6 +361,7 @@ class ReachabilityService:
         logger.info("reachability: %s", verdict.to_dict())
         self.verdict = verdict
         if own:
+            self.own_verdict = verdict
             self._apply(verdict)
         return verdict
 
@@ -409,8 +442,24 @@ class ReachabilityService:
         answer = await self._answer(sender, card, request)
         if answer is None:
             return None
+        if answer.relay is not None:
+            self._take_offer(answer, card.peer_id)
         outcomes = dict(zip(request.candidates, answer.outcomes, strict=True))
         return Report(str(card.peer_id), outcomes, answer.observed, mapped)
+
+    def _take_offer(self, answer: DialAnswer, checker: PeerId) -> None:
+        """Hand the checker's relay offer on (§7), or refuse it: one naming another
+        peer, or another IP than the checker's channel, is a security event."""
+        observed = self._kernel.observed(checker)
+        try:
+            relay = offer_untrusted(answer, checker, observed[0] if observed else None)
+        except ReachError as exc:
+            self.offers_refused += 1
+            self._host.events.security(exc.code, f"dial-back answer: {exc.message}", str(checker))
+            return
+        self.offers_taken += 1
+        if self._on_offer is not None:
+            self._on_offer(relay)
 
     async def _answer(
         self, sender: str, card: AgentCard, request: DialRequest

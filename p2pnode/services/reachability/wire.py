@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.identity import PeerId
+from p2pnode.transport.relay import RelayAddress, parse_relay_address
 
 #: The request method (``metadata.capability``) every node serves.
 METHOD = "reach.dialback"
@@ -24,6 +26,8 @@ NONCE_BYTES = 16
 #: The most candidate addresses one request may name (more: TOO_MANY_ITEMS).
 MAX_ADDRESSES = 4
 MAX_HOST_CHARS = 64
+#: The longest relayed address an answer's ``relay`` may carry (reachability.md §2.2).
+MAX_RELAY_CHARS = 128
 
 Address = tuple[str, int]
 
@@ -85,14 +89,19 @@ class DialAnswer:
     nonce: bytes
     observed: Address | None
     outcomes: tuple[Outcome, ...]
+    #: The relay the checker runs itself (§2.2, §7), offered to the requester.
+    relay: RelayAddress | None = None
 
     def to_payload(self) -> dict[str, Any]:
         observed = list(self.observed) if self.observed is not None else None
-        return {
+        payload: dict[str, Any] = {
             "nonce": self.nonce,
             "observed": observed,
             "results": [o.value for o in self.outcomes],
         }
+        if self.relay is not None:
+            payload["relay"] = str(self.relay)
+        return payload
 
 
 def _fail(message: str) -> ReachError:
@@ -166,11 +175,39 @@ def parse_answer_untrusted(payload: Any, request: DialRequest) -> DialAnswer:
         outcomes = tuple(Outcome(r) for r in results)
     except (ValueError, TypeError):
         raise _fail("results: each outcome is 'reached', 'unreachable' or 'refused'") from None
-    return DialAnswer(request.nonce, observed, outcomes)
+    return DialAnswer(request.nonce, observed, outcomes, _relay_untrusted(payload.get("relay")))
+
+
+def _relay_untrusted(value: Any) -> RelayAddress | None:
+    """An answer's ``relay`` (absent or nil: none): a relayed address whose host is an
+    IP literal, at most MAX_RELAY_CHARS characters."""
+    if value is None:
+        return None
+    relay = parse_relay_address(value) if isinstance(value, str) else None
+    if relay is None or len(value) > MAX_RELAY_CHARS:
+        raise _fail(f"relay: a relayed address of at most {MAX_RELAY_CHARS} characters")
+    _host_port_untrusted(relay.address[0], relay.address[1], "relay")
+    return relay
+
+
+def offer_untrusted(answer: DialAnswer, checker: PeerId, channel_host: str | None) -> RelayAddress:
+    """The relay ``answer`` offers, once it is shown to be the checker's own: the relay's
+    peer id is ``checker`` and its host the IP the checker's channel comes from
+    (``channel_host``; None, a relayed channel: never). Raises ReachError(INVALID_INPUT)
+    otherwise (a node is never pointed at a third party)."""
+    relay = answer.relay
+    if relay is None:
+        raise _fail("relay: none offered")
+    if relay.relay_id != checker:
+        raise _fail("relay: names another peer than the checker")
+    if channel_host is None or relay.address[0] != channel_host:
+        raise _fail("relay: not at the IP the checker's channel comes from")
+    return relay
 
 
 __all__ = [
     "MAX_ADDRESSES",
+    "MAX_RELAY_CHARS",
     "METHOD",
     "NONCE_BYTES",
     "Candidate",
@@ -179,6 +216,7 @@ __all__ = [
     "Outcome",
     "ReachError",
     "Transport",
+    "offer_untrusted",
     "parse_answer_untrusted",
     "parse_request_untrusted",
 ]
