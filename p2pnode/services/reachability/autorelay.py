@@ -189,6 +189,15 @@ class RelayBook:
             count=self.config.relays,
         )
 
+    @property
+    def seeking(self) -> bool:
+        """Whether the node wants automatic relays at all: enabled, none configured,
+        its last decisive verdict ``unreachable``."""
+        return (
+            self.config.enabled and not self._configured and self.unreachable
+            and self.config.relays > 0
+        )  # fmt: skip
+
     def next_deadline(self, now: float) -> float:
         """When a relay's backoff ends next (inf: none backs off)."""
         return min((o.retry_at for o in self._offers.values() if o.retry_at > now), default=now)
@@ -282,7 +291,7 @@ class AutoRelay:
             if relay not in self._running:
                 logger.info("reachability: reserving on relay %s", relay)
                 self._running[relay] = _Running(self._side.start(relay), now)
-        if self.book.unreachable and len(wanted) < self.book.config.relays:
+        if self.book.seeking and len(wanted) < self.book.config.relays:
             self._ask_for_offers(now)
         listed = tuple(str(r) for r, run in self._running.items() if run.reserved)
         if listed != self._listed:
