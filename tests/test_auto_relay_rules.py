@@ -7,6 +7,7 @@ driver on trio's virtual clock with fake listeners."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -400,3 +401,16 @@ async def test_a_node_with_configured_relays_starts_none(autojump_clock: Any) ->
     assert node.running == {}
     assert node.published == []
     assert node.asked == 0
+
+
+def test_the_protocol_doc_states_the_defaults_the_code_uses() -> None:
+    doc = (Path(__file__).parent.parent / "docs/protocol/reachability.md").read_text()
+    section = doc[doc.index("## 7. Automatic relays") :]
+    cfg = AutoRelayConfig()
+    assert f"up to {cfg.relays} reservations at once" in section
+    assert f"at most {cfg.max_offers} offers" in section
+    assert f"no reservation for {cfg.reserve_timeout:g} s" in section
+    assert f"skipped for {cfg.backoff_min:g} s" in section
+    assert f"up to {cfg.backoff_max:g} s" in section
+    assert f"{cfg.max_failures} failures in a row" in section
+    assert f"at most {MAX_RELAY_CHARS} characters" in doc

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 import trio
 
+from p2pnode.cli.node import _relay_status
 from p2pnode.core.card import Capability
 from p2pnode.core.envelope import Envelope
+from p2pnode.core.identity import Identity
 from p2pnode.runtime import Node, NodeConfig
 from p2pnode.services.reachability import Reachability
 from p2pnode.simnet.nat import NatKind
@@ -64,11 +66,15 @@ async def _serve(
 
 @asynccontextmanager
 async def relaying_swarm(
-    kind: NatKind | None, seed: int
+    kind: NatKind | None,
+    seed: int,
+    config: NodeConfig | None = None,
+    sim: LastBehindNat | None = None,
 ) -> AsyncIterator[tuple[Swarm, list[Relaying], Node]]:
     """Three public relaying nodes and, last, one behind a NAT of ``kind`` (None: a
-    public one) hosting an agent with ``REVERSE``; no relay is configured anywhere."""
-    sim = LastBehindNat(random.Random(seed))
+    public one) hosting an agent with ``REVERSE``, with ``config`` (default: no relay
+    configured)."""
+    sim = sim if sim is not None else LastBehindNat(random.Random(seed))
     async with trio.open_nursery() as nursery:
         sw = Swarm(sim, nursery, config=NodeConfig(), dht=True)
         relays: list[Relaying] = []
@@ -84,7 +90,7 @@ async def relaying_swarm(
             node.reachability.offer_relay(address)
             relays.append(Relaying(node, server, address, scope))
         sim.next_kind = kind
-        natted = (await sw.add()).node
+        natted = (await sw.add(config=config)).node
         assert natted is not None
         await natted.add_agent("worker", reverse, tier=3, capabilities=(REVERSE,))
         for node in sw.nodes:
@@ -135,6 +141,9 @@ async def test_a_natted_node_reserves_on_offered_relays_and_moves_when_one_stops
         assert card is not None and card.addresses == ()
         status = natted.status()["reachability"]["autoRelay"]
         assert sorted(status["listed"]) == sorted(auto.listed)
+        shown = _relay_status(natted, None)["relays"]
+        assert sorted(r["relay"] for r in shown) == sorted(auto.listed)
+        assert {(r["chosen"], r["reserved"]) for r in shown} == {("auto", True)}
 
         # A node that never met it finds its agent by capability and reaches it through
         # one of the relays: the channel is relayed and a circuit opened.
@@ -176,3 +185,34 @@ async def test_a_reachable_node_keeps_no_automatic_relay(autojump_clock: Any) ->
         assert natted_public.auto_relay.listed == ()
         assert not any(r.holds(natted_public) for r in relays)
         assert relayed_endpoints(natted_public) == []
+
+
+async def test_a_configured_relay_is_kept_and_no_relay_is_picked(autojump_clock: Any) -> None:
+    """``--use-relay``: the node keeps its configured reservation through its
+    ``unreachable`` verdict, takes the offers, and picks no relay of its own."""
+    sim_relay = Identity(b"\x72" * 32)
+    async with trio.open_nursery() as outer:
+        # The configured relay runs on a host of its own, added before the swarm's.
+        sim = LastBehindNat(random.Random(23))
+        host = sim.add_host()
+        server = RelayServer(host, sim_relay.peer_id)
+        await outer.start(server.serve, (host.host, RELAY_PORT))
+        configured = format_relay_address((host.host, RELAY_PORT), sim_relay.peer_id)
+        config = NodeConfig(relays=(configured,))
+        async with relaying_swarm(
+            NatKind.PORT_RESTRICTED, seed=23, config=config, sim=sim
+        ) as (_, relays, natted):
+            await wait_until(
+                lambda: natted.reachability.own_verdict is not None
+                and natted.reachability.own_verdict.reachability is Reachability.UNREACHABLE,
+                timeout=120,
+            )
+            await wait_until(lambda: len(natted.auto_relay.book.offers()) == 3)
+            await trio.sleep(60)  # a span of virtual time in which a wrong choice would show
+            assert natted.auto_relay.listed == ()
+            assert not any(r.holds(natted) for r in relays)
+            assert server.core.reservation(natted.peer_id) is not None
+            assert relayed_endpoints(natted) == [configured]
+            shown = _relay_status(natted, None)["relays"]
+            assert [(r["relay"], r["chosen"]) for r in shown] == [(configured, "configured")]
+        outer.cancel_scope.cancel()
