@@ -1,27 +1,48 @@
-"""Benchmark: a secure channel through a circuit relay vs a direct one, on 127.0.0.1 in
-one trio process.
+"""Benchmark: a secure channel through a circuit relay vs a direct one, on 127.0.0.1.
 
 Usage: python scripts/bench_relay.py [--megabytes 64] [--pings 300] [--setups 100]
+                                     [--layout one|relay|both]
 
-Both rows are measured in the same run, between the same two identities: the
-target accepts secure channels on its own listener (direct) and through a
-reservation on a relay (p2pnode.transport.relayserve) in the same process. The
-relay's limits are lifted for the run (no pacing, no byte budget, no request rate)
-so the rows measure the relay's copying, not its policy. Each figure is the median
-of 3 rounds:
+Both rows of a layout are measured in the same run, between the same two identities:
+the target accepts secure channels on its own listener (direct) and through a
+reservation on a relay (p2pnode.transport.relayserve). The relay's limits are lifted
+for the run (no pacing, no byte budget, no request rate) so the rows measure the
+relay's copying, not its policy. Each figure is the median of 3 rounds:
 
 * bulk: ``--megabytes`` of 64 KiB messages one way, then one reply (MB/s);
   target: relayed >= 0.5x direct;
 * round trip: p50 of ``--pings`` 64-byte request/echo exchanges, one at a time;
   target: relayed <= 2.0x direct;
 * setups: channels a second, each CONNECT (or TCP connect), Noise XX handshake,
-  one round trip and close, one after another (no target; printed).
+  one round trip and close, one after another (no target; printed);
+* floor: p50 of 64-byte round trips of a plain TCP echo (no channel), direct and
+  through a minimal byte splice (two tasks per connection, ``recv_into`` and
+  ``send``, nothing counted) placed where the relay is. It is what any trio relay
+  adds at the least; "added" is relayed minus direct, for the relay and for it.
+
+Layouts (``--layout``, both by default):
+
+* ``one``: the dialer, the target and the relay in one trio process. Every relay hop
+  is then paid by the thread that also runs both ends, and the two ends of a direct
+  channel hand each other the turn without ever waiting for the kernel, so this
+  layout shows the relay's cost at its heaviest. Its rows are printed with their
+  floor and carry no verdict.
+* ``apart``: the dialer here, the relay (and the floor's splice) and the target (and
+  the echo) each in a child process of its own, as they are three devices in
+  reality: every hop is then a hand-over between processes, direct (two a round
+  trip) as relayed (four). **This layout's rows carry the targets.** On a machine
+  with fewer free cores than processes its figures include the OS scheduler's
+  wake-ups; the floor row shows how much.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import socket
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -29,10 +50,11 @@ import trio
 
 from p2pnode.core.identity import Identity
 from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
-from p2pnode.transport.net import TrioNetwork
+from p2pnode.transport.net import Address, StreamListener, TrioNetwork
 from p2pnode.transport.relay import RelayAddress, RelayLimits
 from p2pnode.transport.relayserve import RelayServer, connect_via_relay, reserve
 from p2pnode.transport.secure import SecureIdentity
+from p2pnode.transport.tcpstream import TcpStream
 
 HOST = "127.0.0.1"
 BULK = b"B" * 65536
@@ -120,72 +142,276 @@ async def serve_streams(accept: Callable[[], Awaitable[trio.abc.Stream]]) -> Non
             nursery.start_soon(serve_channel, await accept())
 
 
-async def main(megabytes: int, pings: int, setup_count: int) -> None:
-    net = TrioNetwork()
-    server = RelayServer(net, RELAY.peer_id, OPEN_LIMITS)
+# --- the floor: a plain TCP echo, direct and through a minimal splice ---------------
+
+
+async def serve_echo(sock: socket.socket) -> None:
+    """Echo every byte back, per connection accepted on the listening ``sock``."""
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+    async def echo(stream: trio.abc.Stream) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async with stream:
+                while data := await stream.receive_some(65536):
+                    await stream.send_all(data)
+
     async with trio.open_nursery() as nursery:
-        relay = RelayAddress(await nursery.start(server.serve, (HOST, 0)), RELAY.peer_id)
+        while True:
+            nursery.start_soon(echo, TcpStream.adopt(await listener.accept()))
+
+
+async def splice_one_way(source: socket.socket, sink: socket.socket) -> None:
+    """The least a trio relay can do per chunk: read, write, wait when there is none."""
+    buffer = bytearray(65536)
+    view = memoryview(buffer)
+    with contextlib.suppress(OSError, trio.ClosedResourceError):
+        while True:
+            try:
+                n = source.recv_into(buffer)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(source)
+                continue
+            if not n:
+                return
+            sent = 0
+            while sent < n:
+                try:
+                    sent += sink.send(view[sent:n])
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(sink)
+
+
+async def serve_splices(net: TrioNetwork, listener: StreamListener, to: Address) -> None:
+    """Splice every accepted connection to a new connection to ``to``."""
+
+    async def splice(a: trio.abc.Stream) -> None:
+        async with a, await net.connect_stream(to) as b:
+            assert isinstance(a, TcpStream) and isinstance(b, TcpStream)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(splice_one_way, a.socket, b.socket)
+                await splice_one_way(b.socket, a.socket)
+                nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        while True:
+            nursery.start_soon(splice, await listener.accept())
+
+
+async def echo_round_trip(opener: Opener, pings: int) -> float:
+    """p50 of one 64-byte exchange with the echo (ms)."""
+    async with await opener() as stream:
+        times = []
+        for i in range(pings):
+            message = i.to_bytes(8, "big") * 8
+            start = time.perf_counter()
+            await stream.send_all(message)
+            got = b""
+            while len(got) < len(message):
+                got += await stream.receive_some(65536)
+            assert got == message
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[pings // 10 :]) * 1000
+
+
+# --- the parties -----------------------------------------------------------------------
+
+
+def echo_socket() -> socket.socket:
+    """The floor's echo listener, bound before any child starts so they can be told
+    its port (and the target's child inherits it)."""
+    sock = socket.socket()
+    sock.bind((HOST, 0))
+    sock.listen(64)
+    return sock
+
+
+async def serve_relay(
+    server: RelayServer,
+    net: TrioNetwork,
+    echo: Address,
+    *,
+    task_status: trio.TaskStatus[tuple[Address, Address]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The relay and, beside it, the floor's splice to ``echo``; started: both addresses."""
+    async with trio.open_nursery() as nursery:
+        relay_address = await nursery.start(server.serve, (HOST, 0))
+        splicer = await net.listen_stream((HOST, 0))
+        nursery.start_soon(serve_splices, net, splicer, echo)
+        task_status.started((relay_address, splicer.local_address))
+
+
+async def serve_target(
+    net: TrioNetwork,
+    relay: RelayAddress,
+    echo_sock: socket.socket,
+    *,
+    task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The target: channels on its own listener and through its reservation on
+    ``relay``, and the floor's echo; started (once reserved): its direct address."""
+    async with trio.open_nursery() as nursery:
         listener = await net.listen_stream((HOST, 0))
         nursery.start_soon(serve_streams, listener.accept)
+        nursery.start_soon(serve_echo, echo_sock)
+        async with reserve(net, relay, TARGET.identity, backlog=64) as reservation:
+            nursery.start_soon(serve_streams, reservation.accept)
+            task_status.started(listener.local_address)
+            await trio.sleep_forever()
 
-        async def direct() -> trio.abc.Stream:
-            return await net.connect_stream(listener.local_address)
 
-        async def relayed() -> trio.abc.Stream:
-            return await connect_via_relay(net, relay, TARGET.peer_id)
+# --- the layouts ----------------------------------------------------------------------
 
-        async with (
-            reserve(net, relay, TARGET.identity, backlog=64) as reservation,
-            trio.open_nursery() as relayed_side,
-        ):
-            relayed_side.start_soon(serve_streams, reservation.accept)
-            rows = {
-                "bulk 64 KiB msgs (MB/s)": [
-                    (await bulk(direct, megabytes), await bulk(relayed, megabytes))
-                    for _ in range(ROUNDS)
-                ],
-                "round trip p50 (ms)": [
-                    (await round_trip(direct, pings), await round_trip(relayed, pings))
-                    for _ in range(ROUNDS)
-                ],
-                "setups (channels/s)": [
-                    (await setups(direct, setup_count), await setups(relayed, setup_count))
-                    for _ in range(ROUNDS)
-                ],
-            }
-            relayed_side.cancel_scope.cancel()
-        report(rows, server)
+Rows = dict[str, list[tuple[float, float]]]
+
+
+async def measure(
+    net: TrioNetwork, direct: Address, relay: RelayAddress, floor: tuple[Address, Address],
+    args: argparse.Namespace,
+) -> Rows:  # fmt: skip
+    """Each row's (direct, relayed) figures, round by round, the two alternating."""
+
+    def opener(address: Address) -> Opener:
+        return lambda: net.connect_stream(address)
+
+    async def relayed() -> trio.abc.Stream:
+        return await connect_via_relay(net, relay, TARGET.peer_id)
+
+    runs: dict[str, tuple[Callable[[Opener, int], Awaitable[float]], int, Opener, Opener]] = {
+        BULK_ROW: (bulk, args.megabytes, opener(direct), relayed),
+        RTT_ROW: (round_trip, args.pings, opener(direct), relayed),
+        SETUP_ROW: (setups, args.setups, opener(direct), relayed),
+        FLOOR_ROW: (echo_round_trip, args.pings, opener(floor[0]), opener(floor[1])),
+    }
+    rows: Rows = {name: [] for name in runs}
+    for _ in range(ROUNDS):
+        for name, (run, size, first, second) in runs.items():
+            rows[name].append((await run(first, size), await run(second, size)))
+    return rows
+
+
+async def one_process(args: argparse.Namespace) -> None:
+    """The ``one`` layout: every party in this trio process."""
+    net = TrioNetwork()
+    server = RelayServer(net, RELAY.peer_id, OPEN_LIMITS)
+    echo_sock = echo_socket()
+    echo: Address = echo_sock.getsockname()
+    async with trio.open_nursery() as nursery:
+        relay_address, splice = await nursery.start(serve_relay, server, net, echo)
+        relay = RelayAddress(relay_address, RELAY.peer_id)
+        direct = await nursery.start(serve_target, net, relay, echo_sock)
+        rows = await measure(net, direct, relay, (echo, splice), args)
+        report(rows, server, verdicts=False)
         nursery.cancel_scope.cancel()
 
 
-def report(rows: dict[str, list[tuple[float, float]]], server: RelayServer) -> None:
+def apart(args: argparse.Namespace) -> None:
+    """The ``apart`` layout: the relay and the target in child processes (killed at the
+    end: they keep nothing), the dialer in this one."""
+    echo_sock = echo_socket()
+    echo_port = echo_sock.getsockname()[1]
+    children: list[subprocess.Popen[str]] = []
+
+    def child(*argv: str, fds: tuple[int, ...] = ()) -> list[int]:
+        """Start a child; its first line: the ports it serves on."""
+        process = subprocess.Popen(
+            [sys.executable, __file__, *argv], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, text=True, pass_fds=fds,
+        )  # fmt: skip
+        children.append(process)
+        assert process.stdout is not None
+        return [int(word) for word in process.stdout.readline().split()]
+
+    try:
+        relay_port, splice_port = child("--serve-relay", str(echo_port))
+        fd = echo_sock.fileno()
+        (direct_port,) = child("--serve-target", str(relay_port), str(fd), fds=(fd,))
+        echo_sock.close()  # the target's child has it
+        relay = RelayAddress((HOST, relay_port), RELAY.peer_id)
+        floor = ((HOST, echo_port), (HOST, splice_port))
+        rows = trio.run(measure, TrioNetwork(), (HOST, direct_port), relay, floor, args)
+        report(rows, None, verdicts=True)
+    finally:
+        for process in children:
+            process.kill()
+            process.wait()
+
+
+async def child_relay(echo_port: int) -> None:
+    """``--serve-relay``: the relay and the splice; print their ports, serve until killed."""
+    net = TrioNetwork()
+    server = RelayServer(net, RELAY.peer_id, OPEN_LIMITS)
+    async with trio.open_nursery() as nursery:
+        relay, splice = await nursery.start(serve_relay, server, net, (HOST, echo_port))
+        print(relay[1], splice[1], flush=True)
+
+
+async def child_target(relay_port: int, echo_fd: int) -> None:
+    """``--serve-target``: the target (reserved on the relay) and the echo on the
+    inherited socket; print the direct port, serve until killed."""
+    net = TrioNetwork()
+    relay = RelayAddress((HOST, relay_port), RELAY.peer_id)
+    async with trio.open_nursery() as nursery:
+        direct = await nursery.start(serve_target, net, relay, socket.socket(fileno=echo_fd))
+        print(direct[1], flush=True)
+
+
+BULK_ROW = "bulk 64 KiB msgs (MB/s)"
+RTT_ROW = "round trip p50 (ms)"
+SETUP_ROW = "setups (channels/s)"
+FLOOR_ROW = "floor: TCP echo p50 (ms)"
+TARGETS = {BULK_ROW: (">=", BULK_TARGET), RTT_ROW: ("<=", RTT_TARGET)}
+
+
+def report(rows: Rows, server: RelayServer | None, *, verdicts: bool) -> None:
     header = f"{'row (median of 3)':<26}{'direct':>10}{'relayed':>10}{'ratio':>8}  target"
     print(header)
     print("-" * len(header))
-    targets = {
-        "bulk 64 KiB msgs (MB/s)": (">=", BULK_TARGET),
-        "round trip p50 (ms)": ("<=", RTT_TARGET),
-    }
+    medians = {}
     for name, pairs in rows.items():
         direct = statistics.median(p[0] for p in pairs)
         relayed = statistics.median(p[1] for p in pairs)
+        medians[name] = (direct, relayed)
         ratio = relayed / direct
         verdict = ""
-        if name in targets:
-            op, bound = targets[name]
+        if name in TARGETS:
+            op, bound = TARGETS[name]
             met = ratio >= bound if op == ">=" else ratio <= bound
-            verdict = f"{op} {bound:g}x: {'met' if met else 'NOT met'}"
-        print(f"{name:<26}{direct:>10.2f}{relayed:>10.2f}{ratio:>7.2f}x  {verdict}")
-    stats = server.statistics()
-    print(f"relay: {stats.circuits_opened} circuits, {stats.bytes_relayed / 1e6:.1f} MB relayed")
+            shown = ("met" if met else "NOT met") if verdicts else "(not this layout's)"
+            verdict = f"{op} {bound:g}x: {shown}"
+        print(f"{name:<26}{direct:>10.3f}{relayed:>10.3f}{ratio:>7.2f}x  {verdict}")
+    added = medians[RTT_ROW][1] - medians[RTT_ROW][0]
+    floor = medians[FLOOR_ROW][1] - medians[FLOOR_ROW][0]
+    print(f"added per round trip: relay {added:.3f} ms, minimal splice {floor:.3f} ms")
+    if server is not None:
+        stats = server.statistics()
+        megabytes = stats.bytes_relayed / 1e6
+        print(f"relay: {stats.circuits_opened} circuits, {megabytes:.1f} MB relayed")
 
 
-if __name__ == "__main__":
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--megabytes", type=int, default=64)
     parser.add_argument("--pings", type=int, default=300)
     parser.add_argument("--setups", type=int, default=100)
+    parser.add_argument("--layout", choices=("one", "apart", "both"), default="both")
+    parser.add_argument("--serve-relay", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-target", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_relay is not None:
+        trio.run(child_relay, args.serve_relay)
+        return
+    if args.serve_target is not None:
+        trio.run(child_target, *args.serve_target)
+        return
     wall = time.perf_counter()
-    trio.run(main, args.megabytes, args.pings, args.setups)
+    if args.layout in ("one", "both"):
+        print("layout one: dialer, target and relay in one process")
+        trio.run(one_process, args)
+    if args.layout in ("apart", "both"):
+        print("layout apart: dialer, relay and target in three processes (the targets)")
+        apart(args)
     print(f"(total {time.perf_counter() - wall:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
