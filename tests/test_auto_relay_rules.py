@@ -15,7 +15,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from p2pnode.core.errors import ErrorCode, RemoteError
+from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.core.identity import Identity, PeerId
 from p2pnode.services.reachability.autorelay import (
     AutoRelay,
@@ -414,3 +414,19 @@ def test_the_protocol_doc_states_the_defaults_the_code_uses() -> None:
     assert f"up to {cfg.backoff_max:g} s" in section
     assert f"{cfg.max_failures} failures in a row" in section
     assert f"at most {MAX_RELAY_CHARS} characters" in doc
+
+
+async def test_a_closing_node_that_starts_no_relay_does_not_stop_the_driver(
+    autojump_clock: Any,
+) -> None:
+    node = FakeNode(verdict=verdict(Reachability.UNREACHABLE))
+
+    def closing(r: RelayAddress) -> FakeListener:
+        raise LocalError(ErrorCode.INVALID_ARGUMENT, "the LinkManager is not open")
+
+    side = RelaySide(closing, node.stop, node.publish, lambda: node.verdict, node.want_offers)
+    auto = AutoRelay(side, RelayBook(AutoRelayConfig(), OWN, ()))
+    auto.offered(relay(PEERS[0]))
+    await auto.step(trio.current_time())
+    assert auto.statistics()["chosen"] == []
+    assert node.published == []

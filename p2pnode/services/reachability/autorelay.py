@@ -289,8 +289,7 @@ class AutoRelay:
             self._stop(relay)
         for relay in wanted:
             if relay not in self._running:
-                logger.info("reachability: reserving on relay %s", relay)
-                self._running[relay] = _Running(self._side.start(relay), now)
+                self._start(relay, now)
         if self.book.seeking and len(wanted) < self.book.config.relays:
             self._ask_for_offers(now)
         listed = tuple(str(r) for r, run in self._running.items() if run.reserved)
@@ -312,6 +311,15 @@ class AutoRelay:
                 logger.info("reachability: relay %s failed: %s", relay, failure or "no reservation")
                 self.book.failed(relay, now)
                 self._stop(relay)
+
+    def _start(self, relay: RelayAddress, now: float) -> None:
+        try:
+            listener = self._side.start(relay)
+        except LocalError as exc:  # the node is closing: its links start nothing more
+            logger.debug("reachability: relay %s not started: %s", relay, exc)
+            return
+        logger.info("reachability: reserving on relay %s", relay)
+        self._running[relay] = _Running(listener, now)
 
     def _stop(self, relay: RelayAddress) -> None:
         del self._running[relay]
