@@ -712,6 +712,7 @@ class HolePunchService:
             except OSError as exc:
                 logger.debug("hole punch dial %s: %s", format_address(target), exc)
                 return
+        adopted = False
         try:
             initiator = punch.role is Role.INITIATOR
             if not initiator:
@@ -721,9 +722,14 @@ class HolePunchService:
                 initiator = not first
                 stream = _Prefixed(stream, first) if first else stream
             await self._links.adopt_punched(stream, peer, initiator=initiator)
+            adopted = True
         except (P2PError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             logger.debug("hole punch handshake via %s: %s", format_address(target), exc)
-            await trio.aclose_forcefully(stream)
+        finally:
+            # Also when cancelled (another dial or the listener won, or the dial timeout
+            # ended): a connection no link took is closed, never left to the collector.
+            if not adopted:
+                await trio.aclose_forcefully(stream)
 
     # -- responder ----------------------------------------------------------------------
 
