@@ -19,7 +19,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import uvicorn
 
@@ -27,6 +27,12 @@ from p2pnode.core.identity import write_private_file
 
 #: The loopback hosts ``--http`` accepts.
 LOOPBACK: frozenset[str] = frozenset({"127.0.0.1", "::1", "localhost"})
+#: Seconds an idle keep-alive connection stays open. Longer than clients keep theirs
+#: (httpx and so the A2A SDK 5 s, aiohttp 15 s, Go 90 s): the client must be the one that
+#: closes an idle connection. With uvicorn's 5 s the server closed connections the
+#: SDK's client still held, and a request sent as the FIN left met a reset (the client's
+#: "Network communication error"), seen under load when a connection idled 5 s.
+KEEP_ALIVE: Final = 120
 
 
 class BearerGuard:
@@ -104,11 +110,23 @@ class Announcing(uvicorn.Server):
             self.ready()
 
 
-async def serve(app: Any, sock: socket.socket, ready: Callable[[], None] = lambda: None) -> None:
+def server_config(app: Any, *, keep_alive: int = KEEP_ALIVE) -> uvicorn.Config:
+    """uvicorn's configuration for ``app``: warnings only, no lifespan, idle keep-alive
+    connections closed after ``keep_alive`` seconds."""
+    return uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=keep_alive)
+
+
+async def serve(
+    app: Any,
+    sock: socket.socket,
+    ready: Callable[[], None] = lambda: None,
+    *,
+    keep_alive: int = KEEP_ALIVE,
+) -> None:
     """Serve ``app`` (already guarded) on the listening ``sock`` until cancelled, or
-    SIGINT or SIGTERM (uvicorn's handlers)."""
-    config = uvicorn.Config(app, log_level="warning", lifespan="off")
-    await Announcing(config, ready).serve(sockets=[sock])
+    SIGINT or SIGTERM (uvicorn's handlers); an idle connection is closed after
+    ``keep_alive`` seconds."""
+    await Announcing(server_config(app, keep_alive=keep_alive), ready).serve(sockets=[sock])
 
 
 def base_url(host: str, port: int) -> str:
@@ -117,4 +135,14 @@ def base_url(host: str, port: int) -> str:
     return f"http://{where}:{port}"
 
 
-__all__ = ["LOOPBACK", "Announcing", "BearerGuard", "base_url", "listen", "new_token", "serve"]
+__all__ = [
+    "KEEP_ALIVE",
+    "LOOPBACK",
+    "Announcing",
+    "BearerGuard",
+    "base_url",
+    "listen",
+    "new_token",
+    "serve",
+    "server_config",
+]
