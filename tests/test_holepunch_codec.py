@@ -39,8 +39,10 @@ messages: st.SearchStrategy[Message] = st.one_of(
 )
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=80),
-    lambda inner: st.lists(inner, max_size=10) | st.dictionaries(st.text(max_size=10), inner),
-    max_leaves=30,
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=10), inner, max_size=6)
+    ),
+    max_leaves=20,
 )
 
 
@@ -49,7 +51,10 @@ def test_encoded_messages_decode_to_themselves(message: Message) -> None:
     assert parse_message_untrusted(encode_message(message)) == message
 
 
-@given(messages, st.dictionaries(st.text(max_size=8).filter(lambda k: k != "type"), json_values))
+@given(
+    messages,
+    st.dictionaries(st.text(max_size=8).filter(lambda k: k != "type"), json_values, max_size=4),
+)
 def test_unknown_keys_are_ignored(message: Message, extra: dict[str, Any]) -> None:
     payload = encode_message(message)
     known = set(payload)

@@ -5,6 +5,7 @@ answers, and garbage ``params`` to the MCP methods."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
@@ -528,6 +529,7 @@ async def test_garbage_params_are_invalid_input_naming_the_key(
         await still_serving(nodes)
 
 
+@functools.cache  # serving keeps no state: one catalog for every example
 def fuzz_catalog() -> Catalog:
     catalog = Catalog("calc")
 
