@@ -430,3 +430,23 @@ async def test_a_closing_node_that_starts_no_relay_does_not_stop_the_driver(
     await auto.step(trio.current_time())
     assert auto.statistics()["chosen"] == []
     assert node.published == []
+
+
+async def test_the_driver_looks_once_per_poll_and_at_a_backoffs_end(autojump_clock: Any) -> None:
+    node = FakeNode(verdict=verdict(Reachability.UNREACHABLE))
+    looks: list[float] = []
+
+    def seen() -> Verdict | None:
+        looks.append(trio.current_time())
+        return node.verdict
+
+    side = RelaySide(node.start, node.stop, node.publish, seen, node.want_offers)
+    book = RelayBook(AutoRelayConfig(poll=1.0, backoff_min=2.5), OWN, ())
+    book.offered(relay(PEERS[0]), 0.0)
+    book.failed(relay(PEERS[0]), trio.current_time())  # backs off until now + 2.5
+    start = trio.current_time()
+    with trio.move_on_after(60.5):
+        await AutoRelay(side, book).run()
+    offsets = [round(t - start, 3) for t in looks]
+    assert offsets[:5] == [0.0, 1.0, 2.0, 2.5, 3.5]  # woken at the backoff's end too
+    assert len(offsets) == 61  # then once a second up to 59.5: never a busy loop

@@ -200,7 +200,8 @@ class RelayBook:
 
     def next_deadline(self, now: float) -> float:
         """When a relay's backoff ends next (inf: none backs off)."""
-        return min((o.retry_at for o in self._offers.values() if o.retry_at > now), default=now)
+        waits = [o.retry_at for o in self._offers.values() if o.retry_at > now]
+        return min(waits, default=float("inf"))
 
 
 class Reserving(Protocol):
@@ -273,8 +274,7 @@ class AutoRelay:
         while True:
             now = trio.current_time()
             await self.step(now)
-            wake = min(self.book.next_deadline(now), now + self.book.config.poll)
-            await trio.sleep_until(max(wake, now + self.book.config.poll / 10))
+            await trio.sleep_until(min(self.book.next_deadline(now), now + self.book.config.poll))
 
     async def step(self, now: float) -> None:
         """One look: note a new verdict, fail relays that hold nothing, start and stop
