@@ -209,7 +209,7 @@ class Node(Kernel):
         #: Dial-back checks: served to peers, and run for this node (check_reachability).
         self.reachability = ReachabilityService(
             self, network, self._reach_kernel, lambda: self._dht_reach,
-            on_offer=self.auto_relay.offered,
+            on_offer=self.auto_relay.offered, on_verdict=lambda _: self.auto_relay.poke(),
         )
         self.reachability.serve_on(self)
         #: Checks this node's addresses now and then; its cards list the confirmed ones.

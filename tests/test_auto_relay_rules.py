@@ -39,6 +39,7 @@ from p2pnode.services.reachability.wire import (
     parse_answer_untrusted,
 )
 from p2pnode.transport.relay import RelayAddress, format_relay_address
+from tests.sim import wait_until
 
 PEERS = [Identity(bytes([i + 1]) * 32).peer_id for i in range(6)]
 OWN = Identity(b"\x99" * 32).peer_id
@@ -450,3 +451,32 @@ async def test_the_driver_looks_once_per_poll_and_at_a_backoffs_end(autojump_clo
     offsets = [round(t - start, 3) for t in looks]
     assert offsets[:5] == [0.0, 1.0, 2.0, 2.5, 3.5]  # woken at the backoff's end too
     assert len(offsets) == 61  # then once a second up to 59.5: never a busy loop
+
+
+async def test_an_idle_driver_waits_for_an_offer_or_a_verdict(autojump_clock: Any) -> None:
+    """A node that wants no relay (no unreachable verdict) and holds none is not woken
+    by a timer: only an offer or a new verdict makes it look again, at once."""
+    node = FakeNode()
+    looks: list[float] = []
+
+    def seen() -> Verdict | None:
+        looks.append(trio.current_time())
+        return node.verdict
+
+    side = RelaySide(node.start, node.stop, node.publish, seen, node.want_offers)
+    auto = AutoRelay(side, RelayBook(AutoRelayConfig(poll=1.0), OWN, ()))
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(auto.run)
+        await trio.sleep(600)
+        assert len(looks) == 1
+        auto.offered(relay(PEERS[0]))
+        await wait_until(lambda: len(looks) == 2)
+        assert looks[-1] == start + 600  # at once, not at a timer
+        node.verdict = verdict(Reachability.UNREACHABLE)
+        auto.poke()
+        await trio.sleep(0.5)
+        assert len(looks) == 3 and set(node.running) == {relay(PEERS[0])}
+        await trio.sleep(10)  # it wants a relay now: it looks every poll
+        assert len(looks) == 13
+        nursery.cancel_scope.cancel()

@@ -20,7 +20,8 @@ Theory of operation:
 * :class:`AutoRelay` drives the book on trio's clock: it starts and stops the
   relays' listeners (the kernel's links), lists the relays that hold a reservation as
   the cards' relayed endpoints, and asks for an early check when it knows no relay to
-  try (a check brings new offers).
+  try (a check brings new offers). It looks every ``poll`` seconds only while the node
+  wants or holds automatic relays; otherwise an offer or a new verdict wakes it.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class AutoRelayConfig:
     backoff_max: float = 960.0
     #: Failures in a row after which an offer is forgotten.
     max_failures: int = 4
-    #: How often the chosen relays' reservations are looked at.
-    poll: float = 1.0
+    #: How often the chosen relays' reservations are looked at while the node wants or
+    #: holds automatic relays (otherwise it waits for a verdict or an offer).
+    poll: float = 5.0
 
     def __post_init__(self) -> None:
         timers = (self.reserve_timeout, self.backoff_min, self.backoff_max, self.poll)
@@ -248,10 +250,16 @@ class AutoRelay:
         self._verdict: Verdict | None = None
         self._listed: tuple[str, ...] = ()
         self._asked = -float("inf")
+        self._wake = trio.Event()
 
     def offered(self, relay: RelayAddress) -> None:
         """A checker offered ``relay`` (the service's hook)."""
         self.book.offered(relay, trio.current_time())
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Look again now (the node's verdict on its own addresses changed)."""
+        self._wake.set()
 
     @property
     def listed(self) -> tuple[str, ...]:
@@ -272,9 +280,15 @@ class AutoRelay:
         if not self.book.config.enabled:
             return
         while True:
+            # Made before the step: an offer or a verdict during it wakes the next wait.
+            wake = self._wake = trio.Event()
             now = trio.current_time()
             await self.step(now)
-            await trio.sleep_until(min(self.book.next_deadline(now), now + self.book.config.poll))
+            deadline = self.book.next_deadline(now)
+            if self._running or self.book.seeking:
+                deadline = min(deadline, now + self.book.config.poll)
+            with trio.move_on_at(deadline):
+                await wake.wait()
 
     async def step(self, now: float) -> None:
         """One look: note a new verdict, fail relays that hold nothing, start and stop

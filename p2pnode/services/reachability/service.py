@@ -177,12 +177,13 @@ class ReachabilityService:
         dial_identity: Identity | None = None,
         nonce: Callable[[int], bytes] = os.urandom,
         on_offer: Callable[[RelayAddress], object] | None = None,
+        on_verdict: Callable[[Verdict], object] | None = None,
     ) -> None:
         """``dht`` gives the node's DHT side while it runs (None otherwise).
         ``dial_identity`` is whom dial-backs prove to be (default: a fresh key, never
         the node's own, so a dial-back never replaces the channel to the requester).
         ``on_offer`` is told each relay a checker offered (§7), once it is shown to be the
-        checker's own."""
+        checker's own; ``on_verdict`` each verdict on this node's own addresses."""
         self._host = host
         self._network = network
         self._kernel = kernel
@@ -210,6 +211,7 @@ class ReachabilityService:
         #: The relay this node runs, offered in its answers (§2.2; None: it relays not).
         self.relay_offer: RelayAddress | None = None
         self._on_offer = on_offer
+        self._on_verdict = on_verdict
         #: Relay offers taken, and refused (not the checker's own), since the start.
         self.offers_taken = 0
         self.offers_refused = 0
@@ -363,6 +365,8 @@ class ReachabilityService:
         if own:
             self.own_verdict = verdict
             self._apply(verdict)
+            if self._on_verdict is not None:
+                self._on_verdict(verdict)
         return verdict
 
     async def _stun_all(
