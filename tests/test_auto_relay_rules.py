@@ -414,6 +414,7 @@ def test_the_protocol_doc_states_the_defaults_the_code_uses() -> None:
     assert f"skipped for {cfg.backoff_min:g} s" in section
     assert f"up to {cfg.backoff_max:g} s" in section
     assert f"{cfg.max_failures} failures in a row" in section
+    assert f"looked at every {cfg.poll:g} s" in section
     assert f"at most {MAX_RELAY_CHARS} characters" in doc
 
 
@@ -480,3 +481,22 @@ async def test_an_idle_driver_waits_for_an_offer_or_a_verdict(autojump_clock: An
         await trio.sleep(10)  # it wants a relay now: it looks every poll
         assert len(looks) == 13
         nursery.cancel_scope.cancel()
+
+
+async def test_early_checks_for_offers_back_off_while_none_come(autojump_clock: Any) -> None:
+    """No relay is offered: a check is asked for at once, then after 60 s, doubling
+    up to ``backoff_max``."""
+    node = FakeNode(verdict=verdict(Reachability.UNREACHABLE))
+    asked: list[float] = []
+    start = trio.current_time()
+
+    def want() -> None:
+        asked.append(trio.current_time() - start)
+
+    auto = AutoRelay(
+        RelaySide(node.start, node.stop, node.publish, lambda: node.verdict, want),
+        RelayBook(AutoRelayConfig(backoff_min=60.0, backoff_max=240.0, poll=1.0), OWN, ()),
+    )
+    with trio.move_on_after(1000):
+        await auto.run()
+    assert asked == [0.0, 60.0, 180.0, 420.0, 660.0, 900.0]  # 60, 120, 240, 240, ...

@@ -249,7 +249,8 @@ class AutoRelay:
         self._running: dict[RelayAddress, _Running] = {}
         self._verdict: Verdict | None = None
         self._listed: tuple[str, ...] = ()
-        self._asked = -float("inf")
+        self._ask_at = -float("inf")
+        self._ask_gap = book.config.backoff_min
         self._wake = trio.Event()
 
     def offered(self, relay: RelayAddress) -> None:
@@ -306,6 +307,8 @@ class AutoRelay:
                 self._start(relay, now)
         if self.book.seeking and len(wanted) < self.book.config.relays:
             self._ask_for_offers(now)
+        elif len(wanted) == self.book.config.relays:
+            self._ask_gap = self.book.config.backoff_min
         listed = tuple(str(r) for r, run in self._running.items() if run.reserved)
         if listed != self._listed:
             self._listed = listed
@@ -340,10 +343,13 @@ class AutoRelay:
         self._side.stop(relay)
 
     def _ask_for_offers(self, now: float) -> None:
-        """Too few relays to try: an early check brings offers (at most once per
-        ``backoff_min``, so a node with none to find does not check in a loop)."""
-        if now - self._asked >= self.book.config.backoff_min:
-            self._asked = now
+        """Too few relays to try: an early check brings offers. Then not again for
+        ``backoff_min``, doubling up to ``backoff_max`` until the node holds all it
+        wants, so a node in a swarm without relays does not check in a loop."""
+        if now >= self._ask_at:
+            cfg = self.book.config
+            self._ask_at = now + self._ask_gap
+            self._ask_gap = min(2 * self._ask_gap, cfg.backoff_max)
             self._side.want_offers()
 
 
