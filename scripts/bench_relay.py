@@ -1,7 +1,7 @@
 """Benchmark: a secure channel through a circuit relay vs a direct one, on 127.0.0.1.
 
 Usage: python scripts/bench_relay.py [--megabytes 64] [--pings 300] [--setups 100]
-                                     [--layout one|relay|both]
+                                     [--layout one|apart|both]
 
 Both rows of a layout are measured in the same run, between the same two identities:
 the target accepts secure channels on its own listener (direct) and through a
@@ -11,14 +11,17 @@ relay's copying, not its policy. Each figure is the median of 3 rounds:
 
 * bulk: ``--megabytes`` of 64 KiB messages one way, then one reply (MB/s);
   target: relayed >= 0.5x direct;
-* round trip: p50 of ``--pings`` 64-byte request/echo exchanges, one at a time;
-  target: relayed <= 2.0x direct;
+* round trip: p50 of ``--pings`` 64-byte request/echo exchanges, one at a time,
+  on a direct and a relayed channel opened together, their pings alternating so that
+  both see the same machine (this host is shared: a load that came and went between
+  a direct and a relayed run used to tilt the ratio); target: relayed <= 2.0x direct;
 * setups: channels a second, each CONNECT (or TCP connect), Noise XX handshake,
   one round trip and close, one after another (no target; printed);
 * floor: p50 of 64-byte round trips of a plain TCP echo (no channel), direct and
   through a minimal byte splice (two tasks per connection, ``recv_into`` and
-  ``send``, nothing counted) placed where the relay is. It is what any trio relay
-  adds at the least; "added" is relayed minus direct, for the relay and for it.
+  ``send``, nothing counted) placed where the relay is, alternating as above. It is
+  what any trio relay adds at the least; "added" is relayed minus direct, for the
+  relay and for it.
 
 Layouts (``--layout``, both by default):
 
@@ -113,17 +116,35 @@ async def bulk(opener: Opener, megabytes: int) -> float:
         return count * len(BULK) / 1e6 / (time.perf_counter() - start)
 
 
-async def round_trip(opener: Opener, pings: int) -> float:
-    """p50 of one 64-byte exchange (ms)."""
-    async with await open_channel(opener) as channel:
-        times = []
-        for i in range(pings):
-            message = i.to_bytes(8, "big") * 8
+async def alternating(
+    exchanges: tuple[Callable[[bytes], Awaitable[None]], ...], pings: int
+) -> tuple[float, ...]:
+    """p50 (ms) of each of ``exchanges`` (one 64-byte request and its echo), their pings
+    alternating (and which goes first, too) so that all see the same machine: a load
+    that comes and goes between two rounds no longer tilts a ratio."""
+    times: list[list[float]] = [[] for _ in exchanges]
+    for i in range(pings):
+        message = i.to_bytes(8, "big") * 8
+        order = range(len(exchanges)) if i % 2 else reversed(range(len(exchanges)))
+        for k in order:
             start = time.perf_counter()
+            await exchanges[k](message)
+            times[k].append(time.perf_counter() - start)
+    return tuple(statistics.median(t[pings // 10 :]) * 1000 for t in times)  # after a warm-up
+
+
+async def round_trip(direct: Opener, relayed: Opener, pings: int) -> tuple[float, ...]:
+    """p50 of one 64-byte exchange on a direct and on a relayed channel (ms)."""
+
+    def exchange(channel: SecureChannel) -> Callable[[bytes], Awaitable[None]]:
+        async def one(message: bytes) -> None:
             await channel.send_message(message)
             assert await channel.receive_message() == message
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[pings // 10 :]) * 1000  # after a warm-up
+
+        return one
+
+    async with await open_channel(direct) as one, await open_channel(relayed) as two:
+        return await alternating((exchange(one), exchange(two)), pings)
 
 
 async def setups(opener: Opener, count: int) -> float:
@@ -197,20 +218,21 @@ async def serve_splices(net: TrioNetwork, listener: StreamListener, to: Address)
             nursery.start_soon(splice, await listener.accept())
 
 
-async def echo_round_trip(opener: Opener, pings: int) -> float:
-    """p50 of one 64-byte exchange with the echo (ms)."""
-    async with await opener() as stream:
-        times = []
-        for i in range(pings):
-            message = i.to_bytes(8, "big") * 8
-            start = time.perf_counter()
+async def echo_round_trip(direct: Opener, spliced: Opener, pings: int) -> tuple[float, ...]:
+    """p50 of one 64-byte exchange with the echo, direct and through the splice (ms)."""
+
+    def exchange(stream: trio.abc.Stream) -> Callable[[bytes], Awaitable[None]]:
+        async def one(message: bytes) -> None:
             await stream.send_all(message)
             got = b""
             while len(got) < len(message):
                 got += await stream.receive_some(65536)
             assert got == message
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[pings // 10 :]) * 1000
+
+        return one
+
+    async with await direct() as one, await spliced() as two:
+        return await alternating((exchange(one), exchange(two)), pings)
 
 
 # --- the parties -----------------------------------------------------------------------
@@ -261,7 +283,9 @@ async def serve_target(
 
 # --- the layouts ----------------------------------------------------------------------
 
-Rows = dict[str, list[tuple[float, float]]]
+Rows = dict[str, list[tuple[float, ...]]]
+#: A row's (direct, relayed) figures of one round, from the two openers and a size.
+Pair = Callable[[Opener, Opener, int], Awaitable[tuple[float, ...]]]
 
 
 async def measure(
@@ -276,16 +300,22 @@ async def measure(
     async def relayed() -> trio.abc.Stream:
         return await connect_via_relay(net, relay, TARGET.peer_id)
 
-    runs: dict[str, tuple[Callable[[Opener, int], Awaitable[float]], int, Opener, Opener]] = {
-        BULK_ROW: (bulk, args.megabytes, opener(direct), relayed),
+    def one_then_other(run: Callable[[Opener, int], Awaitable[float]]) -> Pair:
+        async def pair(first: Opener, second: Opener, size: int) -> tuple[float, ...]:
+            return await run(first, size), await run(second, size)
+
+        return pair
+
+    runs: dict[str, tuple[Pair, int, Opener, Opener]] = {
+        BULK_ROW: (one_then_other(bulk), args.megabytes, opener(direct), relayed),
         RTT_ROW: (round_trip, args.pings, opener(direct), relayed),
-        SETUP_ROW: (setups, args.setups, opener(direct), relayed),
+        SETUP_ROW: (one_then_other(setups), args.setups, opener(direct), relayed),
         FLOOR_ROW: (echo_round_trip, args.pings, opener(floor[0]), opener(floor[1])),
     }
     rows: Rows = {name: [] for name in runs}
     for _ in range(ROUNDS):
         for name, (run, size, first, second) in runs.items():
-            rows[name].append((await run(first, size), await run(second, size)))
+            rows[name].append(await run(first, second, size))
     return rows
 
 

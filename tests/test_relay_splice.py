@@ -230,8 +230,8 @@ async def test_a_reset_ends_the_circuit() -> None:
 
 
 class EndlessSource:
-    """A socket that always has 1 KiB waiting (up to ``limit`` reads, then EOF): which
-    tick of the other task each read saw."""
+    """A socket that always has more waiting than a read takes (up to ``limit`` reads,
+    then EOF): which tick of the other task each read saw."""
 
     def __init__(self, ticks: list[int], limit: int) -> None:
         self.ticks, self.limit, self.seen = ticks, limit, list[int]()
@@ -240,7 +240,7 @@ class EndlessSource:
         if len(self.seen) >= self.limit:
             return 0
         self.seen.append(self.ticks[0])
-        return 1024
+        return len(buffer)
 
 
 class EndlessSink:
@@ -274,7 +274,42 @@ async def test_a_full_pipe_yields_to_other_tasks_and_to_cancellation() -> None:
     # splice first in one batch and last in the one before.
     runs = [source.seen.count(tick) for tick in set(source.seen)]
     assert max(runs) <= 2 * 16 and len(runs) > 1
-    assert server.statistics().bytes_relayed == 1024 * len(source.seen)
+    assert server.statistics().bytes_relayed == 65536 * len(source.seen)
+
+
+class CountingSocket(socket.socket):
+    """A socket that counts its reads that found nothing."""
+
+    failed_reads = 0
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        try:
+            return super().recv_into(buffer, nbytes, flags)
+        except BlockingIOError:
+            self.failed_reads += 1
+            raise
+
+
+async def test_a_read_that_took_all_waits_before_reading_again() -> None:
+    """After a read that did not fill its buffer the splice waits for the socket
+    instead of trying a read that fails (one per message, before)."""
+    server = RelayServer(TrioNetwork(), RELAY.peer_id, OPEN)
+    source_peer, source_end = socket.socketpair()
+    sink_end, sink_peer = socket.socketpair()
+    source = CountingSocket(fileno=source_end.detach())
+    for sock in (source_peer, source, sink_end, sink_peer):
+        sock.setblocking(False)
+    with source_peer, source, sink_end, sink_peer, trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            pump = server._pump_sockets
+            nursery.start_soon(pump, source, sink_end, b"", nursery.cancel_scope, [])
+            for i in range(10):
+                source_peer.send(b"message %d" % i)
+                await trio.lowlevel.wait_readable(sink_peer)
+                assert sink_peer.recv(100) == b"message %d" % i
+            nursery.cancel_scope.cancel()
+    assert source.failed_reads <= 1  # a spurious wake-up, at most
+    assert server.statistics().bytes_relayed == sum(len(b"message %d" % i) for i in range(10))
 
 
 # --- the meter ------------------------------------------------------------------------

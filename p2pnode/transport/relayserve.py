@@ -430,28 +430,35 @@ class RelayServer:
     ) -> None:
         """One direction between two TCP sockets: read into one buffer and write it out
         with the socket calls themselves. A stream's ``send_all`` yields after every
-        write and its ``receive_some`` returns a fresh object; a splice needs neither,
-        and a round trip through the relay paid both on each hop. The task still waits
-        only in trio (``wait_readable``, ``wait_writable``), and it yields after
-        :data:`_EAGER_CHUNKS` chunks in a row that did not wait, so a full pipe cannot
-        keep other tasks (or the circuit's deadline) from running."""
+        write and its ``receive_some`` returns a fresh object; a splice needs neither.
+        A read that did not fill the buffer took all there was, so the next one waits
+        for the socket first instead of trying a read that fails: a relayed round trip
+        crosses the splice twice, and that failed read was a system call and an
+        exception each time. The task waits only in trio (``wait_readable``,
+        ``wait_writable``) and yields after :data:`_EAGER_CHUNKS` chunks in a row that
+        did not wait, so a full pipe cannot keep other tasks (or the circuit's deadline)
+        from running."""
         meter = CircuitMeter(self.limits, trio.current_time())
         buffer = bytearray(_SPLICE_READ)
         view = memoryview(buffer)
         eager = 0
+        drained = False  # the last read took all there was
         try:
             while True:
                 if data:
                     chunk, data = memoryview(data), b""
                 else:
+                    if drained:
+                        eager = 0
+                        await trio.lowlevel.wait_readable(source)
                     try:
                         n = source.recv_into(buffer)
                     except BlockingIOError:
-                        eager = 0
-                        await trio.lowlevel.wait_readable(source)
+                        drained = True
                         continue
                     if not n:
                         break
+                    drained = n < _SPLICE_READ
                     chunk = view[:n]
                 delay = meter.admit(len(chunk), trio.current_time() if meter.paced else 0.0)
                 if delay and not await self._paced(delay, ends):
