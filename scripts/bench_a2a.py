@@ -17,15 +17,19 @@ and routes behind the same bearer guard, and the same four events per message (t
 task, working, the artifact, completed), kept in an in-memory task store.
 
 Rows: p50 and p90 of one message at a time (``--calls``, after a warm-up), and messages
-per second with ``--concurrent`` in flight (``--burst`` messages). Target: (b) p50 <=
-1.3x (a) p50, what the swarm hop may add to the SDK's own cost. Needs the a2a extra.
+per second with ``--concurrent`` in flight (``--burst`` messages). Both servers run at
+once and the one-at-a-time calls alternate between them (an SDK call, a gateway call,
+the order swapped each round), so a load that comes and goes on a shared host weighs on
+both rows alike; run one after the other, the ratio swung from 0.95 to 2.07 with the
+load. ``cpu_ms`` is the CPU time per message of the process serving the row (with the
+client's, in the one-process layout), ``client_cpu_ms`` the client's in the
+two-process layout. Target: (b) p50 <= 1.3x (a) p50, what the swarm hop may add to the
+SDK's own cost. Needs the a2a extra.
 
-``--layout two`` (or ``both``) measures each row again with its server in a child
-process (``--serve sdk|gateway``; the gateway's process holds both nodes), so the
-client's work and the server's do not share one loop; ``one`` (the default) is the
-layout above. The two-process rows sometimes end in a dropped connection
-(``A2AClientError: Network communication error``), with or without the gateway's
-changes; the cause is not known yet, so they are not the default.
+``--layout two`` (the default) serves each row from a child process (``--serve
+sdk|gateway``; the gateway's process holds both nodes), as a deployment does: the
+client's work and the server's do not share one loop. ``one`` serves both in this
+process, on the client's loop; ``both`` measures the two layouts.
 """
 
 from __future__ import annotations
@@ -33,11 +37,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -61,6 +69,10 @@ from p2pnode.core.envelope import Envelope
 HOST = "127.0.0.1"
 TOKEN = "bench"
 TARGET_RATIO = 1.3
+#: The rows, in the order of the first round of interleaved calls.
+ROWS = ("sdk", "gateway")
+
+Rows = dict[str, dict[str, float]]
 
 
 class EchoExecutor(AgentExecutor):
@@ -151,22 +163,42 @@ async def one(client: Client, text: str) -> None:
         assert event.task.artifacts[0].parts[0].text == text
 
 
-async def measure(url: str, args: argparse.Namespace) -> dict[str, float]:
+@asynccontextmanager
+async def a2a_client(url: str, width: int) -> AsyncIterator[Client]:
+    """The SDK's client of ``url`` (bearer token, up to ``width`` connections), warmed up."""
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    limits = httpx.Limits(max_connections=args.concurrent)
+    limits = httpx.Limits(max_connections=width)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=30) as http:
         config = ClientConfig(httpx_client=http, streaming=False)
         client = await create_client(url, client_config=config)
         for i in range(20):  # warm-up
             await one(client, f"w{i}")
-        times = []
-        for i in range(args.calls):
+        yield client
+
+
+async def interleaved(servers: dict[str, Server], clients: dict[str, Client], calls: int) -> Rows:
+    """p50, p90 and CPU per message of ``calls`` one-at-a-time messages to each row,
+    alternating between the rows (the order swapped each round)."""
+    times: dict[str, list[float]] = {row: [] for row in clients}
+    cpu = {row: 0.0 for row in clients}
+    client_cpu = 0.0
+    order = list(clients)
+    for i in range(calls):
+        for row in order if i % 2 == 0 else order[::-1]:
+            server_cpu, own_cpu = servers[row].cpu(), time.process_time()
             start = time.perf_counter()
-            await one(client, f"m{i}")
-            times.append(time.perf_counter() - start)
-        burst = await _burst(lambda i: one(client, f"b{i}"), args.burst, args.concurrent)
-    quantiles = statistics.quantiles(times, n=10)
-    return {"p50_ms": quantiles[4] * 1e3, "p90_ms": quantiles[8] * 1e3, "per_s": burst}
+            await one(clients[row], f"m{i}")
+            times[row].append(time.perf_counter() - start)
+            cpu[row] += servers[row].cpu() - server_cpu
+            client_cpu += time.process_time() - own_cpu
+    rows: Rows = {}
+    for row, samples in times.items():
+        quantiles = statistics.quantiles(samples, n=10)
+        rows[row] = {"p50_ms": quantiles[4] * 1e3, "p90_ms": quantiles[8] * 1e3}
+        rows[row]["cpu_ms"] = cpu[row] / calls * 1e3
+        if servers[row].child:
+            rows[row]["client_cpu_ms"] = client_cpu / (calls * len(times)) * 1e3
+    return rows
 
 
 async def _burst(call: Callable[[int], Awaitable[None]], total: int, width: int) -> float:
@@ -182,15 +214,33 @@ async def _burst(call: Callable[[int], Awaitable[None]], total: int, width: int)
     return total / (time.perf_counter() - start)
 
 
-def in_process(row: str) -> Any:
-    """The server of ``row`` ("sdk" or "gateway") in this process; yields its client URL."""
-    return served(_sdk_app) if row == "sdk" else gateway_echo()
+@dataclass(frozen=True, slots=True)
+class Server:
+    """A row's server: its client URL and where its CPU time is read."""
+
+    url: str
+    #: The child process serving it, or None when it is this process.
+    child: int | None = None
+
+    def cpu(self) -> float:
+        """CPU seconds used so far by the process serving the row."""
+        if self.child is None:
+            return time.process_time()
+        fields = Path(f"/proc/{self.child}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 @asynccontextmanager
-async def in_child(row: str) -> AsyncIterator[str]:
-    """The server of ``row`` in a child process (``--serve``); yields its client URL. The
-    child serves until it is killed (it keeps nothing: its nodes live in memory)."""
+async def in_process(row: str) -> AsyncIterator[Server]:
+    """The server of ``row`` ("sdk" or "gateway") in this process."""
+    async with served(_sdk_app) if row == "sdk" else gateway_echo() as url:
+        yield Server(url)
+
+
+@asynccontextmanager
+async def in_child(row: str) -> AsyncIterator[Server]:
+    """The server of ``row`` in a child process (``--serve``). The child serves until it
+    is killed (it keeps nothing: its nodes live in memory)."""
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--serve", row, stdout=asyncio.subprocess.PIPE
     )
@@ -199,7 +249,7 @@ async def in_child(row: str) -> AsyncIterator[str]:
         line = await asyncio.wait_for(child.stdout.readline(), 60)
         if not line:
             raise RuntimeError(f"the {row} server did not start")
-        yield line.decode().strip()
+        yield Server(line.decode().strip(), child.pid)
     finally:
         child.kill()
         await child.wait()
@@ -207,9 +257,28 @@ async def in_child(row: str) -> AsyncIterator[str]:
 
 async def serve_row(row: str) -> None:
     """``--serve``: serve ``row`` and print its client URL, until killed."""
-    async with in_process(row) as url:
-        print(url, flush=True)
+    async with in_process(row) as server:
+        print(server.url, flush=True)
         await asyncio.Event().wait()
+
+
+async def measure(where: Callable[[str], Any], args: argparse.Namespace) -> Rows:
+    """Both rows served by ``where``: their interleaved calls, then each row's burst."""
+    async with AsyncExitStack() as stack:
+        servers = {row: await stack.enter_async_context(where(row)) for row in ROWS}
+        clients = {
+            row: await stack.enter_async_context(a2a_client(server.url, args.concurrent))
+            for row, server in servers.items()
+        }
+        rows = await interleaved(servers, clients, args.calls)
+        for row, client in clients.items():
+            calls = partial(_burst_call, client)
+            rows[row]["per_s"] = await _burst(calls, args.burst, args.concurrent)
+    return rows
+
+
+async def _burst_call(client: Client, i: int) -> None:
+    await one(client, f"b{i}")
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -219,10 +288,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     layouts["both"] = layouts["two"] + layouts["one"]
     result: dict[str, Any] = {"target": TARGET_RATIO}
     for suffix, where in layouts[args.layout]:
-        for row in ("sdk", "gateway"):
-            async with where(row) as url:
-                result[row + suffix] = await measure(url, args)
-        ratio = result["gateway" + suffix]["p50_ms"] / result["sdk" + suffix]["p50_ms"]
+        rows = await measure(where, args)
+        for row in ROWS:
+            result[row + suffix] = rows[row]
+        ratio = rows["gateway"]["p50_ms"] / rows["sdk"]["p50_ms"]
         result["p50_ratio" + suffix] = ratio
         result["met" + suffix] = ratio <= TARGET_RATIO
     return result
@@ -233,7 +302,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument("--burst", type=int, default=640)
-    parser.add_argument("--layout", choices=["one", "two", "both"], default="one")
+    parser.add_argument("--layout", choices=["one", "two", "both"], default="two")
     parser.add_argument("--serve", choices=["sdk", "gateway"], help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.serve is not None:
