@@ -77,6 +77,22 @@ async def test_addresses_nobody_answers_at_are_not_confirmed(autojump_clock: Any
         assert (await node.check_reachability()).reachability is Reachability.REACHABLE
 
 
+async def test_a_check_asks_as_an_agent_the_policy_lets_reach_the_checkers(
+    autojump_clock: Any,
+) -> None:
+    # The node's first agent is tier 2; every checker hosts only tier-3 agents, which a
+    # tier-2 agent may not send a request to. Its tier-3 agent asks instead.
+    async with joined(4) as sw:
+        node = sw.nodes[-1]
+        await node.remove_agent(f"a{len(sw.nodes) - 1}")
+        await node.add_agent("planner", echo, tier=2)
+        await node.add_agent("helper", echo, tier=3)
+        assert node.default_agent() == "planner"
+        verdict = await node.check_reachability()
+        assert verdict.reachability is Reachability.REACHABLE
+        assert len(verdict.checkers) == 3
+
+
 class Liar:
     """A checker that says every candidate was reached, seen from a made-up address."""
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import trio
 
 from p2pnode.agent.definition import Agent, Reply
-from p2pnode.core.card import AgentCard
+from p2pnode.core.card import AgentCard, Origin
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.identity import Identity, PeerId
@@ -129,13 +129,31 @@ class DhtSide(Protocol):
         """Switch the DHT to answering requests (SERVER) or none (CLIENT)."""
 
 
-def _card_of(host: ServiceHost, peer: PeerId, now_ms: int) -> AgentCard | None:
-    """A live card of an agent of ``peer`` (the agent a request to it is addressed to)."""
+#: One checker of a check: the local agent asking, the checker agent's card, and the
+#: checker's DHT address (None: unknown).
+Checker = tuple[str, AgentCard, Address | None]
+
+
+def _pair_of(
+    host: ServiceHost, peer: PeerId, now_ms: int, senders: Sequence[AgentCard]
+) -> tuple[str, AgentCard] | None:
+    """A local agent of ``senders`` and a live card of an agent of ``peer`` that the
+    policy lets it send a check to (a request asks as one agent, to one agent: with a
+    tier-2 agent first here and only tier-3 agents there, another pair must be found)."""
     registry = host.registry
     for card in registry:
-        if card.peer_id == peer and registry.is_live(card, now_ms):
-            return card
+        if card.peer_id != peer or not registry.is_live(card, now_ms):
+            continue
+        claims = _claims(card)
+        for sender in senders:
+            if host.policy.check_message(sender, card, MessageType.REQUEST, claims).allowed:
+                return sender.id, card
     return None
+
+
+def _claims(card: AgentCard) -> Metadata:
+    """The metadata of a check sent to ``card``'s agent."""
+    return Metadata(int(card.tier), card.sandbox_id, capability=METHOD)
 
 
 def _with_external_udp(
@@ -343,22 +361,23 @@ class ReachabilityService:
         chosen = list(candidates) if candidates is not None else self._kernel.candidates()
         if not 0 < len(chosen) <= MAX_ADDRESSES:
             raise LocalError(ErrorCode.INVALID_ARGUMENT, f"1-{MAX_ADDRESSES} candidates")
-        sender = self._kernel.sender()
-        checkers = await self._checkers()
+        senders = self._senders()
+        checkers = await self._checkers(senders)
         mapped = await self._stun_all(checkers)
         if own:
             chosen = _with_external_udp(chosen, mapped)
         request = DialRequest(self._nonce(NONCE_BYTES), tuple(dict.fromkeys(chosen)))
         reports: list[Report] = []
 
-        async def ask(card: AgentCard, udp: Address | None) -> None:
+        async def ask(checker: Checker) -> None:
+            sender, card, udp = checker
             report = await self._ask(sender, card, request, mapped.get(udp))
             if report is not None:
                 reports.append(report)
 
         async with trio.open_nursery() as nursery:
-            for card, udp in checkers:
-                nursery.start_soon(ask, card, udp)
+            for checker in checkers:
+                nursery.start_soon(ask, checker)
         verdict = decide(reports, request.candidates)
         logger.info("reachability: %s", verdict.to_dict())
         self.verdict = verdict
@@ -369,8 +388,16 @@ class ReachabilityService:
                 self._on_verdict(verdict)
         return verdict
 
+    def _senders(self) -> list[AgentCard]:
+        """The local agents a check may ask as: the kernel's choice first.
+
+        Raises LocalError(AGENT_NOT_FOUND) when this node hosts none."""
+        first = self._kernel.sender()
+        local = [c for c in self._host.registry if c.origin is Origin.LOCAL]
+        return sorted(local, key=lambda card: card.id != first)
+
     async def _stun_all(
-        self, checkers: Sequence[tuple[AgentCard, Address | None]]
+        self, checkers: Sequence[Checker]
     ) -> dict[Address | None, Address | None]:
         """Where each checker's DHT sees this node's DHT socket (§2.4), by its address."""
         dht = self._dht()
@@ -380,7 +407,7 @@ class ReachabilityService:
             mapped[udp] = await dht.stun(udp)
 
         async with trio.open_nursery() as nursery:
-            for _, udp in checkers:
+            for _, _, udp in checkers:
                 if dht is not None and udp is not None:
                     nursery.start_soon(stun, dht, udp)
         return mapped
@@ -391,11 +418,13 @@ class ReachabilityService:
         if dht is not None and mode is not None:
             dht.set_mode(mode)
 
-    async def _checkers(self) -> list[tuple[AgentCard, Address | None]]:
-        """The checkers to ask: a card of each, and its DHT's address (from the lookup;
-        else its card's address, the DHT's port by default). Peers are taken in
-        :func:`pick_checkers`'s order, those whose card this node holds first; looked-up
-        peers it holds no card of are then met (at once), to fill what is missing."""
+    async def _checkers(self, senders: Sequence[AgentCard]) -> list[Checker]:
+        """The checkers to ask: the local agent that asks, a card of the checker's
+        agent it may send to (:func:`_pair_of`), and the checker's DHT address (from
+        the lookup; else its card's address, the DHT's port by default). Peers are taken
+        in :func:`pick_checkers`'s order, those whose card this node holds first;
+        looked-up peers it holds no card of are then met (at once), to fill what is
+        missing."""
         dht = self._dht()
         looked_up = await dht.looked_up() if dht is not None else []
         where = dict(looked_up)
@@ -404,38 +433,40 @@ class ReachabilityService:
         order = pick_checkers(
             list(where), met, self._rng, count=len(where) + len(met), exclude=[self._host.peer_id]
         )
-        chosen: list[tuple[AgentCard, Address | None]] = []
+        chosen: list[Checker] = []
         unmet: list[PeerId] = []
         for peer in order:
-            card = _card_of(self._host, peer, self._host.now_ms())
-            if card is not None:
-                chosen.append((card, where.get(peer, _first_address(card))))
+            pair = _pair_of(self._host, peer, self._host.now_ms(), senders)
+            if pair is not None:
+                chosen.append((*pair, where.get(peer, _first_address(pair[1]))))
             elif peer in where:
                 unmet.append(peer)
         if len(chosen) < count and unmet:
-            found: list[AgentCard] = []
+            found: list[Checker] = []
 
             async def meet(peer: PeerId) -> None:
-                card = await self._meet(peer, where[peer])
-                if card is not None:
-                    found.append(card)
+                pair = await self._meet(peer, where[peer], senders)
+                if pair is not None:
+                    found.append((*pair, where[peer]))
 
             async with trio.open_nursery() as nursery:
                 for peer in unmet[: 2 * (count - len(chosen))]:
                     nursery.start_soon(meet, peer)
-            chosen.extend((card, where[card.peer_id]) for card in found)
+            chosen.extend(found)
         return chosen[:count]
 
-    async def _meet(self, peer: PeerId, udp: Address) -> AgentCard | None:
+    async def _meet(
+        self, peer: PeerId, udp: Address, senders: Sequence[AgentCard]
+    ) -> tuple[str, AgentCard] | None:
         """Open a channel to a looked-up peer (its TCP listener is on its DHT port,
-        docs/protocol/node.md) so its cards arrive; its card, or None."""
+        docs/protocol/node.md) so its cards arrive; who asks it, and its card, or None."""
         with trio.move_on_after(self.config.dial_timeout):
             try:
                 met = await self._kernel.meet(udp)
             except P2PError:
                 return None
             if met == peer:
-                return _card_of(self._host, peer, self._host.now_ms())
+                return _pair_of(self._host, peer, self._host.now_ms(), senders)
         return None
 
     async def _ask(
@@ -468,7 +499,7 @@ class ReachabilityService:
     async def _answer(
         self, sender: str, card: AgentCard, request: DialRequest
     ) -> DialAnswer | None:
-        claims = Metadata(int(card.tier), card.sandbox_id, capability=METHOD)
+        claims = _claims(card)
         try:
             reply = await self._host.request(
                 sender,
