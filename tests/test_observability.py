@@ -19,8 +19,11 @@ from p2pnode.core.envelope import Envelope, MessageType
 from p2pnode.core.errors import ErrorCode, LocalError
 from p2pnode.node.logs import JsonLinesFormatter, configure_logging
 from p2pnode.node.observability import (
+    LOG_REPEAT_LINES,
+    LOG_REPEAT_MS,
     Event,
     EventKind,
+    LogRepeats,
     Observability,
     Outcome,
     RoutingPath,
@@ -332,6 +335,52 @@ def p2p_logger() -> Iterator[logging.Logger]:
     yield logger
     logger.handlers[:] = handlers
     logger.setLevel(level)
+
+
+def test_a_repeated_warning_is_logged_once_a_minute_with_the_count_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    obs = Observability(clock)
+    reason = "inbound handshake failed: message authentication failed"
+    with caplog.at_level(logging.INFO, logger="p2pnode.events"):
+        for _ in range(100):  # one a second for 100 s, and another line in between
+            obs.security(ErrorCode.HANDSHAKE_FAILED, reason)
+            clock.now += 999
+        obs.security(ErrorCode.INVALID_CARD, "another problem")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert reason in lines[0] and "more like it" not in lines[0]
+    assert lines[1].endswith("(59 more like it in the last 60 s)")
+    assert "another problem" in lines[2]
+    # Only the log lines are summarised: every event is kept and counted.
+    assert len(obs.recent(kind=EventKind.SECURITY)) == 101
+    assert obs.metrics().security_by_code["HANDSHAKE_FAILED"] == 100
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5_000)), max_size=200))
+def test_log_repeats_logs_a_line_at_most_once_a_window_and_loses_no_count(
+    steps: list[tuple[int, int]],
+) -> None:
+    repeats, now = LogRepeats(), 0
+    logged: dict[int, list[int]] = {}
+    total: dict[int, int] = {}
+    reported: dict[int, int] = {}
+    for key, gap in steps:
+        now += gap
+        total[key] = total.get(key, 0) + 1
+        left_out = repeats.admit((key,), now)
+        if left_out is not None:
+            times = logged.setdefault(key, [])
+            assert not times or now - times[-1] >= LOG_REPEAT_MS
+            times.append(now)
+            reported[key] = reported.get(key, 0) + 1 + left_out
+    for key, count in total.items():
+        # The first of each key is logged; the lines logged plus the repeats they
+        # reported never exceed what happened, and fall short only by the tail not
+        # reported yet (repeats after the last logged line).
+        assert logged[key][0] <= now and 0 < reported[key] <= count
+    assert LOG_REPEAT_LINES >= 4
 
 
 def test_json_lines_output_parses_and_carries_the_event(p2p_logger: logging.Logger) -> None:

@@ -30,6 +30,11 @@ Theory of operation:
   event's fields as a plain tuple in the ring and count them; the
   :class:`Event` is built only when :meth:`~Observability.recent` reads it.
   The result is the same, without three dataclass constructions per message.
+* A WARNING line (an error or security event) repeating one already logged, same
+  kind, code and text, within :data:`LOG_REPEAT_MS`, is not logged again: it is
+  counted, and the first like it after that time says how many were left out.
+  A peer that dials a restarted device's old key, once a second, is one line a
+  minute, not sixty. The event itself is kept, counted and announced as always.
 * A listener that raises is logged and skipped: telemetry must never break
   the message path that emits it.
 * Time comes from the injected ``clock_ms``; nothing here reads a clock.
@@ -298,6 +303,32 @@ def _routing_level(outcome: Outcome | None) -> int:
     return logging.DEBUG if outcome in (Outcome.DELIVERED, None) else logging.INFO
 
 
+#: A WARNING log line like one logged less than this long ago is counted, not logged.
+LOG_REPEAT_MS = 60_000
+#: Distinct WARNING lines remembered for that (the oldest is forgotten first).
+LOG_REPEAT_LINES = 256
+
+
+class LogRepeats:
+    """Which WARNING lines to log: the first of a kind, code and text, then the first
+    one :data:`LOG_REPEAT_MS` or more after it (with the count left out between)."""
+
+    def __init__(self) -> None:
+        #: key -> (when it was last logged, how many like it were left out since).
+        self._lines: dict[tuple[Any, ...], tuple[int, int]] = {}
+
+    def admit(self, key: tuple[Any, ...], now_ms: int) -> int | None:
+        """None: leave this line out; else log it, saying how many were left out."""
+        seen = self._lines.pop(key, None)
+        if seen is not None and now_ms - seen[0] < LOG_REPEAT_MS:
+            self._lines[key] = (seen[0], seen[1] + 1)
+            return None
+        if len(self._lines) >= LOG_REPEAT_LINES:
+            del self._lines[next(iter(self._lines))]
+        self._lines[key] = (now_ms, 0)
+        return 0 if seen is None else seen[1]
+
+
 class Observability:
     """A node's event sink: recent events, metrics, logging and listeners.
 
@@ -328,6 +359,7 @@ class Observability:
         self._latency_window = latency_window
         self._counters = _Counters(latency_window)
         self._listeners: list[Listener] = []
+        self._repeats = LogRepeats()
 
     # -- core -------------------------------------------------------------------------------
 
@@ -344,7 +376,7 @@ class Observability:
         self._counters.add(event)
         level = log_level(event)
         if self._logger.isEnabledFor(level):
-            self._logger.log(level, event.summary(), extra={"event": event.to_dict()})
+            self._log(level, event)
         for listener in tuple(self._listeners):
             try:
                 listener(event)
@@ -352,6 +384,16 @@ class Observability:
                 # A broken listener must not break the message path that emitted.
                 self._logger.exception("event listener %r failed", listener)
         return event
+
+    def _log(self, level: int, event: Event) -> None:
+        text = event.summary()
+        if level >= logging.WARNING:
+            left_out = self._repeats.admit((event.kind, event.code, event.detail), event.at_ms)
+            if left_out is None:
+                return
+            if left_out:
+                text += f" ({left_out} more like it in the last {LOG_REPEAT_MS // 1000} s)"
+        self._logger.log(level, text, extra={"event": event.to_dict()})
 
     def recent(self, limit: int | None = None, kind: EventKind | None = None) -> list[Event]:
         """Recent events, oldest first: the last ``limit`` (all when None) of ``kind``
