@@ -17,11 +17,12 @@ relay's copying, not its policy. Each figure is the median of 3 rounds:
   a direct and a relayed run used to tilt the ratio); target: relayed <= 2.0x direct;
 * setups: channels a second, each CONNECT (or TCP connect), Noise XX handshake,
   one round trip and close, one after another (no target; printed);
-* floor: p50 of 64-byte round trips of a plain TCP echo (no channel), direct and
-  through a minimal byte splice (two tasks per connection, ``recv_into`` and
-  ``send``, nothing counted) placed where the relay is, alternating as above. It is
-  what any trio relay adds at the least; "added" is relayed minus direct, for the
-  relay and for it.
+* echo (the floor): p50 of 64-byte round trips of a plain TCP echo at the target (no
+  channel), direct, through a minimal byte splice (two tasks per connection,
+  ``recv_into`` and ``send``, nothing counted) placed where the relay is, and through
+  a relay circuit, the three alternating as above. The splice is what any trio relay
+  adds at the least; the relay's echo row shows what the relay adds to the same
+  bytes. "added" is relayed minus direct.
 
 Layouts (``--layout``, both by default):
 
@@ -55,7 +56,12 @@ from p2pnode.core.identity import Identity
 from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.transport.net import Address, StreamListener, TrioNetwork
 from p2pnode.transport.relay import RelayAddress, RelayLimits
-from p2pnode.transport.relayserve import RelayServer, connect_via_relay, reserve
+from p2pnode.transport.relayserve import (
+    RelayReservation,
+    RelayServer,
+    connect_via_relay,
+    reserve,
+)
 from p2pnode.transport.secure import SecureIdentity
 from p2pnode.transport.tcpstream import TcpStream
 
@@ -78,6 +84,7 @@ OPEN_LIMITS = RelayLimits(
 TARGET = SecureIdentity(Identity(b"\x71" * 32))
 DIALER = SecureIdentity(Identity(b"\x72" * 32))
 RELAY = Identity(b"\x70" * 32)
+ECHO = Identity(b"\x73" * 32)  # the target's second reservation: relayed echo streams
 
 Opener = Callable[[], Awaitable[trio.abc.Stream]]
 
@@ -166,17 +173,25 @@ async def serve_streams(accept: Callable[[], Awaitable[trio.abc.Stream]]) -> Non
 # --- the floor: a plain TCP echo, direct and through a minimal splice ---------------
 
 
-async def serve_echo(sock: socket.socket) -> None:
-    """Echo every byte back, per connection accepted on the listening ``sock``."""
+async def echo(stream: trio.abc.Stream) -> None:
+    """Echo every byte back until the stream ends."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        async with stream:
+            while data := await stream.receive_some(65536):
+                await stream.send_all(data)
+
+
+async def serve_echo(sock: socket.socket, reservation: RelayReservation) -> None:
+    """Echo on every connection accepted on the listening ``sock`` and on every stream
+    relayed through ``reservation``."""
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
-    async def echo(stream: trio.abc.Stream) -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            async with stream:
-                while data := await stream.receive_some(65536):
-                    await stream.send_all(data)
+    async def accept_relayed(nursery: trio.Nursery) -> None:
+        while True:
+            nursery.start_soon(echo, await reservation.accept())
 
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_relayed, nursery)
         while True:
             nursery.start_soon(echo, TcpStream.adopt(await listener.accept()))
 
@@ -218,8 +233,11 @@ async def serve_splices(net: TrioNetwork, listener: StreamListener, to: Address)
             nursery.start_soon(splice, await listener.accept())
 
 
-async def echo_round_trip(direct: Opener, spliced: Opener, pings: int) -> tuple[float, ...]:
-    """p50 of one 64-byte exchange with the echo, direct and through the splice (ms)."""
+async def echo_round_trip(
+    direct: Opener, spliced: Opener, relayed: Opener, pings: int
+) -> tuple[float, ...]:
+    """p50 of one 64-byte exchange with the echo, direct, through the minimal splice and
+    through a relay circuit (ms)."""
 
     def exchange(stream: trio.abc.Stream) -> Callable[[bytes], Awaitable[None]]:
         async def one(message: bytes) -> None:
@@ -231,8 +249,8 @@ async def echo_round_trip(direct: Opener, spliced: Opener, pings: int) -> tuple[
 
         return one
 
-    async with await direct() as one, await spliced() as two:
-        return await alternating((exchange(one), exchange(two)), pings)
+    async with await direct() as one, await spliced() as two, await relayed() as three:
+        return await alternating((exchange(one), exchange(two), exchange(three)), pings)
 
 
 # --- the parties -----------------------------------------------------------------------
@@ -274,8 +292,11 @@ async def serve_target(
     async with trio.open_nursery() as nursery:
         listener = await net.listen_stream((HOST, 0))
         nursery.start_soon(serve_streams, listener.accept)
-        nursery.start_soon(serve_echo, echo_sock)
-        async with reserve(net, relay, TARGET.identity, backlog=64) as reservation:
+        async with (
+            reserve(net, relay, TARGET.identity, backlog=64) as reservation,
+            reserve(net, relay, ECHO, backlog=64) as echo_reservation,
+        ):
+            nursery.start_soon(serve_echo, echo_sock, echo_reservation)
             nursery.start_soon(serve_streams, reservation.accept)
             task_status.started(listener.local_address)
             await trio.sleep_forever()
@@ -300,6 +321,9 @@ async def measure(
     async def relayed() -> trio.abc.Stream:
         return await connect_via_relay(net, relay, TARGET.peer_id)
 
+    async def relayed_echo() -> trio.abc.Stream:
+        return await connect_via_relay(net, relay, ECHO.peer_id)
+
     def one_then_other(run: Callable[[Opener, int], Awaitable[float]]) -> Pair:
         async def pair(first: Opener, second: Opener, size: int) -> tuple[float, ...]:
             return await run(first, size), await run(second, size)
@@ -310,12 +334,16 @@ async def measure(
         BULK_ROW: (one_then_other(bulk), args.megabytes, opener(direct), relayed),
         RTT_ROW: (round_trip, args.pings, opener(direct), relayed),
         SETUP_ROW: (one_then_other(setups), args.setups, opener(direct), relayed),
-        FLOOR_ROW: (echo_round_trip, args.pings, opener(floor[0]), opener(floor[1])),
     }
-    rows: Rows = {name: [] for name in runs}
+    rows: Rows = {name: [] for name in (*runs, SPLICE_ROW, ECHO_ROW)}
     for _ in range(ROUNDS):
         for name, (run, size, first, second) in runs.items():
             rows[name].append(await run(first, second, size))
+        plain, spliced, relayed_ = await echo_round_trip(
+            opener(floor[0]), opener(floor[1]), relayed_echo, args.pings
+        )
+        rows[SPLICE_ROW].append((plain, spliced))
+        rows[ECHO_ROW].append((plain, relayed_))
     return rows
 
 
@@ -388,7 +416,8 @@ async def child_target(relay_port: int, echo_fd: int) -> None:
 BULK_ROW = "bulk 64 KiB msgs (MB/s)"
 RTT_ROW = "round trip p50 (ms)"
 SETUP_ROW = "setups (channels/s)"
-FLOOR_ROW = "floor: TCP echo p50 (ms)"
+SPLICE_ROW = "echo, min. splice p50 (ms)"
+ECHO_ROW = "echo, relay p50 (ms)"
 TARGETS = {BULK_ROW: (">=", BULK_TARGET), RTT_ROW: ("<=", RTT_TARGET)}
 
 
@@ -409,9 +438,12 @@ def report(rows: Rows, server: RelayServer | None, *, verdicts: bool) -> None:
             shown = ("met" if met else "NOT met") if verdicts else "(not this layout's)"
             verdict = f"{op} {bound:g}x: {shown}"
         print(f"{name:<26}{direct:>10.3f}{relayed:>10.3f}{ratio:>7.2f}x  {verdict}")
-    added = medians[RTT_ROW][1] - medians[RTT_ROW][0]
-    floor = medians[FLOOR_ROW][1] - medians[FLOOR_ROW][0]
-    print(f"added per round trip: relay {added:.3f} ms, minimal splice {floor:.3f} ms")
+    added = {name: medians[name][1] - medians[name][0] for name in (RTT_ROW, ECHO_ROW, SPLICE_ROW)}
+    print(
+        f"added per round trip (ms): channel through the relay {added[RTT_ROW]:.3f}; "
+        f"echo through the relay {added[ECHO_ROW]:.3f}, "
+        f"through the minimal splice {added[SPLICE_ROW]:.3f}"
+    )
     if server is not None:
         stats = server.statistics()
         megabytes = stats.bytes_relayed / 1e6

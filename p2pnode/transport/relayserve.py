@@ -14,7 +14,10 @@ and the simulator (:class:`p2pnode.simnet.SimNetwork`).
   ACCEPT hands its stream to the waiting CONNECT. The splice forwards bytes as
   they come (never parsing them), metered per direction
   (:class:`~p2pnode.transport.relay.CircuitMeter`), inside a cancel scope at the
-  circuit's duration limit.
+  circuit's duration limit. Between two TCP streams (TrioNetwork's) each direction
+  moves bytes with the socket calls themselves, one buffer, no yield after a write
+  (``_pump_sockets``); other streams (the simulator's) go through
+  ``receive_some``/``send_all``. Both keep every limit.
 * :func:`connect_via_relay` is the dialer: CONNECT, wait for OK, and return the
   relayed stream, on which the caller runs the ordinary secure-channel handshake.
 * :func:`reserve` is the target: an async context manager holding a reservation
