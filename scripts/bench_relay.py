@@ -55,7 +55,7 @@ import trio
 from p2pnode.core.identity import Identity
 from p2pnode.transport.channel import SecureChannel, accept_secure, connect_secure
 from p2pnode.transport.net import Address, StreamListener, TrioNetwork
-from p2pnode.transport.relay import RelayAddress, RelayLimits
+from p2pnode.transport.relay import RelayAddress, RelayError, RelayLimits
 from p2pnode.transport.relayserve import (
     RelayReservation,
     RelayServer,
@@ -170,7 +170,7 @@ async def serve_streams(accept: Callable[[], Awaitable[trio.abc.Stream]]) -> Non
             nursery.start_soon(serve_channel, await accept())
 
 
-# --- the floor: a plain TCP echo, direct and through a minimal splice ---------------
+# --- the floor: a plain TCP echo, direct, through a minimal splice and a relay ------
 
 
 async def echo(stream: trio.abc.Stream) -> None:
@@ -187,8 +187,9 @@ async def serve_echo(sock: socket.socket, reservation: RelayReservation) -> None
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
     async def accept_relayed(nursery: trio.Nursery) -> None:
-        while True:
-            nursery.start_soon(echo, await reservation.accept())
+        with contextlib.suppress(RelayError):  # the reservation ended: the run is over
+            while True:
+                nursery.start_soon(echo, await reservation.accept())
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(accept_relayed, nursery)
@@ -389,7 +390,7 @@ def apart(args: argparse.Namespace) -> None:
         rows = trio.run(measure, TrioNetwork(), (HOST, direct_port), relay, floor, args)
         report(rows, None, verdicts=True)
     finally:
-        for process in children:
+        for process in reversed(children):  # the target first: it holds reservations
             process.kill()
             process.wait()
 
