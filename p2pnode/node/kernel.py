@@ -498,34 +498,65 @@ class Kernel(TaskOwner):
         sandbox rules as capability routing is (seed R10.4). Agents withdrawn, expired
         or whose owner is known unreachable are not returned, nor those whose owner
         opens no channel within ``FIND_WINDOW`` seconds when dialed (the first
-        ``FIND_PROBES`` owners this node has no channel to are). Unfiltered on a node
-        that hosts no agent (there is no viewer).
+        ``FIND_PROBES`` owners this node has no channel to are). An owner known
+        unreachable whose newer card discovery brought is dialed too, first, and its
+        agents returned if it answers. Unfiltered on a node that hosts no agent (there
+        is no viewer).
 
         Raises LocalError(AGENT_NOT_FOUND) when ``viewer`` is not a local agent.
         """
         seer = self.local_agent(viewer) if viewer is not None else self._first_card()
-        for card in await self.discovery.find_providers(capability):
-            if card.origin is Origin.REMOTE or card.peer_id != self.peer_id:
-                self.routing.cards.learn(card)
-        cards = self._live_providers(capability)
+        returned = self._learn_found(await self.discovery.find_providers(capability))
+        cards = self._live_providers(capability, returned)
         if seer is not None:
             cards = self.policy.filter_discoverable(seer, cards)
         # A card says only that its owner was alive when it signed it: the owners this
         # node has no channel to are dialed (at most FIND_PROBES, at once, for up to
         # FIND_WINDOW seconds); one that opened no channel by then is left out.
-        remote = dict.fromkeys(c.peer_id for c in cards if c.origin is Origin.REMOTE)
+        # Owners known unreachable that are back (``returned``) are dialed first: their
+        # cards are returned only if they answer.
+        remote = dict.fromkeys(
+            [*sorted(returned, key=str), *(c.peer_id for c in cards if c.origin is Origin.REMOTE)]
+        )
         probed = set(list(remote)[:FIND_PROBES])
         await probe(self.links, probed, FIND_WINDOW)
-        return [c for c in cards if c.peer_id not in probed or self._answers(c.peer_id)]
+        now = self._clock_ms()
+        return [
+            c
+            for c in cards
+            if (self._answers(c.peer_id) if c.peer_id in probed else self.registry.is_live(c, now))
+        ]
 
     def _answers(self, peer_id: PeerId) -> bool:
         link = self.links.get(peer_id)
         return link is not None and link.state is ChannelState.OPEN
 
-    def _live_providers(self, capability: str) -> list[AgentCard]:
+    def _learn_found(self, found: list[AgentCard]) -> set[PeerId]:
+        """Learn the cards discovery ``found``; the owners among them that signed a card
+        this node had not seen (a newer revision): they show they are back, even if this
+        node knows them unreachable (docs/protocol/node.md "Agent ids and owners")."""
+        returned: set[PeerId] = set()
+        for card in found:
+            if card.origin is Origin.LOCAL and card.peer_id == self.peer_id:
+                continue
+            held = self.registry.find_owned(card.id, card.peer_id)
+            if (held is None or card.revision > held.revision) and self.routing.cards.learn(card):
+                returned.add(card.peer_id)
+        return returned
+
+    def _live_providers(
+        self, capability: str, returned: set[PeerId] | frozenset[PeerId] = frozenset()
+    ) -> list[AgentCard]:
+        """The live claims offering ``capability``, and those of the ``returned`` owners
+        (known unreachable, but with a card newer than this node had: ``find`` dials them
+        before answering)."""
         now = self._clock_ms()
         registry = self.registry
-        return [c for c in registry.find_by_capability(capability) if registry.is_live(c, now)]
+        return [
+            c
+            for c in registry.find_by_capability(capability)
+            if registry.is_live(c, now) or (c.peer_id in returned and not c.is_expired(now))
+        ]
 
     def _first_card(self) -> AgentCard | None:
         for agent in self._agents.values():
