@@ -176,6 +176,10 @@ async def test_swarm_converges_through_partition_kills_and_restarts(
 async def test_no_frame_carries_an_update_before_it_is_durable(
     autojump_clock: Any, tmp_path: Path
 ) -> None:
+    # The durable store commits in a worker thread, and SQLite waits out the lock in real
+    # time: with a threshold of 0 the clock would jump from deadline to deadline while a
+    # commit runs, and on a loaded machine virtual time ran past the 30 s wait below.
+    autojump_clock.autojump_threshold = 0.02
     async with shared_swarm(tmp_path) as sw:
         writer, peer = await join(sw, durable=True), await join(sw)
         await wait_until(lambda: gossiping(writer, peer))
