@@ -67,6 +67,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import pytest
+
 T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
@@ -91,6 +93,14 @@ class NatKind(enum.Enum):
     @property
     def endpoint_independent_filtering(self) -> bool:
         return self is NatKind.FULL_CONE
+
+
+def require_lab() -> None:
+    """Skip the calling test, saying loudly why, when the lab cannot be built here
+    (.ci/run installs iproute2 and nftables and runs as root, so on CI it is built)."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"NAT LAB NOT RUN: {reason}")
 
 
 def unavailable() -> str | None:
@@ -335,6 +345,7 @@ __all__ = [
     "NatSite",
     "nat_lab",
     "quiet_wan",
+    "require_lab",
     "ruleset",
     "run_in",
     "start_in",

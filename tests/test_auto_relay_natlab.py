@@ -23,7 +23,7 @@ from p2pnode.runtime import NodeConfig, open_node
 from p2pnode.transport.net import Address, TrioNetwork
 from p2pnode.transport.relay import format_relay_address
 from p2pnode.transport.relayserve import RelayServer
-from tests.natlab import NatKind, nat_lab, start_in, unavailable
+from tests.natlab import NatKind, nat_lab, require_lab, start_in
 from tests.sim import wait_until
 from tests.test_reachability_natlab import LAB_DHT, PORT
 
@@ -113,9 +113,7 @@ def _get(out: queue.Queue[Result], what: str) -> Any:
 
 
 def test_a_node_behind_a_port_restricted_nat_picks_relays_and_is_reached() -> None:
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(f"NAT LAB NOT RUN: {reason}")
+    require_lab()
     with nat_lab(publics=RELAYS + 1, kinds=(NatKind.PORT_RESTRICTED,)) as lab:
         stop = threading.Event()
         out: queue.Queue[Result] = queue.Queue()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.natlab import LabError, NatKind, NatLab, nat_lab, run_in, unavailable
+from tests.natlab import LabError, NatKind, NatLab, nat_lab, require_lab, run_in
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +24,7 @@ OBSERVED = 9000
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[NatLab]:
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(f"NAT LAB NOT RUN: {reason}")
+    require_lab()
     with nat_lab(publics=3) as built:
         yield built
 
@@ -164,9 +162,7 @@ def _listed() -> set[str]:
 
 
 def test_every_namespace_goes_on_exit_and_on_failure() -> None:
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(f"NAT LAB NOT RUN: {reason}")
+    require_lab()
     made: list[str] = []
     with pytest.raises(LabError, match="a step failed"), nat_lab(publics=1) as lab:  # noqa: PT012
         made = list(lab.namespaces)

@@ -27,7 +27,7 @@ from p2pnode.dht.config import DhtConfig
 from p2pnode.runtime import NodeConfig, open_node
 from p2pnode.services.reachability import NatMapping, Reachability, Transport, Verdict
 from p2pnode.transport.net import Address, TrioNetwork
-from tests.natlab import LabError, NatKind, NatLab, nat_lab, start_in, unavailable
+from tests.natlab import LabError, NatKind, NatLab, nat_lab, require_lab, start_in
 from tests.sim import wait_until
 
 pytestmark = pytest.mark.slow
@@ -76,9 +76,7 @@ async def _until(event: threading.Event, limit: float) -> None:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[NatLab]:
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(f"NAT LAB NOT RUN: {reason}")
+    require_lab()
     with nat_lab(publics=CHECKERS + 1) as built:
         stop = threading.Event()
         ready: queue.Queue[str] = queue.Queue()
