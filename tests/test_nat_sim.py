@@ -5,6 +5,7 @@ translates, filters and never routes, and the DHT's ``stun`` and UDP dial-back o
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -14,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from p2pnode.dht.node import DhtNode
-from p2pnode.services.reachability.dhtside import DhtReach
+from p2pnode.dht.rpcwire import Request, decode_datagram_untrusted, encode_response
+from p2pnode.services.reachability.dhtside import PING_RESEND_S, PING_SENDS, DhtReach
 from p2pnode.simnet.nat import UDP_MAPPING_LIFETIME, Nat, NatKind, NatNetwork
 from p2pnode.transport.net import Address
 from tests.sim import FAST_DHT, identity, virtual_ms
@@ -203,3 +205,38 @@ async def test_stun_and_the_udp_dial_back_see_each_kind_as_a_real_nat_would(
         with trio.move_on_after(3.0):
             got = await checker.ping_from_fresh_socket(seen[0], natted.node_id)
         assert got is reached
+
+
+@pytest.mark.parametrize("answered", [1, 2, 3, None])
+async def test_the_udp_dial_back_resends_its_ping_until_one_is_answered(
+    autojump_clock: Any, answered: int | None
+) -> None:
+    """reachability.md §2.3: the same request, 0.5 s apart, 3 datagrams at most; a lost
+    datagram does not read as unreachable, and silence costs no more than 3 sends."""
+    sim = NatNetwork(random.Random(3))
+    checker_host, target_host = sim.add_host(), sim.add_host()
+    target = await target_host.bind_datagram((target_host.host, 4000))
+    node_id = b"\x07" * 20
+    got: list[tuple[float, bytes]] = []
+
+    async def serve() -> None:
+        while True:
+            data, source = await target.recvfrom()
+            request = decode_datagram_untrusted(data)
+            assert isinstance(request, Request) and request.method == "ping"
+            got.append((trio.current_time(), request.msg_id))
+            if len(got) == answered:
+                await target.sendto(encode_response(request.msg_id, node_id), source)
+
+    checker = DhtReach(None, checker_host, b"\x02" * 20, random.Random(2))  # type: ignore[arg-type]
+    reached = False
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        with trio.move_on_after(3.0):  # the dial timeout
+            reached = await checker.ping_from_fresh_socket(target.local_address, node_id)
+        nursery.cancel_scope.cancel()
+    assert reached is (answered is not None)
+    assert len(got) == (answered or PING_SENDS)
+    assert len({msg_id for _, msg_id in got}) == 1  # one request, sent again
+    sent = [at for at, _ in got]
+    assert all(abs(b - a - PING_RESEND_S) < 0.01 for a, b in itertools.pairwise(sent))

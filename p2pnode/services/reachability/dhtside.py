@@ -1,9 +1,9 @@
 """The reachability service's use of the node's DHT (docs/protocol/reachability.md §2.3).
 
-* The UDP dial-back: one Kademlia ``ping`` (dht.md §3) sent from a **new** UDP socket,
-  never the DHT's own, so a NAT mapping the requester opened towards the checker's DHT
-  does not let it through; reached when the reply, from the address pinged, with the
-  request's message id, carries the requester's node id.
+* The UDP dial-back: a Kademlia ``ping`` (dht.md §3, resent while unanswered) sent
+  from a **new** UDP socket, never the DHT's own, so a NAT mapping the requester opened
+  towards the checker's DHT does not let it through; reached when the reply, from the
+  address pinged, with the request's message id, carries the requester's node id.
 * ``stun`` to a checker's DHT, from the node's own DHT socket: where that checker sees
   it (the mapping the NAT made towards that checker).
 * A lookup of a random key: peers the network, not this node, picked.
@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Protocol
 
@@ -35,6 +36,9 @@ from p2pnode.transport.net import Network
 
 #: Datagrams a fresh socket reads while waiting for the ping's reply (others are noise).
 MAX_STRAY = 16
+#: Pings sent (the same request each time), PING_RESEND_S apart, until one is answered.
+PING_SENDS = 3
+PING_RESEND_S = 0.5
 
 
 class _Calls(Protocol):
@@ -72,16 +76,27 @@ class DhtReach:
             return False
         try:
             msg_id = self._rng.randbytes(MSG_ID_BYTES)
-            await endpoint.sendto(encode_request(msg_id, "ping", [self._caller_id]), address)
-            for _ in range(MAX_STRAY):
-                data, source = await endpoint.recvfrom()
-                if source != address:
-                    continue
-                try:
-                    decoded = decode_datagram_untrusted(data)
-                    if isinstance(decoded, Response) and decoded.msg_id == msg_id:
-                        return parse_ping_reply_untrusted(decoded.value) == node_id
-                except RpcError:
+            request = encode_request(msg_id, "ping", [self._caller_id])
+            strays = 0
+            # A single datagram lost on the way would read as "unreachable": the same
+            # request goes again every PING_RESEND_S, the caller's dial timeout bounding all.
+            for sent in range(1, PING_SENDS + 1):
+                await endpoint.sendto(request, address)
+                with trio.move_on_after(PING_RESEND_S if sent < PING_SENDS else math.inf):
+                    while strays < MAX_STRAY:
+                        data, source = await endpoint.recvfrom()
+                        strays += 1
+                        if source != address:
+                            continue
+                        try:
+                            decoded = decode_datagram_untrusted(data)
+                        except RpcError:
+                            return False
+                        if isinstance(decoded, Response) and decoded.msg_id == msg_id:
+                            try:
+                                return parse_ping_reply_untrusted(decoded.value) == node_id
+                            except RpcError:
+                                return False
                     return False
             return False
         except (OSError, trio.ClosedResourceError):
