@@ -285,3 +285,44 @@ async def test_a_request_by_capability_in_flight_moves_on_when_its_provider_dies
         assert trio.current_time() - killed < 30  # the channel's idle timeout, then redials
         stop_a.set()
         stop_b.set()
+
+
+async def test_a_request_moved_off_a_provider_dying_under_its_write_runs_once(
+    autojump_clock: Any,
+) -> None:
+    # The asker's channel to svc-a breaks as svc-a's device dies; a request written to it
+    # meanwhile waits for the redials, which fail: the link closes for good (failing what
+    # waits on that peer) and the write fails, so the request goes to svc-b. It is svc-b's
+    # to answer then, once: not failed by svc-a's departure and sent again.
+    sim = SimNetwork(random.Random(27))
+    calls: list[str] = []
+
+    async def counted(envelope: Envelope) -> Any:
+        calls.append(envelope.id)
+        return {"by": envelope.recipient}
+
+    async with AsyncExitStack() as stack:
+        _, boot = await start_seed(stack, sim, "hub")
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        doomed_host, stops = sim.add_host(), [trio.Event(), trio.Event()]
+        doomed: Node = await nursery.start(run_node, doomed_host, key(90), boot, stops[0])
+        await doomed.add_agent("svc-a", echo, capabilities=(SUMMARIZE,))
+        await doomed.join()
+        asker = await stack.enter_async_context(dht_node(sim.add_host(), key(6), boot))
+        await asker.add_agent("asker", echo)
+        await asker.join()
+        assert (await asker.request("asker", SUMMARIZE.id, None, capability=True)).sender == "svc-a"
+        other: Node = await nursery.start(run_node, sim.add_host(), key(91), boot, stops[1])
+        await other.add_agent("svc-b", counted, capabilities=(SUMMARIZE,))
+        await other.join()
+        for card in await asker.discovery.find_providers(SUMMARIZE.id):
+            asker.routing.cards.learn(card)
+        assert [c.id for c in asker.routing.router.candidates(
+            asker.registry.get("asker"), SUMMARIZE.id)] == ["svc-a", "svc-b"]  # fmt: skip
+        sim.kill(doomed_host.host)
+        reply = await asker.request("asker", SUMMARIZE.id, None, capability=True)
+        assert reply.sender == "svc-b"
+        await trio.sleep(30)  # any second copy would have arrived
+        assert len(calls) == 1
+        for stop in stops:
+            stop.set()

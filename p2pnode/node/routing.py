@@ -153,6 +153,14 @@ class PendingRequest:
         self.idle = math.inf
         self.on_progress: ProgressCallback | None = None
 
+    def moved_to(self, peer: PeerId) -> None:
+        """The request goes to ``peer`` instead, its first provider's peer gone: the
+        failure that peer's departure set (:meth:`Routing.peer_departed`, while the write
+        to it was failing) is not this request's any more."""
+        self.peer = peer
+        if self.error is not None and self.reply is None:
+            self.error, self.event = None, trio.Event()  # nobody waits on it yet
+
     def progressed(self, envelope: Envelope, now: float) -> None:
         """A progress notification ``envelope`` (its thread this request's) arrived: from an
         agent the request went to, it moves the deadline and reaches the callback."""
@@ -486,7 +494,7 @@ class Routing:
                 break  # no other provider
             pending = self.pending.get(envelope.id)
             if pending is not None:
-                pending.peer = routed.target.peer_id
+                pending.moved_to(routed.target.peer_id)
             try:
                 await self._links.link(routed.target.peer_id).send_many(
                     [encode_envelope(routed.envelope)]
