@@ -141,11 +141,13 @@ class KernelReach:
 
     def observed(self, peer: PeerId) -> Address | None:
         link = self._node.links.get(peer)
-        if link is None or link.relayed:  # a relayed channel comes from the relay's address
+        if link is not None and link.relayed:  # it comes from the relay's address
             return None
-        address = link.remote_address
+        address = None if link is None else link.remote_address
         if address is None or not isinstance(address[0], str):
-            return None
+            raise LocalError(
+                ErrorCode.CHANNEL_CLOSED, f"no open channel to {peer}: where it asks from cannot be told"
+            )
         return (address[0], int(address[1]))
 
     def met(self) -> list[PeerId]:

@@ -157,3 +157,25 @@ async def test_the_mapping_of_a_node_seen_by_three_checkers_is_consistent(
         assert verdict.mapping is NatMapping.CONSISTENT
         assert verdict.external_udp is not None
         assert verdict.external_udp[0] == node.listen_address[0]
+
+
+async def test_a_checker_that_cannot_tell_where_the_requester_is_answers_nothing(
+    autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its channel to the requester closed after the request came: "refused" for every
+    # candidate would count as denials, and two such checkers would make a reachable node
+    # unreachable (its cards then list no address). It answers CHANNEL_CLOSED: no vote.
+    async with joined(4) as sw:
+        node = sw.nodes[-1]
+        blind = sw.nodes[:2]
+        for checker in blind:
+            monkeypatch.setattr(checker.links, "get", lambda peer: None)
+        verdict = await node.reachability.check()
+        assert verdict.checkers == (str(sw.nodes[2].peer_id),)  # the one that answered
+        assert verdict.reachability is Reachability.UNKNOWN
+        assert not verdict.denied
+        assert [checker.reachability.refused for checker in blind] == [1, 1]
+        with pytest.raises(RemoteError) as info:
+            host, port = node.listen_address
+            await _ask(node, "a0", {"nonce": b"n" * NONCE_BYTES, "addrs": [["tcp", host, port]]})
+        assert info.value.code is ErrorCode.CHANNEL_CLOSED

@@ -97,7 +97,9 @@ class KernelSide(Protocol):
     """What the service uses of the kernel (given by the composition root)."""
 
     def observed(self, peer: PeerId) -> Address | None:
-        """The address ``peer``'s open channel comes from (None: no channel, or unknown)."""
+        """The address ``peer``'s open channel comes from; None when it goes through a
+        relay. Raises LocalError(CHANNEL_CLOSED) when no channel to ``peer`` is open (it
+        closed since the request came): where it comes from cannot be told."""
 
     def met(self) -> list[PeerId]:
         """Peers with an open channel."""
@@ -282,6 +284,10 @@ class ReachabilityService:
         except ReachError as exc:
             self._host.events.security(exc.code, f"dial-back request: {exc.message}", str(peer))
             return self._refuse(exc, peer)
+        try:
+            observed = self._kernel.observed(peer)
+        except LocalError as exc:  # no answer rather than a wrong one: every "refused"
+            return self._refuse(exc, peer)  # would count as a denial (§4.2)
         size = len(request.candidates)
         retry = self._quota.admit(str(peer), size, trio.current_time())
         if retry is not None:
@@ -290,7 +296,7 @@ class ReachabilityService:
             )
             return self._refuse(busy, peer)
         try:
-            answer = await self._dial_back(peer, request)
+            answer = await self._dial_back(peer, request, observed)
         finally:
             self._quota.release(str(peer), size)
         self.served += 1
@@ -301,8 +307,9 @@ class ReachabilityService:
         logger.info("dial-back request from %s refused: %s", peer, exc.message)
         return Reply(MessageType.ERROR, exc.to_dict())
 
-    async def _dial_back(self, peer: PeerId, request: DialRequest) -> DialAnswer:
-        observed = self._kernel.observed(peer)
+    async def _dial_back(
+        self, peer: PeerId, request: DialRequest, observed: Address | None
+    ) -> DialAnswer:
         outcomes = [Outcome.REFUSED] * len(request.candidates)
 
         async def one(i: int, candidate: Candidate) -> None:
