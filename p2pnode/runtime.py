@@ -145,9 +145,8 @@ class KernelReach:
             return None
         address = None if link is None else link.remote_address
         if address is None or not isinstance(address[0], str):
-            raise LocalError(
-                ErrorCode.CHANNEL_CLOSED, f"no open channel to {peer}: where it asks from cannot be told"
-            )
+            why = f"no open channel to {peer}: where it asks from cannot be told"
+            raise LocalError(ErrorCode.CHANNEL_CLOSED, why)
         return (address[0], int(address[1]))
 
     def met(self) -> list[PeerId]:

@@ -175,7 +175,8 @@ async def test_a_checker_that_cannot_tell_where_the_requester_is_answers_nothing
         assert verdict.reachability is Reachability.UNKNOWN
         assert not verdict.denied
         assert [checker.reachability.refused for checker in blind] == [1, 1]
+        host, port = node.listen_address
+        request = {"nonce": b"n" * NONCE_BYTES, "addrs": [["tcp", host, port]]}
         with pytest.raises(RemoteError) as info:
-            host, port = node.listen_address
-            await _ask(node, "a0", {"nonce": b"n" * NONCE_BYTES, "addrs": [["tcp", host, port]]})
+            await _ask(node, "a0", request)
         assert info.value.code is ErrorCode.CHANNEL_CLOSED
