@@ -17,6 +17,7 @@ import trio
 
 from p2pnode.core.card import Capability
 from p2pnode.core.envelope import Envelope
+from p2pnode.core.errors import ErrorCode, P2PError
 from p2pnode.core.identity import Identity
 from p2pnode.dht.node import DhtNode
 from p2pnode.node.discovery import DhtDiscovery
@@ -326,3 +327,104 @@ async def test_a_request_moved_off_a_provider_dying_under_its_write_runs_once(
         assert len(calls) == 1
         for stop in stops:
             stop.set()
+
+
+@pytest.mark.parametrize("by_capability", [False, True], ids=["by id", "by capability"])
+async def test_requests_to_a_process_that_restarted_under_its_key_fail_at_once(
+    autojump_clock: Any, by_capability: bool
+) -> None:
+    # The device restarts within the asker's redials: its channel comes back, to a new
+    # process that never saw the request. Its HELLO names another incarnation, so the
+    # request fails then (by capability: it is asked again, of the new process) instead
+    # of waiting out its 120 s.
+    sim = SimNetwork(random.Random(28))
+    working = trio.Event()
+
+    async def stuck(envelope: Envelope) -> Any:
+        working.set()
+        await trio.sleep(600)
+
+    async with AsyncExitStack() as stack:
+        _, boot = await start_seed(stack, sim, "hub")
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        host, stop = sim.add_host(), trio.Event()
+        first: Node = await nursery.start(run_node, host, key(95), boot, stop)
+        await first.add_agent("worker", stuck, capabilities=(SUMMARIZE,))
+        await first.join()
+        asker = await stack.enter_async_context(dht_node(sim.add_host(), key(7), boot))
+        await asker.add_agent("asker", echo)
+        await asker.join()
+        outcome: list[Envelope | P2PError] = []
+
+        async def ask() -> None:
+            target = SUMMARIZE.id if by_capability else "worker"
+            try:
+                outcome.append(
+                    await asker.request("asker", target, None, capability=by_capability,
+                                        timeout=120)
+                )  # fmt: skip
+            except P2PError as exc:
+                outcome.append(exc)
+
+        nursery.start_soon(ask)
+        await working.wait()
+        sim.kill(host.host)
+        stop.set()
+        await wait_until(lambda: not first.is_open)
+        sim.revive(host.host)
+        second = await stack.enter_async_context(dht_node(host, key(95), boot))
+        await second.add_agent("worker", echo, capabilities=(SUMMARIZE,))
+        back = trio.current_time()
+        await wait_until(lambda: outcome, 60)
+        assert trio.current_time() - back < 15
+        (result,) = outcome
+        if by_capability:
+            assert isinstance(result, Envelope) and result.sender == "worker"
+        else:
+            assert isinstance(result, P2PError)
+            assert result.code is ErrorCode.DELIVERY_FAILED
+            assert f"peer {second.peer_id} restarted" in result.message
+
+
+async def test_a_request_survives_a_lost_connection_to_the_same_process(
+    autojump_clock: Any,
+) -> None:
+    # The connection breaks and comes back to the same process (same incarnation in its
+    # HELLO): the request in its hands is still answered there, not failed or sent again.
+    sim = SimNetwork(random.Random(29))
+    calls: list[str] = []
+
+    async def slow(envelope: Envelope) -> Any:
+        calls.append(envelope.id)
+        await trio.sleep(4)  # within the owner's deadline (FAST_NODE: 5 s)
+        return {"by": envelope.recipient}
+
+    async with AsyncExitStack() as stack:
+        _, boot = await start_seed(stack, sim, "hub")
+        provider_host = sim.add_host()
+        provider = await stack.enter_async_context(dht_node(provider_host, key(96), boot))
+        await provider.add_agent("worker", slow, capabilities=(SUMMARIZE,))
+        await provider.join()
+        asker_host = sim.add_host()
+        asker = await stack.enter_async_context(dht_node(asker_host, key(8), boot))
+        await asker.add_agent("asker", echo)
+        await asker.join()
+        replies: list[Envelope] = []
+
+        async def ask() -> None:
+            replies.append(await asker.request("asker", SUMMARIZE.id, None, capability=True,
+                                               timeout=120))  # fmt: skip
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await wait_until(lambda: calls)
+            link = asker.links.get(provider.peer_id)
+            assert link is not None
+            opened = link.opened_at
+            sim.partition([asker_host.host])  # the channel breaks
+            await trio.sleep(0.2)
+            sim.heal()
+            await wait_until(lambda: link.opened_at > opened)  # redialed: a new channel
+            await wait_until(lambda: replies, 60)
+        assert replies[0].sender == "worker"
+        assert len(calls) == 1

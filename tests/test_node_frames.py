@@ -13,6 +13,7 @@ from p2pnode.core.identity import Identity
 from p2pnode.core.wire import array_header, pack
 from p2pnode.node.channels import frame_cost
 from p2pnode.node.frames import (
+    MAX_INCARNATION,
     EnvelopeBatch,
     FrameKind,
     Hello,
@@ -41,10 +42,28 @@ def test_envelopes_frame_round_trip_keeps_order(batch: list[Envelope]) -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(cards(OWNER), max_size=3), st.lists(addresses, max_size=3))
-def test_hello_frame_round_trip(hello_cards: list[AgentCard], hello_addresses: list[str]) -> None:
-    decoded = decode_frame_untrusted(encode_hello(hello_cards, hello_addresses))
-    assert decoded == Hello(tuple(hello_cards), tuple(hello_addresses))
+@given(
+    st.lists(cards(OWNER), max_size=3),
+    st.lists(addresses, max_size=3),
+    st.none() | st.binary(min_size=1, max_size=MAX_INCARNATION),
+)
+def test_hello_frame_round_trip(
+    hello_cards: list[AgentCard], hello_addresses: list[str], incarnation: bytes | None
+) -> None:
+    frame = encode_hello(hello_cards, hello_addresses, None, incarnation)
+    decoded = decode_frame_untrusted(frame)
+    assert decoded == Hello(tuple(hello_cards), tuple(hello_addresses), (), incarnation)
+
+
+@given(st.one_of(
+    st.just(b""), st.binary(min_size=MAX_INCARNATION + 1, max_size=64),
+    st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.lists(st.booleans(), max_size=2),
+))  # fmt: skip
+def test_a_hello_whose_incarnation_is_not_1_to_32_bytes_is_malformed(bad: object) -> None:
+    with pytest.raises(RemoteError) as info:
+        decode_frame_untrusted(pack([FrameKind.HELLO, {"cards": [], "incarnation": bad}]))
+    assert info.value.code is ErrorCode.MALFORMED_MESSAGE
+    assert "incarnation" in info.value.message
 
 
 @settings(max_examples=200)

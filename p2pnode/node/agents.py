@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ from p2pnode.core.withdrawal import Withdrawal
 from p2pnode.node.callcancel import owner_limit
 from p2pnode.node.channels import ChannelState
 from p2pnode.node.config import KernelConfig
-from p2pnode.node.frames import encode_hello
+from p2pnode.node.frames import INCARNATION_BYTES, encode_hello
 from p2pnode.node.inbox import LOCAL, InboxBudget, Queued, RunningCall
 from p2pnode.node.links import LinkManager
 from p2pnode.node.observability import Observability
@@ -303,6 +304,8 @@ class AgentHost:
             if reply_limits is not None
             else ReplyLimits(timeout=config.request_timeout),
         )
+        #: Sent in every HELLO: peers tell this process from a restart of it (node.md).
+        self.incarnation = os.urandom(INCARNATION_BYTES)
         #: Request methods services serve (see :meth:`serve_methods`), by method name.
         self._methods: dict[str, _Served] = {}
         self._owner = owner
@@ -492,7 +495,7 @@ class AgentHost:
         if cards is None:
             cards = [a.card for a in self.agents.values()]
         withdrawals = [w for _, w in gone]
-        hello = encode_hello(cards, self._advertised_addresses(), withdrawals)
+        hello = encode_hello(cards, self._advertised_addresses(), withdrawals, self.incarnation)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._send_hello, hello)
             for card, withdrawal in gone:
@@ -598,7 +601,7 @@ class AgentHost:
         """A HELLO frame of the local agents' cards (none once the node left) and the
         node's addresses."""
         cards = [] if self._left else [a.card for a in self.agents.values()]
-        return encode_hello(cards, self._advertised_addresses())
+        return encode_hello(cards, self._advertised_addresses(), None, self.incarnation)
 
     # -- inboxes ----------------------------------------------------------------------------
 

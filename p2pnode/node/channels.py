@@ -313,6 +313,11 @@ class PeerLink:
         self.departing = False
         #: Dials of the current round (0 while none runs; 1 during the first).
         self.dial_round = 0
+        #: The incarnation the peer's last HELLO named (None: none yet), and when the
+        #: current channel was taken: what was written before went to that channel's
+        #: predecessor, perhaps to a process that has since restarted.
+        self.incarnation: bytes | None = None
+        self.opened_at = -math.inf
         self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
         self._queued = 0  # frames handed to the writer and not yet written
         self._queued_bytes = 0  # their size
@@ -405,7 +410,7 @@ class PeerLink:
             self._nursery.start_soon(self._retire, current)
         self._channel = channel
         self._channel_dialed_by = dialed_by
-        self._last_heard = trio.current_time()
+        self._last_heard = self.opened_at = trio.current_time()
         self._nursery.start_soon(self._read_loop, channel)
         self._set_state(ChannelState.OPEN)
         self._connected.set()

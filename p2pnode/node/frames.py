@@ -4,12 +4,14 @@ Every application message on a node-to-node channel is one msgpack array
 ``[kind, body]``:
 
 * ``[0, {"cards": [card bytes, ...], "addresses": ["host:port", ...],
-  "withdrawn"?: [withdrawal bytes, ...]}]`` — HELLO, sent by both sides right
-  after the handshake and again whenever the sender's local cards change
-  (with ``withdrawn`` when it stopped hosting agents: signed withdrawals,
-  p2pnode.core.withdrawal). Each card and withdrawal must be owned by the
-  authenticated peer; the receiver rejects the whole frame otherwise.
+  "withdrawn"?: [withdrawal bytes, ...], "incarnation"?: bytes}]`` — HELLO, sent
+  by both sides right after the handshake and again whenever the sender's local
+  cards change (with ``withdrawn`` when it stopped hosting agents: signed
+  withdrawals, p2pnode.core.withdrawal). Each card and withdrawal must be owned by
+  the authenticated peer; the receiver rejects the whole frame otherwise.
   Addresses that are not ``host:port`` (port 0-65535) are dropped.
+  ``incarnation``, random per process start, tells a peer that restarted (under
+  the same key) from one whose connection was only lost.
 * ``[1, envelope plain form]`` — ENVELOPE (see the data-model chapter).
 * ``[2, [envelope plain form, ...]]`` — ENVELOPES: several envelopes in one
   message, as :meth:`Node.send_many` writes a burst for one peer. Each one is
@@ -52,6 +54,9 @@ from p2pnode.core.withdrawal import Withdrawal
 
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_HELLO_CARDS = 64
+#: Bytes of the incarnation a node sends (random at start); at most MAX_INCARNATION read.
+INCARNATION_BYTES = 8
+MAX_INCARNATION = 32
 _LIMITS = WireLimits(max_size=MAX_FRAME_BYTES)
 
 
@@ -73,6 +78,8 @@ class Hello:
     cards: tuple[AgentCard, ...]
     addresses: tuple[str, ...]
     withdrawals: tuple[Withdrawal, ...] = ()
+    #: Random per start of the sending process (None: a peer that sends none).
+    incarnation: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,13 +107,18 @@ Frame = Hello | Envelope | EnvelopeBatch
 
 
 def encode_hello(
-    cards: list[AgentCard], addresses: list[str], withdrawals: list[Withdrawal] | None = None
+    cards: list[AgentCard],
+    addresses: list[str],
+    withdrawals: list[Withdrawal] | None = None,
+    incarnation: bytes | None = None,
 ) -> bytes:
     """A HELLO frame; the ``withdrawn`` key only when there are withdrawals, so a HELLO
-    without any reads as it always did."""
+    without any reads as it always did, and ``incarnation`` when given."""
     body: dict[str, Any] = {"cards": [c.to_bytes() for c in cards], "addresses": addresses}
     if withdrawals:
         body["withdrawn"] = [w.to_bytes() for w in withdrawals]
+    if incarnation is not None:
+        body["incarnation"] = incarnation
     return pack([FrameKind.HELLO, body])
 
 
@@ -194,9 +206,16 @@ def _decode_hello_untrusted(body: Any) -> Hello:
         if not isinstance(raw, bytes):
             raise FrameError(ErrorCode.MALFORMED_MESSAGE, "hello withdrawal must be bytes")
         withdrawals.append(Withdrawal.from_bytes_untrusted(raw))
+    incarnation = body.get("incarnation")
+    if incarnation is not None and (
+        not isinstance(incarnation, bytes) or not 0 < len(incarnation) <= MAX_INCARNATION
+    ):
+        raise FrameError(
+            ErrorCode.MALFORMED_MESSAGE, f"hello incarnation must be 1-{MAX_INCARNATION} bytes"
+        )
     # Only what a node can dial: anything else is dropped here, not handed on.
     dialable = tuple([a for a in addresses if is_address(a)][:16])
-    return Hello(tuple(cards), dialable, tuple(withdrawals))
+    return Hello(tuple(cards), dialable, tuple(withdrawals), incarnation)
 
 
 def decode_frame_untrusted(data: bytes) -> Frame:

@@ -677,7 +677,8 @@ class Kernel(TaskOwner):
                 )
             if pending.reply is None:
                 pending.targets = result.targets
-            pending.deadline = trio.current_time() + wait
+            pending.sent_at = trio.current_time()
+            pending.deadline = pending.sent_at + wait
             await pending.event.wait()  # set by the reply, or when it expires
         finally:
             del self.routing.pending[envelope.id]

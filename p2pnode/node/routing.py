@@ -133,7 +133,8 @@ class PendingRequest:
     """A request waiting for its response (or for its deadline, on the trio clock)."""
 
     __slots__ = (
-        "deadline", "error", "event", "idle", "on_progress", "peer", "reply", "stream", "targets"
+        "deadline", "error", "event", "idle", "on_progress", "peer", "reply", "sent_at", "stream",
+        "targets",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -149,6 +150,8 @@ class PendingRequest:
         # resolved the recipient.
         self.targets: tuple[str, ...] | None = None
         self.deadline = math.inf  # set once the request is on its way
+        #: When its write returned (inf: not written yet).
+        self.sent_at = math.inf
         #: Seconds each progress of the request moves its deadline to (p2pnode.node.progress).
         self.idle = math.inf
         self.on_progress: ProgressCallback | None = None
@@ -386,9 +389,20 @@ class Routing:
     def peer_departed(self, peer_id: PeerId, why: str) -> int:
         """Fail at once the requests pending on ``peer_id``, whose link closed for good:
         no answer can come (DELIVERY_FAILED saying ``why``). Returns how many."""
+        return self._fail_pending(peer_id, why, math.inf)
+
+    def peer_restarted(self, peer_id: PeerId, since: float) -> int:
+        """Fail at once the requests written to ``peer_id`` before ``since``, when its
+        current channel opened: that channel's HELLO named another incarnation, so the
+        process they went to is gone (node.md "Redials and departure"). Returns how many."""
+        return self._fail_pending(peer_id, f"peer {peer_id} restarted", since)
+
+    def _fail_pending(self, peer_id: PeerId, why: str, written_before: float) -> int:
         failed = 0
         for request_id, pending in self.pending.items():
             if pending.peer != peer_id or pending.reply is not None or pending.error is not None:
+                continue
+            if pending.sent_at > written_before:
                 continue
             pending.error = LocalError(
                 ErrorCode.DELIVERY_FAILED,
@@ -807,6 +821,8 @@ class Routing:
         await self._refuse(peer_id, envelope, envelope.recipient, answer)
 
     def _on_hello(self, peer_id: PeerId, hello: Hello) -> None:
+        if hello.incarnation is not None:
+            self._note_incarnation(peer_id, hello.incarnation)
         self.cards.withdraw_from(peer_id, hello.withdrawals)
         if hello.withdrawals and not hello.cards:
             self._links.peer_leaving(peer_id)  # a stopping node's last HELLO
@@ -819,6 +835,17 @@ class Routing:
                 continue
         self._links.learn_addresses(peer_id, addresses)
         self.hello_seen(peer_id).set()
+
+    def _note_incarnation(self, peer_id: PeerId, incarnation: bytes) -> None:
+        """A HELLO naming another incarnation than the peer's last one: it restarted, and
+        what was written to it before its current channel will not be answered."""
+        link = self._links.get(peer_id)
+        if link is None:
+            return
+        before, link.incarnation = link.incarnation, incarnation
+        if before is not None and before != incarnation:
+            failed = self.peer_restarted(peer_id, link.opened_at)
+            logger.info("peer %s restarted: %d pending requests failed", peer_id, failed)
 
     async def _on_envelope(
         self,
