@@ -239,22 +239,13 @@ class _Card:
 
 @dataclass
 class _Host:
-    """Fake service host: one known remote agent (``peer-agent`` of ``peer``); security
-    events recorded."""
+    """Fake service host: security events recorded."""
 
-    peer: PeerId
     security_events: list[tuple[ErrorCode, str]] = field(default_factory=list)
-
-    @property
-    def registry(self) -> _Host:
-        return self
 
     @property
     def events(self) -> _Host:
         return self
-
-    def find(self, agent_id: str) -> _Card | None:
-        return _Card(self.peer) if agent_id == "peer-agent" else None
 
     def security(self, code: ErrorCode, what: str, *args: Any) -> None:
         self.security_events.append((code, what))
@@ -266,9 +257,14 @@ class _Envelope:
     sender: str = "peer-agent"
 
 
-async def _ask(service: HolePunchService, payload: Any, sender: str = "peer-agent") -> Any:
+async def _ask(service: HolePunchService, peer: PeerId, payload: Any) -> Any:
+    """The service's answer to ``payload`` from ``peer-agent`` of ``peer`` (the sender
+    card the kernel found for the channel it came on)."""
     reply = await service.serve(
-        cast(Agent, None), cast(Envelope, _Envelope(payload, sender)), "holepunch"
+        cast(Agent, None),
+        cast(Envelope, _Envelope(payload)),
+        "holepunch",
+        cast(AgentCard, _Card(peer)),
     )
     assert reply is not None
     return reply
@@ -289,44 +285,43 @@ def _reason(reply: Any) -> str:
 
 async def test_refusals(autojump_clock: Any) -> None:
     peer = Identity.generate().peer_id
-    host, links = _Host(peer), _Links()
+    host, links = _Host(), _Links()
     service = _service(host, links, sync_timeout=1.0, dial_timeout=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
-        assert _reason(await _ask(service, {"type": "connect", "addresses": [1]})) == "MALFORMED"
+        malformed = await _ask(service, peer, {"type": "connect", "addresses": [1]})
+        assert _reason(malformed) == "MALFORMED"
         assert host.security_events and host.security_events[0][0] is ErrorCode.MALFORMED_MESSAGE
-        assert _reason(await _ask(service, encode_message(Sync()))) == "UNEXPECTED_SYNC"
-        assert _reason(await _ask(service, encode_message(Observe()))) == "NOT_DIRECT"
-        unknown = await _ask(service, encode_message(Sync()), sender="stranger")
-        assert unknown.payload["code"] == "AGENT_NOT_FOUND"
+        assert _reason(await _ask(service, peer, encode_message(Sync()))) == "UNEXPECTED_SYNC"
+        assert _reason(await _ask(service, peer, encode_message(Observe()))) == "NOT_DIRECT"
         # Three CONNECTs whose SYNC never comes fail, then the budget refuses.
         for _ in range(CONFIG.max_attempts):
-            answer = await _ask(service, encode_message(Connect((("203.0.113.9", 7000),))))
+            answer = await _ask(service, peer, encode_message(Connect((("203.0.113.9", 7000),))))
             assert answer.type is MessageType.RESPONSE
             assert answer.payload == encode_message(Connect((("10.0.0.2", 7000),)))
-            busy = await _ask(service, encode_message(Connect(())))  # one at a time
+            busy = await _ask(service, peer, encode_message(Connect(())))  # one at a time
             assert _reason(busy) == "RATE_LIMITED" and busy.payload["code"] == "BUSY"
             await trio.sleep(1.5)  # past the SYNC deadline
-        refused = await _ask(service, encode_message(Connect(())))
+        refused = await _ask(service, peer, encode_message(Connect(())))
         assert _reason(refused) == "RATE_LIMITED"
         assert refused.payload["details"]["retryAfterMs"] > 200_000
         assert service.statistics()["failed"] == CONFIG.max_attempts
         links.direct.add(peer)  # once the channel is direct there is nothing to punch
-        assert _reason(await _ask(service, encode_message(Connect(())))) == "NOT_RELAYED"
-        observed = await _ask(service, encode_message(Observe()))
+        assert _reason(await _ask(service, peer, encode_message(Connect(())))) == "NOT_RELAYED"
+        observed = await _ask(service, peer, encode_message(Observe()))
         assert observed.payload == {"type": "observed", "address": "198.51.100.7:40000"}
         nursery.cancel_scope.cancel()
 
 
 async def test_connect_then_sync_dials_and_fails_back_to_relayed(autojump_clock: Any) -> None:
     peer = Identity.generate().peer_id
-    host, links = _Host(peer), _Links()
+    host, links = _Host(), _Links()
     service = _service(host, links, dial_timeout=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
-        await _ask(service, encode_message(Connect((("203.0.113.9", 7000),))))
-        assert (await _ask(service, encode_message(Sync()))).payload == {"type": "sync"}
-        assert _reason(await _ask(service, encode_message(Sync()))) == "UNEXPECTED_SYNC"
+        await _ask(service, peer, encode_message(Connect((("203.0.113.9", 7000),))))
+        assert (await _ask(service, peer, encode_message(Sync()))).payload == {"type": "sync"}
+        assert _reason(await _ask(service, peer, encode_message(Sync()))) == "UNEXPECTED_SYNC"
         await trio.sleep(1.0)  # the dials (all refused by _dial_nowhere) end
         assert service.statistics() == {"attempts": 1, "direct": 0, "failed": 1, "refused": 1}
         nursery.cancel_scope.cancel()
@@ -334,8 +329,8 @@ async def test_connect_then_sync_dials_and_fails_back_to_relayed(autojump_clock:
 
 async def test_a_node_that_cannot_punch_refuses_connect() -> None:
     peer = Identity.generate().peer_id
-    service = HolePunchService(cast(ServiceHost, _Host(peer)), _Links(), None)
+    service = HolePunchService(cast(ServiceHost, _Host()), _Links(), None)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
-        assert _reason(await _ask(service, encode_message(Connect(())))) == "UNSUPPORTED"
+        assert _reason(await _ask(service, peer, encode_message(Connect(())))) == "UNSUPPORTED"
         nursery.cancel_scope.cancel()

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from p2pnode.agent.definition import Agent, Reply
+from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, RemoteError
 from p2pnode.runtime import Node, NodeConfig
@@ -96,7 +97,9 @@ async def test_a_check_asks_as_an_agent_the_policy_lets_reach_the_checkers(
 class Liar:
     """A checker that says every candidate was reached, seen from a made-up address."""
 
-    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
+    async def serve(
+        self, agent: Agent, envelope: Envelope, method: str, sender: AgentCard
+    ) -> Reply | None:
         request = parse_request_untrusted(envelope.payload)
         outcomes = tuple(Outcome.REACHED for _ in request.candidates)
         answer = DialAnswer(request.nonce, ("198.51.100.66", 1), outcomes)
@@ -180,3 +183,30 @@ async def test_a_checker_that_cannot_tell_where_the_requester_is_answers_nothing
         with pytest.raises(RemoteError) as info:
             await _ask(node, "a0", request)
         assert info.value.code is ErrorCode.CHANNEL_CLOSED
+
+
+async def test_a_check_sent_as_an_id_another_owner_holds_is_answered_for_its_sender(
+    autojump_clock: Any,
+) -> None:
+    # Two owners claim "twin" (a device back under a new key does); the checkers hold the
+    # first one's card. The second one's check is dialed back at the second one's address:
+    # the checker takes the sender's peer from the channel it came on, not from the id.
+    async with open_swarm(5, NodeConfig(), seed=4, dht=True) as sw:
+        checkers, first, second = sw.nodes[:3], sw.nodes[3], sw.nodes[4]
+        for i, node in enumerate(checkers):
+            await node.add_agent(f"a{i}", echo, tier=3)
+        await first.add_agent("twin", echo, tier=3)
+        for node in sw.nodes[:4]:
+            await node.join()
+        await wait_until(lambda: all(met(c, first) for c in checkers))
+        await second.add_agent("twin", echo, tier=3)
+        await second.join()
+        for checker in checkers:
+            await second.connect(checker.listen_address)
+        await wait_until(lambda: all(len(c.registry.owners("twin")) == 2 for c in checkers))
+        assert all(c.registry.owners("twin")[0].peer_id == first.peer_id for c in checkers)
+        verdict = await second.reachability.check()
+        assert verdict.reachability is Reachability.REACHABLE
+        host, port = second.listen_address
+        assert Candidate(Transport.TCP, host, port) in verdict.confirmed
+        assert verdict.external_ip == host

@@ -12,6 +12,7 @@ import trio
 
 from p2pnode.agent.definition import Agent, Reply
 from p2pnode.agent.tools import TOOLS_LIST
+from p2pnode.core.card import AgentCard
 from p2pnode.core.envelope import Envelope, MessageType, Metadata
 from p2pnode.core.errors import ErrorCode, LocalError, RemoteError
 from p2pnode.core.identity import Identity
@@ -42,7 +43,9 @@ class Shouter:
             unwatch()
             self.host.serve_methods(["shout"], None)
 
-    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
+    async def serve(
+        self, agent: Agent, envelope: Envelope, method: str, sender: AgentCard
+    ) -> Reply | None:
         if envelope.payload == "hang":
             await trio.sleep_forever()
         text = f"{agent.id}: {envelope.payload}".upper()

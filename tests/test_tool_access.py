@@ -28,7 +28,7 @@ from p2pnode.core.card import AgentCard
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
 from p2pnode.core.identity import Identity
 from p2pnode.node.policy import PolicyConfig
-from tests.sim import FAST_NODE, open_swarm
+from tests.sim import FAST_NODE, open_swarm, wait_until
 from tests.test_tools import caller, failure, mesh, returns, serve
 
 # -- access rules ---------------------------------------------------------------------------------
@@ -405,3 +405,27 @@ async def test_what_a_tool_returns_is_checked_and_what_it_raises_is_typed(
         with pytest.raises(RemoteError) as no_prompt:
             await user.tools.get_prompt("shaky.nope")
         assert no_prompt.value.code is ErrorCode.PROMPT_NOT_FOUND
+
+
+async def test_the_caller_of_an_id_two_owners_claim_is_the_owner_that_called(
+    autojump_clock: Any,
+) -> None:
+    # "twin" is held by the first owner the vault met; the second owner's call must be
+    # checked and answered as the second owner (its peer, its roles), never the first.
+    async with open_swarm(3) as sw:
+        vault_node, first, second = sw.nodes
+        vault = Agent("vault", tier=3)
+
+        def whoami(caller: Caller) -> list[Any]:
+            return [caller.agent_id, caller.peer_id]
+
+        vault.catalog.add_tool(whoami)
+        await vault_node.add_agent(vault)
+        await first.add_agent(Agent("twin", tier=3))
+        await mesh([vault_node, first])
+        await second.add_agent(Agent("twin", tier=3))
+        await second.connect(vault_node.listen_address)
+        await wait_until(lambda: len(vault_node.registry.owners("twin")) == 2)
+        assert vault_node.registry.owners("twin")[0].peer_id == first.peer_id  # held
+        assert await first.tools.call_tool("vault.whoami") == ["twin", str(first.peer_id)]
+        assert await second.tools.call_tool("vault.whoami") == ["twin", str(second.peer_id)]

@@ -24,6 +24,7 @@ from p2pnode.services.tools.audit import (
     arguments_digest,
     used_name,
 )
+from tests.test_tools import USER_CARD
 
 
 def echo_tool_agent() -> Agent:
@@ -55,7 +56,7 @@ async def test_large_arguments_are_digested_at_once_and_not_kept() -> None:
     digest = arguments_digest(arguments)
     packed = len(pack(arguments))
     envelope = call(arguments)
-    reply = await audit.serve(agent, envelope, TOOLS_CALL)
+    reply = await audit.serve(agent, envelope, TOOLS_CALL, USER_CARD)
     assert reply is not None and reply.payload == {"structuredContent": len(text)}
     del envelope, arguments, reply
     await trio.lowlevel.checkpoint()
@@ -72,7 +73,7 @@ async def test_large_arguments_are_digested_at_once_and_not_kept() -> None:
 async def test_small_arguments_are_kept_as_they_are() -> None:
     events = Observability(wall_clock_ms)
     audit = ToolAudit(Registry(), events, lambda: None)
-    await audit.serve(echo_tool_agent(), call({"text": "abc"}), TOOLS_CALL)
+    await audit.serve(echo_tool_agent(), call({"text": "abc"}), TOOLS_CALL, USER_CARD)
     (record,) = audit.invocations()
     assert record.arguments == {"text": "abc"} and record.result == 3
     (event,) = events.recent(kind=EventKind.TOOL_INVOCATION)

@@ -31,7 +31,9 @@ from p2pnode.agent.tools import (
     PromptArgument,
     template_fields,
 )
+from p2pnode.core.card import AgentCard
 from p2pnode.core.errors import ErrorCode, LocalError, P2PError, RemoteError
+from p2pnode.core.identity import Identity
 from p2pnode.runtime import Node
 from tests.sim import met, open_swarm, wait_until
 from tests.strategies import json_values
@@ -64,6 +66,16 @@ async def mesh(nodes: list[Node]) -> None:
         for other in nodes[i + 1 :]:
             await node.connect(other.listen_address)
     await wait_until(lambda: all(met(a, b) for a in nodes for b in nodes if a is not b))
+
+
+USER = Identity(bytes(range(32)))
+#: The card of ``user``, the sender of the tests' requests, as the kernel hands it to a
+#: served method.
+USER_CARD = AgentCard(
+    id="user", name="user", version="1.0.0", public_key=USER.public_key, tier=3,
+    expires_at=2**40,
+).signed(USER)  # fmt: skip
+
 
 
 def caller(

@@ -20,7 +20,7 @@ from p2pnode.core.registry import Registry
 from p2pnode.node.observability import Observability
 from p2pnode.services.tools.audit import ToolAudit, used_name
 from p2pnode.services.tools.client import ToolClient
-from tests.test_tools import returns, serve
+from tests.test_tools import USER_CARD, returns, serve
 
 _scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
 json_values = st.recursive(
@@ -168,6 +168,7 @@ def use(params: Any) -> Envelope:
     return EnvelopeFactory().create("user", "owner", MessageType.REQUEST, params, metadata=meta)
 
 
+
 _names = st.none() | st.integers() | st.text(max_size=70) | st.lists(st.integers(), max_size=1)
 
 
@@ -185,7 +186,7 @@ def test_the_audit_names_a_used_tool_as_used_name_does(
     params = {k: v for k, v in (("name", name), ("arguments", arguments)) if k in keys}
     envelope = use(params)
     audit = ToolAudit(Registry(), Observability(wall_clock_ms), lambda: None)
-    trio.run(audit.serve, owner, envelope, TOOLS_CALL)
+    trio.run(audit.serve, owner, envelope, TOOLS_CALL, USER_CARD)
     (record,) = audit.invocations()
     assert record.tool == used_name("owner", TOOLS_CALL, params)
 
@@ -197,7 +198,7 @@ async def test_the_audit_records_a_plain_result_as_the_result(value: Any) -> Non
     audit = ToolAudit(Registry(), Observability(wall_clock_ms), lambda: None)
     for asked in (True, False):
         params: dict[str, Any] = {"name": "give", "arguments": {}, PLAIN_RESULT: asked}
-        reply = await audit.serve(owner, use(params), TOOLS_CALL)
+        reply = await audit.serve(owner, use(params), TOOLS_CALL, USER_CARD)
         assert reply is not None
         plain = asked and not isinstance(value, dict)
         assert reply.payload == (value if plain else {"structuredContent": value})

@@ -665,7 +665,13 @@ class AgentHost:
         meta = envelope.metadata
         method = meta.capability if meta is not None else None
         if method is not None and (served := self._methods.get(method)) is not None:
-            handling = served.server.serve(agent.definition, envelope, method)
+            sender = self._sender_card(envelope, item)
+            if sender is None:  # its card left the registry since it was delivered
+                gone = LocalError(ErrorCode.AGENT_NOT_FOUND, f"sender {envelope.sender!r} unknown")
+                error = MessageType.ERROR
+                await self._reply(agent, item, reader.writer, error, gone.to_dict(), streamed=False)
+                return
+            handling = served.server.serve(agent.definition, envelope, method, sender)
             streamed = served.streamed
         else:
             handling = agent.definition.handle(envelope)
@@ -680,6 +686,14 @@ class AgentHost:
         if answer is not None:  # None: forwarded to the agent's process, which answers
             writer = None if reader.demoted else reader.writer
             await self._reply(agent, item, writer, answer.type, answer.payload, streamed=streamed)
+
+    def _sender_card(self, envelope: Envelope, item: Queued) -> AgentCard | None:
+        """The card of ``envelope``'s sender, owned by the peer ``item`` came from (a local
+        agent's when from none)."""
+        if item.peer_id is None:
+            local = self.agents.get(envelope.sender)
+            return local.card if local is not None else None
+        return self._registry.find_owned(envelope.sender, item.peer_id)
 
     def _waiting(
         self,

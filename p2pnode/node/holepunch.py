@@ -736,12 +736,11 @@ class HolePunchService:
     def deadline(self, agent: Agent, envelope: Envelope) -> float:
         return self.config.answer_timeout + 1.0
 
-    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
+    async def serve(
+        self, agent: Agent, envelope: Envelope, method: str, sender: AgentCard
+    ) -> Reply | None:
         """The answer to a hole-punch request (an ERROR reply when refused)."""
-        card = self._host.registry.find(envelope.sender)
-        if card is None:
-            return self._refuse(HolePunchError(ErrorCode.AGENT_NOT_FOUND, "sender unknown"))
-        peer = card.peer_id
+        peer = sender.peer_id
         try:
             message = parse_message_untrusted(envelope.payload)
             handler = self._handlers.get(type(message))

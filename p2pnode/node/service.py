@@ -157,10 +157,13 @@ class MethodServer(Protocol):
     to local agents, in the agent's inbox task, instead of the agent's handler."""
 
     def serve(
-        self, agent: Agent, envelope: Envelope, method: str
+        self, agent: Agent, envelope: Envelope, method: str, sender: AgentCard
     ) -> Coroutine[Any, Any, Reply | None]:
         """``agent``'s answer to request ``envelope`` for ``method``; None when the
-        answer goes another way (an attached agent's process sends it)."""
+        answer goes another way (an attached agent's process sends it). ``sender`` is
+        the card of the agent that sent it, of the peer it came from: an id two owners
+        claim names either, so the registry's card of ``envelope.sender`` may be the
+        other owner's."""
 
     def deadline(self, agent: Agent, envelope: Envelope) -> float:
         """Seconds :meth:`serve` may run for ``envelope`` before it is cancelled and

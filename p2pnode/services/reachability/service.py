@@ -273,12 +273,11 @@ class ReachabilityService:
         """Dial-backs run at once: one dial timeout, and a second for the answer."""
         return self.config.dial_timeout + 1.0
 
-    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
+    async def serve(
+        self, agent: Agent, envelope: Envelope, method: str, sender: AgentCard
+    ) -> Reply | None:
         """The answer to a dial-back request (an ``error`` reply when refused whole)."""
-        card = self._host.registry.find(envelope.sender)
-        if card is None:  # the kernel admitted the sender's card before delivering
-            return self._refuse(ReachError(ErrorCode.AGENT_NOT_FOUND, "sender unknown"), None)
-        peer = card.peer_id
+        peer = sender.peer_id
         try:
             request = parse_request_untrusted(envelope.payload)
         except ReachError as exc:

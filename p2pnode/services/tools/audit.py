@@ -249,11 +249,14 @@ class ToolAudit:
         declared = agent.tool_deadline(envelope)
         return declared if declared is not None else self._tool_deadline
 
-    async def serve(self, agent: Agent, envelope: Envelope, method: str) -> Reply | None:
+    async def serve(
+        self, agent: Agent, envelope: Envelope, method: str, sender: AgentCard
+    ) -> Reply | None:
         """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited;
-        None when the agent forwarded it to its process (audited by :meth:`answered`)."""
-        card = self._registry.find(envelope.sender)
-        caller = self._caller_of_card(card) if card is not None else None
+        None when the agent forwarded it to its process (audited by :meth:`answered`).
+        The caller is ``sender``: of a contested id, the owner that sent it."""
+        card = sender
+        caller = self._caller_of_card(card)
         if method not in _USES:
             return await agent.handle(envelope, caller)
         perf = time.perf_counter()
