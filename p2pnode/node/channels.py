@@ -273,6 +273,12 @@ class PeerLink:
     links at once).
     """
 
+    #: The incarnation the peer's last HELLO named (None: none yet), and when the current
+    #: channel was taken: what was written before went to that channel's predecessor,
+    #: perhaps to a process that has since restarted.
+    incarnation: bytes | None = None
+    opened_at = -math.inf
+
     def __init__(
         self,
         local_peer_id: PeerId,
@@ -313,11 +319,6 @@ class PeerLink:
         self.departing = False
         #: Dials of the current round (0 while none runs; 1 during the first).
         self.dial_round = 0
-        #: The incarnation the peer's last HELLO named (None: none yet), and when the
-        #: current channel was taken: what was written before went to that channel's
-        #: predecessor, perhaps to a process that has since restarted.
-        self.incarnation: bytes | None = None
-        self.opened_at = -math.inf
         self._queue_in, self._queue_out = trio.open_memory_channel[_Outgoing](retry.queue_size)
         self._queued = 0  # frames handed to the writer and not yet written
         self._queued_bytes = 0  # their size
