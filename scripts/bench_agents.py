@@ -214,9 +214,9 @@ async def guest_same_node(count: int) -> float:
 
 async def guest_node_to_node(count: int) -> float:
     """Floor of the asyncio row, node to node: both nodes in guest mode on the asyncio loop,
-    their agents trio ones and the requests made from trio. Guest mode waits for sockets
-    in a thread of its own and hands each readiness to the asyncio loop: that costs every
-    hop of a round trip between nodes, and nothing between agents of one node."""
+    their agents trio ones and the requests made from trio: what guest mode costs between
+    nodes, where it waits for sockets in a thread of its own and hands each readiness to
+    the asyncio loop (between agents of one node it waits for no socket)."""
     async with aio.open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as server:
         await server.run_trio(server.node.add_agent, echo_agent())
         async with aio.open_node(Identity.generate(), TrioNetwork(), NodeConfig()) as client:
