@@ -255,8 +255,7 @@ class ToolAudit:
         """``agent``'s answer to the MCP request ``envelope`` (its ``method``), audited;
         None when the agent forwarded it to its process (audited by :meth:`answered`).
         The caller is ``sender``: of a contested id, the owner that sent it."""
-        card = sender
-        caller = self._caller_of_card(card)
+        caller = self._caller_of_card(sender)
         if method not in _USES:
             return await agent.handle(envelope, caller)
         perf = time.perf_counter()
@@ -266,14 +265,14 @@ class ToolAudit:
             # Cut at its deadline, or its caller gave up (p2pnode.node.agents): audited
             # as a use that timed out, then the cancellation goes on.
             cut = {"code": str(ErrorCode.TIMEOUT), "message": "cancelled before it answered"}
-            self._record(agent.id, envelope, method, MessageType.ERROR, cut, perf, card)
+            self._record(agent.id, envelope, method, MessageType.ERROR, cut, perf, sender)
             raise
         if reply is None:
-            self._forwarded[envelope.id] = _Started(perf, card)
+            self._forwarded[envelope.id] = _Started(perf, sender)
             while len(self._forwarded) > MAX_FORWARDED:
                 self._forwarded.popitem(last=False)
             return None
-        self._record(agent.id, envelope, method, reply.type, reply.payload, perf, card)
+        self._record(agent.id, envelope, method, reply.type, reply.payload, perf, sender)
         return reply
 
     def caller_of(self, agent_id: str) -> Caller | None:
